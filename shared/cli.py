@@ -18,6 +18,11 @@ COMMAND_MODULES = (
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="specfleet: speculative-decoding LLM fleet")
 
 
+@app.callback()
+def _root() -> None:
+    """specfleet: speculative-decoding LLM fleet."""
+
+
 def _register_all() -> None:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(app)
@@ -27,3 +32,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _register_all()
     app()
+
+
+if __name__ == "__main__":
+    main()
