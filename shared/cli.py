@@ -15,7 +15,9 @@ COMMAND_MODULES = (
     "gateway.cli",  # up, gateway, worker, submit, status, stream, cancel
 )
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="specfleet: speculative-decoding LLM fleet")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="specfleet: speculative-decoding LLM fleet"
+)
 
 
 @app.callback()

@@ -1,0 +1,56 @@
+"""Every Redis key, stream, channel and consumer-group name of the fleet, in one place.
+
+Lua scripts receive key names from here (as KEYS, or as the prefixes below when a script derives a job's
+keys from a job id it read from a stream), so no key string is written anywhere else.
+"""
+
+NAMESPACE = "specfleet"
+
+CONSUMER_GROUP = "workers"  # the one consumer group on every queue stream
+
+JOB_PREFIX = f"{NAMESPACE}:job:"  # + job id -> job hash
+EVENTS_SUFFIX = ":events"  # job hash key + suffix -> the job's event stream
+CHANNEL_PREFIX = f"{NAMESPACE}:wake:"  # + job id -> pub/sub channel announcing a new event
+
+DEAD_LETTER_STREAM = f"{NAMESPACE}:jobs:dead"  # jobs that exceeded max_deliveries
+CANCEL_CHANNEL = f"{NAMESPACE}:control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
+WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
+HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
+MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model
+
+
+def queue_stream(priority: str) -> str:
+    """The stream of jobs waiting at one priority (`interactive`, `default`, `batch`)."""
+    return f"{NAMESPACE}:jobs:{priority}"
+
+
+def job_hash(job_id: str) -> str:
+    """The hash holding a job's request, status, timestamps, partial/final output, usage and metrics."""
+    return JOB_PREFIX + job_id
+
+
+def job_events(job_id: str) -> str:
+    """The job's ordered event log (`status`, `token`, `done`, `error`); entry ids are the SSE ids."""
+    return JOB_PREFIX + job_id + EVENTS_SUFFIX
+
+
+def job_channel(job_id: str) -> str:
+    """The pub/sub channel on which a new event of the job is announced (a wake-up, no payload)."""
+    return CHANNEL_PREFIX + job_id
+
+
+def job_id_from_channel(channel: str) -> str:
+    return channel.removeprefix(CHANNEL_PREFIX)
+
+
+def idempotency(key: str) -> str:
+    """Idempotency-Key header value -> the id of the job it created."""
+    return f"{NAMESPACE}:idem:{key}"
+
+
+# Lifetimes and caps of the keys above (the defaults of the matching fields in shared/settings.py).
+RESULT_TTL_S = 24 * 3600  # job hash + event stream, counted from completion
+IDEMPOTENCY_TTL_S = 24 * 3600  # Idempotency-Key -> job id
+EVENTS_MAXLEN = 100_000  # approximate cap on one job's event stream
+WORKER_TTL_S = 15  # a worker whose heartbeat is older than this is not alive
+DEAD_LETTER_MAXLEN = 10_000
