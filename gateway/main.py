@@ -1,0 +1,43 @@
+"""The gateway app: thin FastAPI over Redis (jobs store, one pub/sub fan-out, prompt-length check)."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from gateway.errors import install_error_handlers
+from gateway.prompt_limit import PromptLimit
+from gateway.routes import health, jobs
+from gateway.store import JobStore
+from gateway.streaming import EventHub
+from shared.settings import ServiceSettings, get_settings
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    if settings.redis_url is None:
+        raise ValueError("the gateway needs REDIS_URL (`specfleet up` starts a private Redis and sets it)")
+    redis_url = settings.redis_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = Redis.from_url(redis_url, decode_responses=True, health_check_interval=30)
+        app.state.settings = settings
+        app.state.redis = redis
+        app.state.store = JobStore(redis, settings)
+        app.state.hub = EventHub(redis, settings.sse_keepalive_s)
+        app.state.prompt_limit = PromptLimit(redis, settings.model_info_refresh_s)
+        await app.state.store.ensure_groups()
+        await app.state.hub.start()
+        try:
+            yield
+        finally:
+            await app.state.hub.stop()
+            await redis.aclose()
+
+    app = FastAPI(title="specfleet", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(jobs.router)
+    app.include_router(health.router)
+    return app
