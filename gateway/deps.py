@@ -14,27 +14,27 @@ from gateway.streaming import EventHub
 from shared.settings import ServiceSettings
 
 
-def _settings(request: Request) -> ServiceSettings:
+async def _settings(request: Request) -> ServiceSettings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def _redis(request: Request) -> Redis:
+async def _redis(request: Request) -> Redis:
     return request.app.state.redis  # type: ignore[no-any-return]
 
 
-def _store(request: Request) -> JobStore:
+async def _store(request: Request) -> JobStore:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
-def _hub(request: Request) -> EventHub:
+async def _hub(request: Request) -> EventHub:
     return request.app.state.hub  # type: ignore[no-any-return]
 
 
-def _prompt_limit(request: Request) -> PromptLimit:
+async def _prompt_limit(request: Request) -> PromptLimit:
     return request.app.state.prompt_limit  # type: ignore[no-any-return]
 
 
-def base_url(request: Request) -> str:
+async def base_url(request: Request) -> str:
     """Where `urls{}` point: settings.public_url, else the URL the client used."""
     configured: str | None = request.app.state.settings.public_url
     return configured or str(request.base_url)

@@ -1,10 +1,12 @@
 """The gateway app: thin FastAPI over Redis (jobs store, one pub/sub fan-out, prompt-length check)."""
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.errors import install_error_handlers
 from gateway.prompt_limit import PromptLimit
@@ -12,6 +14,8 @@ from gateway.routes import health, jobs
 from gateway.store import JobStore
 from gateway.streaming import EventHub
 from shared.settings import ServiceSettings, get_settings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -28,7 +32,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.state.store = JobStore(redis, settings)
         app.state.hub = EventHub(redis, settings.sse_keepalive_s)
         app.state.prompt_limit = PromptLimit(redis, settings.model_info_refresh_s)
-        await app.state.store.ensure_groups()
+        try:
+            await app.state.store.ensure_groups()
+        except RedisError as exc:  # serve anyway: requests answer 503 until Redis is back
+            log.warning("redis at %s unavailable at startup: %s", redis_url, exc)
         await app.state.hub.start()
         try:
             yield

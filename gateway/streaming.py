@@ -55,7 +55,6 @@ class EventHub:
         return sum(len(ch.waiters) for ch in self._channels.values())
 
     async def start(self) -> None:
-        await self._pubsub.subscribe(keys.HUB_CHANNEL)
         self._task = asyncio.create_task(self._read_loop(), name="event-hub")
 
     async def stop(self) -> None:
@@ -70,13 +69,15 @@ class EventHub:
     async def _read_loop(self) -> None:
         while True:
             try:
+                if not self._pubsub.subscribed:  # first, or after failures at startup
+                    await self._pubsub.subscribe(keys.HUB_CHANNEL)
                 message = await self._pubsub.get_message(timeout=1.0)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("pub/sub connection lost (%s); waking every follower to re-read", exc)
                 for channel in self._channels.values():
                     for waiter in channel.waiters:
                         waiter.set()
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.5)
                 continue
             if message is not None:
                 self._dispatch(message)

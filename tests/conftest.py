@@ -5,6 +5,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,15 @@ class ThreadedGateway:
     def __init__(self, settings: ServiceSettings) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning",
-                                ws="none", lifespan="on", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            ws="none",
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 
@@ -87,6 +95,12 @@ class ThreadedGateway:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
+    def __enter__(self) -> "ThreadedGateway":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 @pytest.fixture
 def gateway(settings: ServiceSettings) -> Iterator[ThreadedGateway]:
@@ -95,8 +109,9 @@ def gateway(settings: ServiceSettings) -> Iterator[ThreadedGateway]:
     server.stop()
 
 
-def submit_job(client: redis.Redis, settings: ServiceSettings, idempotency_key: str | None = None,
-               **request: object) -> str:
+def submit_job(
+    client: redis.Redis, settings: ServiceSettings, idempotency_key: str | None = None, **request: object
+) -> str:
     """Queue a job straight through the SUBMIT script (what POST /v1/jobs runs), without a gateway."""
     body = JobRequest.model_validate({"prompt": "hello", **request})
     keys_, args = submit_call(body, uuid.uuid4().hex, idempotency_key, settings)
@@ -104,3 +119,40 @@ def submit_job(client: redis.Redis, settings: ServiceSettings, idempotency_key: 
     assert result[0] in ("ok", "dup"), result
     return str(result[1])
 
+
+@dataclass
+class StepOut:
+    """The fields of the engine's StepOutput that the worker reads (tests that play the engine)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class PlayedWorker:
+    """The worker's Redis side driven by a test: take a job, emit tokens, finish — with the real scripts."""
+
+    def __init__(self, client: redis.Redis, settings: ServiceSettings, worker_id: str = "played") -> None:
+        from workers.worker.emitter import Emitter
+        from workers.worker.queue_reader import QueueReader
+
+        self.reader = QueueReader(client, settings, worker_id)
+        self.reader.ensure_groups()
+        self.emitter = Emitter(client, settings)
+        self.running: dict = {}
+
+    def take(self, timeout_s: float = 10.0) -> str:
+        from workers.worker.emitter import Running
+
+        lease = wait_until(lambda: self.reader.pull(1), timeout_s, what="a job to take")[0]
+        self.running[lease.job_id] = Running(lease.job_id, lease.attempt, prompt_tokens=3)
+        return lease.job_id
+
+    def emit(self, job_id: str, token_ids: list[int], text: str, finish_reason: str | None = None):  # noqa: ANN201
+        out = StepOut(
+            job_id, token_ids, text, finished=finish_reason is not None, finish_reason=finish_reason
+        )
+        return self.emitter.emit(self.running, [out])

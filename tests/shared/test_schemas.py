@@ -40,9 +40,18 @@ def test_invalid_requests(body: dict[str, object]) -> None:
 
 def test_job_from_hash_running_with_partial_output() -> None:
     job = job_from_fields(
-        {"id": "abc", "status": "running", "priority": "batch", "created_at": "1.5", "started_at": "2.0",
-         "text": "hello wor", "token_ids": "5,6,7", "completion_tokens": "3", "prompt_tokens": "4",
-         "metadata": '{"k": "v"}'},
+        {
+            "id": "abc",
+            "status": "running",
+            "priority": "batch",
+            "created_at": "1.5",
+            "started_at": "2.0",
+            "text": "hello wor",
+            "token_ids": "5,6,7",
+            "completion_tokens": "3",
+            "prompt_tokens": "4",
+            "metadata": '{"k": "v"}',
+        },
         "http://h:1/",
     )
     assert job.status is JobStatus.RUNNING

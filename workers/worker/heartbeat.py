@@ -30,7 +30,7 @@ class Heartbeat(threading.Thread):
         self.held = held
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
         self._script = client.register_script(lua.HEARTBEAT)
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._lost: set[str] = set()
 
@@ -54,14 +54,14 @@ class Heartbeat(threading.Thread):
         return lost
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stopping.wait(self.interval_s):
             try:
                 self.beat()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         if self.is_alive():
             self.join()
         try:
