@@ -64,8 +64,9 @@ class FleetClient:
             raise ApiError(response.status_code, body)
         return body
 
-    def submit(self, body: dict[str, Any], *, idempotency_key: str | None = None,
-               wait_s: float | None = None) -> dict[str, Any]:
+    def submit(
+        self, body: dict[str, Any], *, idempotency_key: str | None = None, wait_s: float | None = None
+    ) -> dict[str, Any]:
         headers = {}
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
@@ -82,8 +83,12 @@ class FleetClient:
     def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
         """The job's events from the start (or after `last_event_id`) up to its final event."""
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/stream", headers=headers,
-                              timeout=httpx.Timeout(self.http.timeout.connect, read=None)) as response:
+        with self.http.stream(
+            "GET",
+            f"/v1/jobs/{job_id}/stream",
+            headers=headers,
+            timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+        ) as response:
             if response.status_code >= 400:
                 response.read()
                 self._json(response)

@@ -57,8 +57,16 @@ class Emitter:
                 event = TokenEvent(text=out.new_text, token_ids=out.new_token_ids).model_dump_json()
                 self._emit(
                     keys=[keys.job_hash(job.job_id), keys.job_events(job.job_id)],
-                    args=[self._ctx, job.job_id, job.attempt, out.new_text, token_ids_csv(out.new_token_ids),
-                          len(out.new_token_ids), job.prompt_tokens, event],
+                    args=[
+                        self._ctx,
+                        job.job_id,
+                        job.attempt,
+                        out.new_text,
+                        token_ids_csv(out.new_token_ids),
+                        len(out.new_token_ids),
+                        job.prompt_tokens,
+                        event,
+                    ],
                     client=pipe,
                 )
                 calls.append((job.job_id, False))
@@ -75,27 +83,50 @@ class Emitter:
                 finished.append(job_id)
         return [j for j in finished if j not in gone], list(dict.fromkeys(gone))
 
-    def _queue_success(self, pipe: redis.client.Pipeline, job: Running, finish_reason: str | None,
-                       metrics: dict[str, float]) -> None:
+    def _queue_success(
+        self, pipe: redis.client.Pipeline, job: Running, finish_reason: str | None, metrics: dict[str, float]
+    ) -> None:
         usage = Usage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens)
         job_metrics = metrics_from(metrics)
-        done = DoneEvent(status=JobStatus.SUCCEEDED, finish_reason=finish_reason, usage=usage, metrics=job_metrics)
+        done = DoneEvent(
+            status=JobStatus.SUCCEEDED, finish_reason=finish_reason, usage=usage, metrics=job_metrics
+        )
         self._finish(
             keys=[keys.job_hash(job.job_id), keys.job_events(job.job_id)],
-            args=[self._ctx, job.job_id, JobStatus.SUCCEEDED.value, job.attempt, "done", done.model_dump_json(),
-                  "finish_reason", finish_reason or "", "metrics", job_metrics.model_dump_json(exclude_none=True),
-                  "prompt_tokens", job.prompt_tokens],
+            args=[
+                self._ctx,
+                job.job_id,
+                JobStatus.SUCCEEDED.value,
+                job.attempt,
+                "done",
+                done.model_dump_json(),
+                "finish_reason",
+                finish_reason or "",
+                "metrics",
+                job_metrics.model_dump_json(exclude_none=True),
+                "prompt_tokens",
+                job.prompt_tokens,
+            ],
             client=pipe,
         )
 
-    def fail(self, job_id: str, attempt: int, code: ErrorCode, message: str, field_name: str | None = None) -> str:
+    def fail(
+        self, job_id: str, attempt: int, code: ErrorCode, message: str, field_name: str | None = None
+    ) -> str:
         """Finish a held job as failed (e.g. the engine refused it) -> 'ok' | 'lost' | its status."""
         info = ErrorInfo(code=code, message=message, field=field_name)
         event = ErrorEvent(status=JobStatus.FAILED, error=info).model_dump_json(exclude_none=True)
         result = self._finish(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
-            args=[self._ctx, job_id, JobStatus.FAILED.value, attempt, "error", event,
-                  "error", info.model_dump_json(exclude_none=True)],
+            args=[
+                self._ctx,
+                job_id,
+                JobStatus.FAILED.value,
+                attempt,
+                "error",
+                event,
+                "error",
+                info.model_dump_json(exclude_none=True),
+            ],
         )
         return str(result)
-

@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, client: redis.Redis, settings: ServiceSettings, worker_id: str,
-                 held: Callable[[], list[Lease]]) -> None:
+    def __init__(
+        self, client: redis.Redis, settings: ServiceSettings, worker_id: str, held: Callable[[], list[Lease]]
+    ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.redis = client
         self.interval_s = settings.heartbeat_interval_s
@@ -40,8 +41,11 @@ class Heartbeat(threading.Thread):
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.WORKERS_ZSET, {self.worker_id: time.time()})
         for lease in leases:
-            self._script(keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority)],
-                         args=[self._ctx, self.worker_id, lease.attempt], client=pipe)
+            self._script(
+                keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority)],
+                args=[self._ctx, self.worker_id, lease.attempt],
+                client=pipe,
+            )
         results = pipe.execute()[1:]
         lost = {lease.job_id for lease, result in zip(leases, results, strict=True) if result != "ok"}
         if lost:

@@ -61,9 +61,17 @@ def new_worker_id() -> str:
 
 
 class Worker:
-    def __init__(self, engine: EngineLike, client: redis.Redis, settings: ServiceSettings, *,
-                 worker_id: str | None = None, burst: bool = False, model_name: str = "",
-                 params_factory: Callable[..., Any] = sampling_params) -> None:
+    def __init__(
+        self,
+        engine: EngineLike,
+        client: redis.Redis,
+        settings: ServiceSettings,
+        *,
+        worker_id: str | None = None,
+        burst: bool = False,
+        model_name: str = "",
+        params_factory: Callable[..., Any] = sampling_params,
+    ) -> None:
         self.engine = engine
         self.redis = client
         self.settings = settings
@@ -126,8 +134,14 @@ class Worker:
         self.reader.ensure_groups()
         self._cancels.subscribe(keys.CANCEL_CHANNEL)
         tokenizer_path = str(getattr(self.engine.tokenizer, "name_or_path", "") or "")
-        self.redis.hset(keys.MODEL_INFO, mapping={"max_model_len": self.engine.max_model_len,
-                                                  "tokenizer_path": tokenizer_path, "model": self.model_name})
+        self.redis.hset(
+            keys.MODEL_INFO,
+            mapping={
+                "max_model_len": self.engine.max_model_len,
+                "tokenizer_path": tokenizer_path,
+                "model": self.model_name,
+            },
+        )
         self.heartbeat.beat()
         self.heartbeat.start()
         if threading.current_thread() is threading.main_thread():
@@ -139,7 +153,12 @@ class Worker:
         if not self.is_stopping:
             grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
             self.stop_deadline = time.monotonic() + grace
-            log.info("worker %s stopping: %d jobs held, %.1fs to finish them", self.worker_id, len(self.leases), grace)
+            log.info(
+                "worker %s stopping: %d jobs held, %.1fs to finish them",
+                self.worker_id,
+                len(self.leases),
+                grace,
+            )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_stop()
@@ -167,7 +186,9 @@ class Worker:
                 self.running[lease.job_id] = Running(lease.job_id, lease.attempt, num_prompt, num_resumed)
                 self._forget(self.emitter.emit(self.running, [_Finished(lease.job_id)])[0])
                 return
-            num_prompt = self.engine.add_request(lease.job_id, prompt, self.params_factory(request, remaining))
+            num_prompt = self.engine.add_request(
+                lease.job_id, prompt, self.params_factory(request, remaining)
+            )
         except PromptTooLongError as exc:
             self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
         except InvalidRequestError as exc:
@@ -176,7 +197,9 @@ class Worker:
             log.exception("engine refused job %s", lease.job_id)
             self._fail(lease, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}", None)
         else:
-            self.running[lease.job_id] = Running(lease.job_id, lease.attempt, num_prompt - num_resumed, num_resumed)
+            self.running[lease.job_id] = Running(
+                lease.job_id, lease.attempt, num_prompt - num_resumed, num_resumed
+            )
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
 
     def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:

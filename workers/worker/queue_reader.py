@@ -56,7 +56,9 @@ class PriorityOrder:
 
 def _error_json(status: JobStatus, code: ErrorCode, message: str) -> tuple[str, str]:
     info = ErrorInfo(code=code, message=message)
-    return info.model_dump_json(exclude_none=True), ErrorEvent(status=status, error=info).model_dump_json(exclude_none=True)
+    return info.model_dump_json(exclude_none=True), ErrorEvent(status=status, error=info).model_dump_json(
+        exclude_none=True
+    )
 
 
 class QueueReader:
@@ -68,9 +70,12 @@ class QueueReader:
         self._pull = client.register_script(lua.PULL)
         self._requeue = client.register_script(lua.REQUEUE)
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
-        self._expired = _error_json(JobStatus.EXPIRED, ErrorCode.EXPIRED, "the job's ttl_s passed before it started")
+        self._expired = _error_json(
+            JobStatus.EXPIRED, ErrorCode.EXPIRED, "the job's ttl_s passed before it started"
+        )
         self._dead = _error_json(
-            JobStatus.FAILED, ErrorCode.MAX_DELIVERIES,
+            JobStatus.FAILED,
+            ErrorCode.MAX_DELIVERIES,
             f"the job was started {settings.max_deliveries} times and its worker died each time",
         )
         self._last_reclaim_s = -float("inf")
@@ -80,7 +85,9 @@ class QueueReader:
     def ensure_groups(self) -> None:
         for priority in Priority:
             try:
-                self.redis.xgroup_create(keys.queue_stream(priority), keys.CONSUMER_GROUP, id="0", mkstream=True)
+                self.redis.xgroup_create(
+                    keys.queue_stream(priority), keys.CONSUMER_GROUP, id="0", mkstream=True
+                )
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -96,8 +103,17 @@ class QueueReader:
         order = self.priority_order.order()
         started, waiting, last_ids = self._pull(
             keys=[keys.queue_stream(p) for p in order],
-            args=[self._ctx, self.consumer, max_jobs, reclaim_ms, self.settings.max_deliveries,
-                  *self._expired, *self._dead, keys.DEAD_LETTER_STREAM, keys.DEAD_LETTER_MAXLEN],
+            args=[
+                self._ctx,
+                self.consumer,
+                max_jobs,
+                reclaim_ms,
+                self.settings.max_deliveries,
+                *self._expired,
+                *self._dead,
+                keys.DEAD_LETTER_STREAM,
+                keys.DEAD_LETTER_MAXLEN,
+            ],
         )
         self.last_ids.update(zip(order, last_ids, strict=True))
         leases = [self._lease(order, row) for row in started]
@@ -109,8 +125,12 @@ class QueueReader:
     def _lease(order: list[Priority], row: list[Any]) -> Lease:
         job_id, entry_id, stream_index, attempt, request, text, token_ids = row
         return Lease(
-            job_id=job_id, entry_id=entry_id, priority=order[int(stream_index) - 1], attempt=int(attempt),
-            request=JobRequest.model_validate_json(request), resumed_text=text,
+            job_id=job_id,
+            entry_id=entry_id,
+            priority=order[int(stream_index) - 1],
+            attempt=int(attempt),
+            request=JobRequest.model_validate_json(request),
+            resumed_text=text,
             resumed_token_ids=parse_token_ids(token_ids),
         )
 
@@ -122,7 +142,11 @@ class QueueReader:
     def hand_back(self, lease: Lease) -> str:
         """Put a held job back at the tail of its queue (not counted as a delivery) -> 'ok' | 'gone' | 'lost'."""
         result = self._requeue(
-            keys=[keys.job_hash(lease.job_id), keys.job_events(lease.job_id), keys.queue_stream(lease.priority)],
+            keys=[
+                keys.job_hash(lease.job_id),
+                keys.job_events(lease.job_id),
+                keys.queue_stream(lease.priority),
+            ],
             args=[self._ctx, lease.job_id, lease.attempt],
         )
         return str(result)
