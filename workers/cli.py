@@ -1,7 +1,80 @@
-"""Commands of this side of the project, registered on the root `specfleet` app (shared/cli.py)."""
+"""Engine-side commands: `specfleet generate` (in-process, no Redis) and `specfleet bench NAME`."""
+
+import importlib
+import json
+import sys
+import time
+from typing import Annotated
 
 import typer
 
+# bench NAME -> "module:function"; each function takes (quick: bool, json_path: str | None) and returns 0/1
+BENCHES = {
+    "engine": "workers.bench.run:bench_engine_command",
+}
+
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="Prompt text")],
+    target: Annotated[str | None, typer.Option(help="Target model dir (HF layout); default: the demo pair")] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft model dir; default: the demo pair's draft")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_p: Annotated[float, typer.Option()] = 1.0,
+    seed: Annotated[int | None, typer.Option()] = None,
+    speculative: Annotated[str | None, typer.Option(help="none | draft | ngram (default: configs/engine.yaml)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
+) -> None:
+    """Run the engine in-process on one prompt; stream the text and print a stats line."""
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+    from workers.engine.errors import InvalidRequestError
+    from workers.engine.sampling_params import SamplingParams
+
+    cfg = EngineConfig.load(target_dir=target, draft_dir=draft)
+    engine = Engine.from_config(cfg)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            speculative=speculative)
+    try:
+        engine.add_request("cli", prompt, params)
+    except InvalidRequestError as exc:
+        typer.echo(f"error: {exc.field}: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    text, token_ids, finish_reason, metrics = [], [], None, {}
+    start = time.perf_counter()
+    while engine.num_unfinished():
+        for out in engine.step():
+            text.append(out.new_text)
+            token_ids.extend(out.new_token_ids)
+            if not as_json:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            if out.finished:
+                finish_reason, metrics = out.finish_reason, out.metrics
+    elapsed_s = time.perf_counter() - start
+    metrics = {**metrics, "tokens_per_s": len(token_ids) / elapsed_s if elapsed_s > 0 else 0.0}
+    if as_json:
+        typer.echo(json.dumps({"text": "".join(text), "token_ids": token_ids, "finish_reason": finish_reason,
+                               "metrics": metrics}))
+        return
+    stats = (f"[{len(token_ids)} tokens in {elapsed_s:.2f} s, {metrics['tokens_per_s']:.1f} tok/s, "
+             f"ttft {metrics.get('ttft_ms', 0.0):.1f} ms, finish {finish_reason}]")
+    typer.echo("\n" + stats, err=True)
+
+
+def bench(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(BENCHES)}")],
+    quick: Annotated[bool, typer.Option("--quick", help="A smaller run of the same measurement (< 3 min)")] = False,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here")] = None,
+) -> None:
+    """Run a benchmark: print a table, optionally write JSON."""
+    if name not in BENCHES:
+        typer.echo(f"error: unknown benchmark {name!r}; choose from {', '.join(BENCHES)}", err=True)
+        raise typer.Exit(2)
+    module, func = BENCHES[name].split(":")
+    raise typer.Exit(getattr(importlib.import_module(module), func)(quick=quick, json_path=json_path))
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    app.command()(generate)
+    app.command()(bench)

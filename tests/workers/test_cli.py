@@ -1,0 +1,34 @@
+"""The `specfleet generate` command-line contract, run as a real subprocess."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_generate_json_contract(tiny_models: dict[str, Path]) -> None:
+    proc = run_cli("generate", "def parse(argv):", "--target", str(tiny_models["llama"]), "--max-tokens", "12",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert set(doc) >= {"text", "token_ids", "finish_reason", "metrics"}
+    assert len(doc["token_ids"]) == 12 and doc["finish_reason"] == "length"
+    assert doc["metrics"]["tokens_per_s"] > 0
+
+
+def test_generate_streams_text_and_prints_stats(tiny_models: dict[str, Path]) -> None:
+    proc = run_cli("generate", "import os", "--target", str(tiny_models["qwen2"]), "--max-tokens", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "8 tokens in" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_generate_rejects_bad_input_with_a_reason(tiny_models: dict[str, Path]) -> None:
+    proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--top-p", "0")
+    assert proc.returncode == 2
+    assert "top_p" in proc.stderr

@@ -1,0 +1,24 @@
+"""Entry points of `specfleet bench NAME`: load the demo pair, measure, print, write JSON."""
+
+import typer
+
+from workers.bench.report import format_table, machine_info, write_json
+
+
+def bench_engine_command(quick: bool, json_path: str | None) -> int:
+    from workers.bench.engine_bench import EngineBenchPlan, bench_engine
+    from workers.demo.build import ensure_demo_pair
+    from workers.demo.corpus import held_out_prompts
+    from workers.engine.config import EngineConfig
+
+    plan = EngineBenchPlan.quick() if quick else EngineBenchPlan()
+    pair = ensure_demo_pair()
+    result = bench_engine(pair.target_dir, held_out_prompts(max(plan.num_bs1_prompts, 8)), plan, EngineConfig.load())
+    typer.echo(format_table(result["rows"], ["system", "concurrency", "tokens_per_s", "greedy_match_vs_hf"]))
+    typer.echo("")
+    for key, value in result["ratios"].items():
+        typer.echo(f"{key}: {value:.2f}")
+    if json_path:
+        machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick)
+        write_json(json_path, "engine", machine, result["rows"], result["ratios"])
+    return 0

@@ -1,0 +1,100 @@
+"""Tiny random-weight models in HF layout (seconds to make) for tests where only exactness matters.
+
+`make_tiny_model` writes one checkpoint of a given layout (llama, qwen2, mistral) with its tokenizer;
+`make_tiny_pair` writes a target and a much smaller draft sharing one tokenizer.
+"""
+
+import sysconfig
+from pathlib import Path
+
+TINY_VOCAB = 512
+EOS = "<|endoftext|>"
+
+
+def _training_text() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [(stdlib / name).read_text(encoding="utf-8") for name in ("bisect.py", "heapq.py", "textwrap.py")]
+
+
+def make_tiny_tokenizer(out_dir: Path) -> None:
+    """A byte-level BPE tokenizer with a 512-token vocabulary, saved in HF layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_text(), trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS).save_pretrained(str(out_dir))
+
+
+def make_tiny_model(
+    out_dir: Path,
+    model_type: str = "llama",
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+    tokenizer_from: Path | None = None,
+) -> Path:
+    """Write a random-weight checkpoint; weights drawn wider than usual so argmax gaps are clear."""
+    import shutil
+
+    import torch
+    import transformers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from is None:
+        make_tiny_tokenizer(out_dir)
+    else:
+        for f in tokenizer_from.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens")):
+                shutil.copy(f, out_dir / f.name)
+    eos_id = transformers.AutoTokenizer.from_pretrained(str(out_dir)).convert_tokens_to_ids(EOS)
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=0.2,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        tie_word_embeddings=False,
+    )
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }[model_type]
+    extra: dict = {"sliding_window": None} if model_type in ("mistral", "qwen2") else {}
+    config = config_cls(**common, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.2)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def make_tiny_pair(out_dir: Path) -> tuple[Path, Path]:
+    """A 2-layer/64 target and a 1-layer/32 draft sharing one tokenizer; returns (target_dir, draft_dir)."""
+    target = make_tiny_model(out_dir / "target", num_layers=2, hidden_size=64, seed=0)
+    draft = make_tiny_model(
+        out_dir / "draft", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, seed=1, tokenizer_from=target
+    )
+    return target, draft

@@ -1,0 +1,68 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only once it is final: never half a UTF-8 character (a byte-level BPE token can end
+inside one; its decode then ends in U+FFFD and we wait for the next token), and never a tail that could
+still turn out to be the start of a stop string. A stop string may span any number of tokens; the text
+is cut where it begins and nothing after it is emitted.
+"""
+
+from collections.abc import Callable, Sequence
+
+PROMPT_CONTEXT_TOKENS = 6  # prompt tokens kept as decoding context (sentencepiece-style leading spaces)
+REPLACEMENT_CHAR = "\ufffd"
+
+
+def make_decode_fn(tokenizer) -> Callable[[Sequence[int]], str]:
+    """The fastest faithful decode the tokenizer offers (the Rust backend when there is one)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda ids: backend.decode(list(ids), skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+class Detokenizer:
+    def __init__(self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int], stop: Sequence[str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])  # context + output tokens
+        self.prefix_offset = 0  # ids[prefix_offset:read_offset] decode to text already counted
+        self.read_offset = len(self.ids)
+        self.text = ""  # the output text so far (complete characters only, cut at a stop string)
+        self.num_emitted_chars = 0
+        self.stop = tuple(stop)
+        self.max_stop_len = max((len(s) for s in self.stop), default=0)
+
+    def push(self, token_id: int) -> bool:
+        """Add one output token; True when a stop string has just been completed (text is cut there)."""
+        self.ids.append(token_id)
+        prefix_text = self.decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self.decode(self.ids[self.prefix_offset :])
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
+            return False  # an incomplete character: wait for more bytes
+        new_text = full_text[len(prefix_text) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        search_from = max(0, len(self.text) - self.max_stop_len + 1)
+        self.text += new_text
+        return self._cut_at_stop(search_from)
+
+    def _cut_at_stop(self, search_from: int) -> bool:
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def take_new_text(self, is_final: bool) -> str:
+        """Text that became final since the last call; on the final call, everything left."""
+        end = len(self.text) if is_final else len(self.text) - self._held_back_chars()
+        end = max(end, self.num_emitted_chars)
+        new = self.text[self.num_emitted_chars : end]
+        self.num_emitted_chars = end
+        return new
+
+    def _held_back_chars(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of some stop string."""
+        for size in range(min(self.max_stop_len - 1, len(self.text)), 0, -1):
+            tail = self.text[-size:]
+            if any(s.startswith(tail) for s in self.stop):
+                return size
+        return 0

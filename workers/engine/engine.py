@@ -1,0 +1,189 @@
+"""The engine: add requests, step, abort. No Redis here; the worker process drives it.
+
+step() reads like the data flow: schedule -> run the model -> sample -> postprocess (append, detokenize,
+stop checks, retire finished sequences) -> return what changed.
+"""
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.config import EngineConfig
+from workers.engine.detokenizer import Detokenizer, make_decode_fn
+from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.outputs import StepOutput
+from workers.engine.sampler import sample_next_tokens
+from workers.engine.sampling_params import SamplingParams
+from workers.engine.scheduler import ScheduledSeq, Scheduler
+from workers.engine.sequence import Sequence
+from workers.models.loader import load_model, load_tokenizer, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, target_dir: Path) -> None:
+        self.cfg = cfg
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.tokenizer = load_tokenizer(target_dir)
+        self._decode = make_decode_fn(self.tokenizer)
+        model = load_model(target_dir, resolve_dtype(cfg.dtype), cfg.max_model_len or None)
+        self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
+        self.eos_token_ids = frozenset(model.cfg.eos_token_ids)
+        bytes_per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size)
+        num_blocks = int(cfg.kv_cache_mb * 2**20 // bytes_per_block)
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
+        self.block_manager = BlockManager(num_blocks, cfg.block_size)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.sequences: dict[str, Sequence] = {}
+        self._seed_rng = torch.Generator().manual_seed(cfg.seed)
+        log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
+                 self.max_model_len)
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> "Engine":
+        if cfg.target_dir is not None:
+            return cls(cfg, Path(cfg.target_dir))
+        from workers.demo.build import ensure_demo_pair
+
+        return cls(cfg, ensure_demo_pair().target_dir)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
+        """Queue a request; returns its prompt length in tokens. Raises InvalidRequestError."""
+        if request_id in self.sequences:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        params.validate()
+        prompt_ids = self._tokenize(prompt)
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            field = "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens"
+            raise PromptTooLongError(
+                field,
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"context of {self.max_model_len} tokens",
+            )
+        needed_blocks = self.block_manager.blocks_for(len(prompt_ids) + params.max_tokens)
+        if needed_blocks > self.block_manager.num_blocks:
+            raise PromptTooLongError("max_tokens", "the request needs more KV cache than the engine has in total")
+        generator = None
+        if not params.is_greedy:
+            seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_rng))
+            generator = torch.Generator().manual_seed(seed)
+        seq = Sequence(
+            request_id=request_id,
+            token_ids=list(prompt_ids),
+            num_prompt_tokens=len(prompt_ids),
+            params=params,
+            detokenizer=Detokenizer(self._decode, prompt_ids, params.stop),
+            generator=generator,
+        )
+        self.sequences[request_id] = seq
+        self.scheduler.add(seq)
+        return len(prompt_ids)
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if not isinstance(prompt, list) or not prompt:
+            raise InvalidRequestError("prompt", "must be a non-empty string or list of token ids")
+        vocab = len(self.tokenizer)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError("prompt", f"token ids must be integers in [0, {vocab})")
+        return list(prompt)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request now and free its KV; False if it is unknown or already finished."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def num_unfinished(self) -> int:
+        return self.scheduler.num_unfinished()
+
+    def free_capacity(self) -> int:
+        """How many more requests could start now (0 while any request still waits)."""
+        if self.scheduler.waiting:
+            return 0
+        return max(0, self.cfg.max_num_seqs - len(self.scheduler.running))
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return []
+        logits = self.runner.forward([self._forward_item(s) for s in batch.scheduled])  # [S, V]
+        sampling = [s for s in batch.scheduled if s.is_sampling]
+        new_tokens = sample_next_tokens(logits, [s.seq for s in sampling])
+        return self._postprocess(batch.scheduled, dict(zip((s.seq.request_id for s in sampling), new_tokens, strict=True)))
+
+    def _forward_item(self, s: ScheduledSeq) -> ForwardItem:
+        seq, start = s.seq, s.seq.num_computed_tokens
+        if seq.first_scheduled_time_s is None:
+            seq.first_scheduled_time_s = time.perf_counter()
+        return ForwardItem(
+            token_ids=seq.token_ids[start : start + s.num_new_tokens],
+            start_pos=start,
+            block_table=seq.block_table,
+            num_logits=1 if s.is_sampling else 0,
+        )
+
+    def _postprocess(self, scheduled: list[ScheduledSeq], new_tokens: dict[str, int]) -> list[StepOutput]:
+        outputs = []
+        now = time.perf_counter()
+        for s in scheduled:
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            token = new_tokens.get(seq.request_id)
+            if token is None:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            seq.first_token_time_s = seq.first_token_time_s or now
+            reason = self._append_token(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                del self.sequences[seq.request_id]
+            outputs.append(self._output(seq, [token], now))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int) -> str | None:
+        """Append one token; returns the finish reason if the sequence is done."""
+        seq.token_ids.append(token)
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.detokenizer.push(token):
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, tokens: list[int], now: float) -> StepOutput:
+        metrics: dict[str, float] = {}
+        if seq.is_finished:
+            first_token = seq.first_token_time_s or now
+            decode_s = now - first_token
+            metrics = {
+                "ttft_ms": (first_token - seq.arrival_time_s) * 1e3,
+                "tokens_per_s": (seq.num_output_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+                "num_preemptions": float(seq.num_preemptions),
+            }
+        return StepOutput(
+            request_id=seq.request_id,
+            new_token_ids=tokens,
+            new_text=seq.detokenizer.take_new_text(seq.is_finished),
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            metrics=metrics,
+        )

@@ -1,0 +1,109 @@
+"""Turns a scheduled batch into flat model inputs plus attention metadata, and runs one forward.
+
+Every sequence contributes its query tokens back to back ([T] flat); the metadata tells attention where
+each token's K/V goes (slot_mapping), which blocks each sequence reads (block_tables) and what each query
+may see (mask: causal over the sequence's own keys, padding excluded).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.models.attention import AttentionMetadata
+from workers.models.llama import LlamaModel
+
+
+@dataclass
+class ForwardItem:
+    """One sequence's share of a forward pass."""
+
+    token_ids: list[int]  # [n] query tokens
+    start_pos: int  # position (and KV slot index in the sequence) of the first query token
+    block_table: list[int]  # the sequence's KV blocks, covering start_pos + n tokens
+    num_logits: int  # logits wanted for the last `num_logits` query tokens (0 = none)
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [S] long: flat rows whose logits are returned, in item order
+
+
+def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None = None) -> ForwardBatch:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logits_rows: list[int] = []
+    q_lens = [len(it.token_ids) for it in items]
+    for it in items:
+        offset = len(input_ids)
+        input_ids.extend(it.token_ids)
+        for pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
+            positions.append(pos)
+            slots.append(it.block_table[pos // block_size] * block_size + pos % block_size)
+        logits_rows.extend(range(offset + len(it.token_ids) - it.num_logits, offset + len(it.token_ids)))
+
+    batch, max_q = len(items), max(q_lens)
+    num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
+    tables = torch.zeros(batch, num_blocks_max, dtype=torch.long)  # [B, NB]
+    for b, it in enumerate(items):
+        used = it.block_table[:num_blocks_max]
+        tables[b, : len(used)] = torch.tensor(used, dtype=torch.long)
+
+    q_len_t = torch.tensor(q_lens)  # [B]
+    q_idx = torch.arange(max_q).unsqueeze(0)  # [1, Q]
+    is_real_query = q_idx < q_len_t.unsqueeze(1)  # [B, Q]
+    q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] absolute positions
+    key_pos = torch.arange(num_blocks_max * block_size).view(1, 1, -1)  # [1, 1, L]
+    mask = key_pos <= q_pos.unsqueeze(2)  # [B, Q, L] causal; keys past the sequence are never <= its queries
+    if sliding_window is not None:
+        mask &= key_pos > (q_pos.unsqueeze(2) - sliding_window)
+    mask &= is_real_query.unsqueeze(2)
+    mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
+
+    if all(n == max_q for n in q_lens):
+        query_index = flat_index = None
+    else:
+        starts = torch.tensor([0, *q_lens[:-1]]).cumsum(0).unsqueeze(1)  # [B, 1]
+        last = (q_len_t - 1).unsqueeze(1)  # [B, 1]
+        query_index = starts + torch.minimum(q_idx, last)  # [B, Q]
+        flat_index = (torch.arange(batch).unsqueeze(1) * max_q + q_idx)[is_real_query]  # [T]
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        block_tables=tables,
+        mask=mask.unsqueeze(1),  # [B, 1, Q, L]
+        query_index=query_index,
+        flat_index=flat_index,
+    )
+    return ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        meta=meta,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
+    )
+
+
+class ModelRunner:
+    """Owns one model and its paged KV cache."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        dtype = model.embed.weight.dtype
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(model.cfg.num_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
+        cfg = model.cfg
+        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * model.embed.weight.element_size()
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32, S = sum(num_logits)
+        batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
+        return self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_indices)

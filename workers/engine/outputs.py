@@ -1,0 +1,15 @@
+"""What Engine.step() hands back for each request it advanced."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]  # tokens appended this step (more than one when speculation accepts a run)
+    new_text: str  # text that became final this step (never half a UTF-8 character, never part of a stop string)
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)  # filled when finished: ttft_ms, tokens_per_s, ...

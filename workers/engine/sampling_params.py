@@ -1,0 +1,48 @@
+"""Per-request sampling settings and their validation."""
+
+from dataclasses import dataclass, field
+
+from workers.engine.errors import InvalidRequestError
+
+SPECULATIVE_CHOICES = ("draft", "ngram", "none")
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # in (0, 1]
+    top_k: int = -1  # -1 or 0 = off
+    seed: int | None = None  # per-request generator: reproducible whatever the batch
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    speculative: str | None = None  # None = engine default; "draft" | "ngram" | "none"
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, int | float) or not self.temperature >= 0.0:
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise InvalidRequestError("top_k", f"must be -1 (off) or >= 0, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise InvalidRequestError("stop", "must be a string or a list of strings")
+        if any(s == "" for s in self.stop):
+            raise InvalidRequestError("stop", "stop strings must not be empty")
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequestError("stop_token_ids", "must be a list of integers")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_CHOICES:
+            raise InvalidRequestError("speculative", f"must be one of {SPECULATIVE_CHOICES}, got {self.speculative!r}")

@@ -1,0 +1,106 @@
+"""Continuous batching: each step admits waiting sequences while KV blocks allow, mixes (chunked) prefill
+with decode under a token budget, and preempts the newest running sequence (recompute) when blocks run out.
+
+The scheduler only moves sequences between the `waiting` and `running` deques and owns their status.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # query tokens this step: token_ids[num_computed_tokens : num_computed_tokens + n]
+
+    @property
+    def is_sampling(self) -> bool:
+        """True when this chunk reaches the sequence's last token, so the step samples its next token."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]  # in running order
+    num_batched_tokens: int
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        for seq in list(self.running):
+            if budget == 0 or seq.status is not SequenceStatus.RUNNING:
+                break
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, seq.num_computed_tokens + num_new, preempted):
+                break  # seq itself was preempted; it was the newest, nothing runs after it
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            # admit only with room for this chunk plus one decode block, so admission rarely forces preemption
+            need = self.block_manager.num_missing_blocks(seq, seq.num_computed_tokens + num_new) + 1
+            if not self.block_manager.can_allocate(need):
+                break
+            self.block_manager.allocate(seq, seq.num_computed_tokens + num_new)
+            self.waiting.popleft()
+            seq.move_to(SequenceStatus.RUNNING)
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        return SchedulerOutput(scheduled, self.max_num_batched_tokens - budget, preempted)
+
+    def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Give `seq` KV room for `num_tokens`, preempting the newest running sequences if needed."""
+        manager = self.block_manager
+        while not manager.can_allocate(manager.num_missing_blocks(seq, num_tokens)):
+            victim = self.running[-1]
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        manager.allocate(seq, num_tokens)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free the sequence's KV and put it at the front of the queue; it is recomputed on readmission."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.move_to(SequenceStatus.WAITING)
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence (finished or aborted) and return its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.finish_reason = reason
+        seq.move_to(SequenceStatus.FINISHED)

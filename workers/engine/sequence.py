@@ -1,0 +1,66 @@
+"""A request inside the engine: its tokens, KV bookkeeping, status and per-request state."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workers.engine.detokenizer import Detokenizer
+from workers.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted, or preempted (its KV was freed; recomputed on readmission)
+    RUNNING = "running"  # holds KV blocks; prefilling in chunks or decoding
+    FINISHED = "finished"
+
+
+# legal moves; the scheduler is the only place that changes status
+TRANSITIONS = {
+    SequenceStatus.WAITING: {SequenceStatus.RUNNING, SequenceStatus.FINISHED},
+    SequenceStatus.RUNNING: {SequenceStatus.WAITING, SequenceStatus.FINISHED},
+    SequenceStatus.FINISHED: set(),
+}
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    token_ids: list[int]  # prompt followed by every output token so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    detokenizer: Detokenizer
+    generator: torch.Generator | None  # per-request RNG for sampling; None when greedy
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the target cache
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    arrival_time_s: float = field(default_factory=time.perf_counter)
+    first_scheduled_time_s: float | None = None
+    first_token_time_s: float | None = None
+    num_preemptions: int = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def move_to(self, status: SequenceStatus) -> None:
+        if status not in TRANSITIONS[self.status]:
+            raise RuntimeError(f"{self.request_id}: illegal transition {self.status.value} -> {status.value}")
+        self.status = status

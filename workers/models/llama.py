@@ -1,0 +1,93 @@
+"""Llama-family decoder (Llama, Qwen2, Mistral layouts) over a paged KV cache.
+
+Weights come from a Hugging Face checkpoint (see loader.py); q/k/v and gate/up projections are fused
+into one matmul each. The model computes logits only for the rows the caller asks for.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.models.attention import AttentionMetadata, paged_attention, write_kv
+from workers.models.config import ModelConfig
+from workers.models.rope import apply_rope, rope_table
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_split = (q_size, kv_size, kv_size)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
+    ) -> torch.Tensor:  # [T, hidden]
+        num_tokens = h.shape[0]
+        q, k, v = self.qkv(self.input_norm(h)).split(self.qkv_split, dim=-1)
+        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
+        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KV, D]
+        write_kv(k_cache, v_cache, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta.slot_mapping)
+        attn = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, H * D]
+        h = h + self.o_proj(attn)
+        gate, up = self.gate_up(self.post_norm(h)).chunk(2, dim=-1)  # [T, I] each
+        return h + self.down(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.cos_table = torch.empty(0)  # [max_len, D], set by init_rope
+        self.sin_table = torch.empty(0)  # [max_len, D]
+
+    def init_rope(self, max_len: int) -> None:
+        """Precompute cos/sin for positions [0, max_len) in the weights' dtype."""
+        self.cos_table, self.sin_table = rope_table(self.cfg, max_len, self.embed.weight.dtype)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        return (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) [num_blocks, block_size, KV, D]
+        logits_indices: torch.Tensor,  # [S] long: rows of T whose next-token logits are wanted
+    ) -> torch.Tensor:  # [S, V] float32
+        h = self.embed(input_ids)  # [T, hidden]
+        cos, sin = self.cos_table[positions], self.sin_table[positions]  # [T, D] each
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, cos, sin, meta, k_cache, v_cache)
+        h = self.norm(h.index_select(0, logits_indices))  # [S, hidden]
+        return self.lm_head(h).float()  # [S, V]
