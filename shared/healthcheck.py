@@ -30,11 +30,12 @@ def worker_ok() -> bool:
     settings = get_settings()
     if settings.redis_url is None:
         return False
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, decode_responses=True)
     try:
-        alive = client.zrangebyscore(keys.WORKERS_ZSET, time.time() - settings.worker_ttl_s, "+inf")
-        prefix = f"{socket.gethostname()}-".encode()
-        return any(member.startswith(prefix) for member in alive)
+        alive: list[str] = client.zrangebyscore(  # type: ignore[assignment]
+            keys.WORKERS_ZSET, time.time() - settings.worker_ttl_s, "+inf"
+        )
+        return any(member.startswith(f"{socket.gethostname()}-") for member in alive)
     except redis.RedisError:
         return False
     finally:
