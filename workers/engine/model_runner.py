@@ -21,6 +21,10 @@ class ForwardItem:
     start_pos: int  # position (and KV slot index in the sequence) of the first query token
     block_table: list[int]  # the sequence's KV blocks, covering start_pos + n tokens
     num_logits: int  # logits wanted for the last `num_logits` query tokens (0 = none)
+    # token trees (speculative verification): query i sits in KV slot start_pos + i, at rotary position
+    # positions[i], and sees every earlier slot plus the query slots j with tree_mask[i, j]
+    positions: list[int] | None = None  # [n]; None = start_pos + i
+    tree_mask: torch.Tensor | None = None  # [n, n] bool; None = causal
 
 
 @dataclass
@@ -40,9 +44,9 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
     for it in items:
         offset = len(input_ids)
         input_ids.extend(it.token_ids)
-        for pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
-            positions.append(pos)
-            slots.append(it.block_table[pos // block_size] * block_size + pos % block_size)
+        for slot_pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
+            slots.append(it.block_table[slot_pos // block_size] * block_size + slot_pos % block_size)
+        positions.extend(it.positions or range(it.start_pos, it.start_pos + len(it.token_ids)))
         logits_rows.extend(range(offset + len(it.token_ids) - it.num_logits, offset + len(it.token_ids)))
 
     batch, max_q = len(items), max(q_lens)
@@ -55,11 +59,15 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
     q_len_t = torch.tensor(q_lens)  # [B]
     q_idx = torch.arange(max_q).unsqueeze(0)  # [1, Q]
     is_real_query = q_idx < q_len_t.unsqueeze(1)  # [B, Q]
-    q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] absolute positions
+    q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] slot positions
     key_pos = torch.arange(num_blocks_max * block_size).view(1, 1, -1)  # [1, 1, L]
     mask = key_pos <= q_pos.unsqueeze(2)  # [B, Q, L] causal; keys past the sequence are never <= its queries
     if sliding_window is not None:
         mask &= key_pos > (q_pos.unsqueeze(2) - sliding_window)
+    for b, it in enumerate(items):
+        if it.tree_mask is not None:
+            n = len(it.token_ids)
+            mask[b, :n, it.start_pos : it.start_pos + n] = it.tree_mask
     mask &= is_real_query.unsqueeze(2)
     mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
 
