@@ -122,6 +122,10 @@ class TreeBuilder:
     def num_nodes(self) -> int:
         return len(self._tokens)
 
+    def token(self, node: int) -> int:
+        """Token of a node added so far (the engine feeds frontier tokens to the draft)."""
+        return self._tokens[node]
+
     @property
     def is_done(self) -> bool:
         return not self.frontier or self.num_nodes >= self.tree_size
@@ -163,24 +167,28 @@ class TreeBuilder:
         return [(self.frontier[j], token, logq) for logq, j, _, token in best]
 
     def _choose_sampled(self, draft_probs: torch.Tensor, num_new: int) -> list[tuple[int, int, float]]:
+        num_top = min(self.branching, draft_probs.shape[1])
+        noise = torch.empty_like(draft_probs).exponential_(generator=self.generator).clamp_min_(1e-20)  # [f, V]
+        draw_tokens = (draft_probs / noise).topk(num_top, dim=-1).indices  # [f, b] in draw order per row
+        draw_probs = draft_probs.gather(1, draw_tokens).tolist()  # [f, b] q of each draw
+        num_possible = (draft_probs > 0).sum(dim=-1).tolist()  # [f] tokens q can draw at all
         chosen: list[tuple[int, int, float]] = []
         served = sorted(range(len(self.frontier)), key=lambda j: -self._path_logq_of(self.frontier[j]))
-        for j in served:
-            q = draft_probs[j]  # [V]
-            num_children = min(self.branching, num_new - len(chosen), int((q > 0).sum()))
+        for j, tokens in zip(served, draw_tokens[served].tolist(), strict=True):
+            num_children = min(num_top, num_new - len(chosen), num_possible[j])
             if num_children <= 0:
                 continue
-            noise = torch.empty_like(q).exponential_(generator=self.generator).clamp_min_(1e-20)  # [V] Exp(1)
-            tokens = (q / noise).topk(num_children).indices  # [m] tokens in draw order
             parent = self.frontier[j]
-            self._draft_rows[parent] = q
+            self._draft_rows[parent] = draft_probs[j]
             base = self._path_logq_of(parent)
-            for token, prob in zip(tokens.tolist(), q[tokens].tolist(), strict=True):
+            for token, prob in zip(tokens[:num_children], draw_probs[j][:num_children], strict=True):
                 chosen.append((parent, token, base + math.log(prob)))
         return chosen
 
     def build(self) -> tuple[TokenTree, torch.Tensor | None]:
         """The tree, and the draft distributions for verify_tree ([n + 1, V]; None in greedy mode).
+
+        Callable at any level: the partial tree gives the draft pass its attention mask and positions.
 
         Row 0 is the q the root's children were drawn from, row i + 1 node i's; rows of leaves are zeros.
         """
