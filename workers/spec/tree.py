@@ -3,7 +3,7 @@
 Node numbering: nodes are indexed 0..n-1 in topological order (a parent always has a smaller index than its
 children). The *root* is not a node: it is the last committed token, written as parent -1. Depth counts
 speculative tokens above a node, so the root's children have depth 0 and sit at position `offset`, the
-position of the first speculative token (= number of tokens committed so far).
+position right after the root (= the sequence's length including the root).
 
 The target scores the tree in one pass with the input [root, node 0, ..., node n-1]: row 0 of its output is
 the distribution over the root's children, row i+1 the distribution over node i's children. Draft
@@ -18,7 +18,7 @@ import torch
 ROOT = -1  # parent index of the root's children: the root is the last committed token
 
 
-@dataclass
+@dataclass(eq=False)
 class TokenTree:
     tokens: torch.Tensor  # [n] long, token of node i
     parents: torch.Tensor  # [n] long, parent node of node i; ROOT (-1) = the last committed token
@@ -81,19 +81,23 @@ class TokenTree:
 class TreeBuilder:
     """Grows a TokenTree level by level from the draft's distributions, under a node budget.
 
-    Use: while not builder.is_done: run the draft on `builder.frontier` (ROOT = the last committed token),
-    pass its distributions (after logits_to_probs, the request's transform) to `expand`. Then `build()`.
+    Use: while not builder.is_done: run the draft on `builder.frontier` (ROOT = the last committed token;
+    `token(node)` gives the others' tokens, `build()` the partial tree's mask and positions), pass its
+    distributions to `expand`. Then `build()`.
 
     Greedy mode (deterministic): every frontier node offers its top-`branching` tokens; candidates are kept
-    in order of cumulative path probability under the draft until the budget is spent. With draft_probs
-    None, verify_tree treats these as deterministic proposals, which is lossless for sampling too.
+    in order of cumulative path probability under the draft until the budget is spent. Pass the draft's
+    plain softmax here: one-hot rows (temperature 0 through logits_to_probs) offer a single token per node.
+    build() returns draft_probs None: verify_tree treats the children as deterministic proposals, which is
+    lossless for sampling requests too.
 
     Sampling mode: a frontier node's children are draws WITHOUT replacement from its q (Gumbel-top-k:
     sorting q / Exp(1) noise orders tokens like sequential draws without replacement). Frontier nodes are
     served in order of their path probability, `branching` children each, the last one served possibly
     fewer; how many children a node gets is decided before its children are drawn and they are always the
-    first draws of its sequence - the property that keeps recursive rejection sampling lossless. The q of
-    each expanded node is recorded for verify_tree.
+    first draws of its sequence - the property that keeps recursive rejection sampling lossless. Pass q
+    after logits_to_probs with the request's settings (the same transform as the target's); it is recorded
+    per expanded node for verify_tree.
     """
 
     def __init__(
@@ -179,7 +183,7 @@ class TreeBuilder:
             if num_children <= 0:
                 continue
             parent = self.frontier[j]
-            self._draft_rows[parent] = draft_probs[j]
+            self._draft_rows[parent] = draft_probs[j].clone()  # [V], the caller may reuse its buffer
             base = self._path_logq_of(parent)
             for token, prob in zip(tokens[:num_children], draw_probs[j][:num_children], strict=True):
                 chosen.append((parent, token, base + math.log(prob)))

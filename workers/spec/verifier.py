@@ -125,7 +125,9 @@ def verify_chains(
     """Batched verify_chain: one argmax, one gather and one race for the batch, one host sync at the end.
 
     A seeded sequence draws from its own generator exactly as verify_chain does, so its tokens equal
-    verify_chain's whatever the batch; unseeded sequences share draws from the global generator.
+    verify_chain's whatever the batch; unseeded sequences share draws from the global generator. To mix
+    proposers in one batch, give the rows of those without a distribution as one-hot at their token:
+    that is exactly what draft_probs=None means.
     """
     device, vocab, num_seqs = target_probs.device, target_probs.shape[1], len(num_draft_tokens)
     total_draft = draft_tokens.shape[0]
@@ -141,8 +143,8 @@ def verify_chains(
     is_valid = position < num_draft.unsqueeze(1)  # [B, K]
     draft_index = (draft_start.unsqueeze(1) + position).clamp(max=max(total_draft - 1, 0))  # [B, K]
     target_index = target_start.unsqueeze(1) + torch.minimum(position, num_draft.unsqueeze(1))  # [B, K] pads: last row
-    tokens = draft_tokens[draft_index] if total_draft else torch.zeros_like(draft_index)  # [B, K]
-    greedy = torch.tensor(is_greedy, device=device)  # [B]
+    tokens = draft_tokens[draft_index] if total_draft else torch.zeros_like(draft_index)  # [B, K] padded
+    is_greedy_seq = torch.tensor(is_greedy, device=device)  # [B]
 
     target_argmax = target_probs.argmax(dim=-1)  # [T + B]
     is_match = tokens == target_argmax[target_index]  # [B, K] greedy acceptance
@@ -153,7 +155,7 @@ def verify_chains(
     else:
         q_draft = draft_probs[draft_index, tokens] if total_draft else torch.ones_like(p_draft)  # [B, K] q(x_i)
     # accept x_i iff u * q(x_i) < p(x_i) (prob min(1, p/q)); p(x) >= q(x): always; p(x) = 0: never
-    is_accepted = torch.where(greedy.unsqueeze(1), is_match, uniform * q_draft < p_draft) & is_valid  # [B, K]
+    is_accepted = torch.where(is_greedy_seq.unsqueeze(1), is_match, uniform * q_draft < p_draft) & is_valid  # [B, K]
     num_accepted = _num_leading_true(is_accepted) if max_draft else torch.zeros_like(num_draft)  # [B]
 
     p_final = target_probs[target_start + num_accepted]  # [B, V]
@@ -168,10 +170,13 @@ def verify_chains(
             q_final = draft_probs[rejected_index].float()  # [B, V]
         q_final = q_final * is_rejected.unsqueeze(1)  # bonus rows: q = 0, so the residual is p itself
     sampled = _race(_residual(p_final, q_final), exponential)  # [B] recovered or bonus draws
-    final_token = torch.where(greedy, target_argmax[target_start + num_accepted], sampled)  # [B]
+    final_token = torch.where(is_greedy_seq, target_argmax[target_start + num_accepted], sampled)  # [B]
 
-    rows = zip(tokens.tolist(), num_accepted.tolist(), final_token.tolist(), strict=True)
-    return [ChainResult(n, row[:n] + [final]) for row, n, final in rows]
+    packed = torch.cat([num_accepted.unsqueeze(1), tokens, final_token.unsqueeze(1)], dim=1)  # [B, K + 2]
+    results = []
+    for n, *row in packed.tolist():  # the one host sync
+        results.append(ChainResult(n, row[:n] + [row[-1]]))
+    return results
 
 
 def _draw_batch(

@@ -90,3 +90,16 @@ def test_acceptance_rule_extremes() -> None:
         # p(x) >= q(x): always accepted, and the bonus token comes from p
         result = verify_chain(torch.tensor([1, 2]), torch.stack([q, q]), torch.stack([p, p, p]), seeded(seed), False)
         assert result.num_accepted == 2 and result.tokens[2] in (1, 2)
+
+
+def test_one_hot_draft_rows_equal_no_draft_probs() -> None:
+    gen = seeded(6)
+    cases = [random_case(gen, k) for k in (4, 2, 3)]
+    draft_tokens = torch.cat([c[0] for c in cases])  # [T]
+    target_probs = torch.cat([c[2] for c in cases])  # [T + B, V]
+    one_hot = torch.nn.functional.one_hot(draft_tokens, VOCAB).float()  # [T, V]
+    runs = [
+        verify_chains(draft_tokens, [4, 2, 3], q, target_probs, [seeded(7), seeded(8), seeded(9)], [False] * 3)
+        for q in (None, one_hot)
+    ]
+    assert runs[0] == runs[1]
