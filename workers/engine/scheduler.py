@@ -102,7 +102,7 @@ class Scheduler:
         """Free the sequence's KV and put it at the front of the queue; it is recomputed on readmission."""
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        seq.drop_kv()
         seq.num_preemptions += 1
         seq.move_to(SequenceStatus.WAITING)
         self.waiting.appendleft(seq)
