@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "workers.cli",  # generate, bench
     "workers.demo.cli",  # models build-demo / build-tiny
     "gateway.cli",  # up, gateway, worker, submit, status, stream, cancel
+    "gateway.batch_cli",  # batch submit|status|results|cancel|list
 )
 
 app = typer.Typer(

@@ -61,6 +61,8 @@ def settings_env(settings: ServiceSettings) -> dict[str, str]:
     )
     for name in TASK_TIMINGS:
         env[f"SPECFLEET_{name.upper()}"] = str(getattr(settings, name))
+    for priority in ("interactive", "default", "batch"):
+        env[f"SPECFLEET_QUEUE_LIMITS__{priority.upper()}"] = str(getattr(settings.queue_limits, priority))
     if settings.public_url:
         env["SPECFLEET_PUBLIC_URL"] = settings.public_url
     return env
@@ -118,6 +120,12 @@ class CeleryWorker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def __enter__(self) -> "CeleryWorker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
