@@ -7,6 +7,8 @@ result backend (tasks record what matters in the fleet's own keys). Celery's own
 keys.CELERY_KEY_PREFIX. The worker also runs the outbox bridge (workers/tasks/outbox.py).
 """
 
+import logging
+
 from celery import Celery
 
 from shared import keys
@@ -43,3 +45,4 @@ def make_celery(settings: ServiceSettings) -> Celery:
 
 
 app = make_celery(get_settings())
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhook attempt is ours already

@@ -56,6 +56,20 @@ def test_start_and_completed_are_signed_and_carry_the_job(
     assert final["output"] == job["output"] and final["status"] == "succeeded"
 
 
+def test_output_events_carry_partial_output_with_distinct_ids(
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+) -> None:
+    job_id = submit(http, receiver.url + "/out", ["output"], max_tokens=48, ignore_eos=True)
+    calls = receiver.wait_for(lambda cs: len(cs) >= 1, what="an output event")
+    wait_until(lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded", what="the job")
+    calls = receiver.received()
+    assert {c.event for c in calls} == {"output"}  # no start/completed: not in the filter
+    assert len({c.headers["webhook-id"] for c in calls}) == len(calls)
+    assert all(c.headers["webhook-id"].startswith(f"msg_{job_id}_output_") for c in calls)
+    assert calls[0].json["output"]["token_ids"]  # some output already
+    receiver.verify_all()
+
+
 def test_a_failing_receiver_gets_the_same_event_on_the_4th_attempt(
     http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
 ) -> None:
