@@ -1,9 +1,10 @@
 """413 at submit for a prompt beyond the model's context.
 
 Workers publish the model's `max_model_len` and tokenizer path in Redis (keys.MODEL_INFO); the gateway
-reads that every few seconds and counts tokens with the `tokenizers` library only when the prompt's UTF-8
-byte count could exceed the context (a byte-level BPE never makes more tokens than bytes). Without model
-information the worker still refuses the job (`failed`, code `prompt_too_long`).
+reads that every few seconds and counts tokens with the `tokenizers` library (as the engine does: no special
+tokens) only when the prompt's UTF-8 byte count could exceed the context (a byte-level BPE never makes more
+tokens than bytes). The rule is the engine's: prompt tokens + max_tokens must fit max_model_len. Without
+model information the worker still refuses the job (`failed`, code `prompt_too_long`).
 """
 
 import asyncio
@@ -54,25 +55,27 @@ class PromptLimit:
                 self._tokenizer_path = ""
         if self._tokenizer is None:
             return None
-        return len(self._tokenizer.encode(text).ids)  # type: ignore[attr-defined]
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
 
     async def check(self, request: JobRequest) -> None:
+        """Raise 413 when prompt tokens + max_tokens exceed max_model_len (the engine's own rule)."""
         await self._refresh()
         if self._max_model_len is None:
             return
-        text = (
-            request.prompt
-            if request.prompt is not None
-            else "\n".join(m.content for m in request.messages or [])
-        )
-        limit = self._max_model_len - 1  # room for at least one generated token
-        if len(text.encode()) + SPECIAL_TOKENS_MARGIN <= limit:
+        messages = request.messages or []
+        text = request.prompt if request.prompt is not None else "\n".join(m.content for m in messages)
+        if len(text.encode()) + SPECIAL_TOKENS_MARGIN + request.max_tokens <= self._max_model_len:
             return
         num_tokens = await asyncio.to_thread(self._count_tokens, text)
-        if num_tokens is not None and num_tokens > limit:
-            raise ApiError(
-                413,
-                ErrorCode.PROMPT_TOO_LONG,
-                f"the prompt has {num_tokens} tokens; the model's context holds {self._max_model_len}",
-                field="messages" if request.prompt is None else "prompt",
-            )
+        if num_tokens is None or num_tokens + request.max_tokens <= self._max_model_len:
+            return
+        field = "max_tokens"
+        if num_tokens >= self._max_model_len:
+            field = "messages" if request.prompt is None else "prompt"
+        raise ApiError(
+            413,
+            ErrorCode.PROMPT_TOO_LONG,
+            f"prompt ({num_tokens} tokens) + max_tokens ({request.max_tokens}) exceeds the model's context of "
+            f"{self._max_model_len} tokens",
+            field=field,
+        )

@@ -111,8 +111,8 @@ class RedisServer:
                 if self.process.poll() is not None:
                     log_text = (self.data_dir / "redis.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log_text}")
-                try:
-                    if client.ping():
+                try:  # answering, and it is our process (not another server already on that port)
+                    if client.info("server")["process_id"] == self.process.pid:
                         return
                 except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                     pass

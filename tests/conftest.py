@@ -156,3 +156,11 @@ class PlayedWorker:
             job_id, token_ids, text, finished=finish_reason is not None, finish_reason=finish_reason
         )
         return self.emitter.emit(self.running, [out])
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny random-weight target + draft in HF layout (workers/demo/tiny.py), made once per session."""
+    from workers.demo.tiny import make_tiny_pair
+
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny"))

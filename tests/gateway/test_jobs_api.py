@@ -108,11 +108,14 @@ def test_prompt_beyond_context_is_413(http: httpx.Client, rclient: redis.Redis, 
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     rclient.hset(keys.MODEL_INFO, mapping={"max_model_len": 64, "tokenizer_path": str(tmp_path)})
-    assert http.post("/v1/jobs", json={"prompt": "a " * 30}).status_code == 202  # 30 tokens, 60 bytes
-    response = http.post("/v1/jobs", json={"prompt": "a " * 64})
+    assert http.post("/v1/jobs", json={"prompt": "a " * 30, "max_tokens": 34}).status_code == 202  # 30 + 34
+    too_long = http.post("/v1/jobs", json={"prompt": "a " * 30, "max_tokens": 35})
+    assert too_long.status_code == 413 and too_long.json()["error"]["field"] == "max_tokens"
+    response = http.post("/v1/jobs", json={"prompt": "a " * 64, "max_tokens": 1})
     assert response.status_code == 413
+    error = response.json()["error"]
     assert (
-        response.json()["error"]["code"] == "prompt_too_long" and "64" in response.json()["error"]["message"]
+        error["code"] == "prompt_too_long" and error["field"] == "prompt" and "64 tokens" in error["message"]
     )
 
 

@@ -22,13 +22,21 @@ log = logging.getLogger(__name__)
 
 class Heartbeat(threading.Thread):
     def __init__(
-        self, client: redis.Redis, settings: ServiceSettings, worker_id: str, held: Callable[[], list[Lease]]
+        self,
+        client: redis.Redis,
+        settings: ServiceSettings,
+        worker_id: str,
+        held: Callable[[], list[Lease]],
+        model_info: dict[str, str] | None = None,
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.redis = client
         self.interval_s = settings.heartbeat_interval_s
         self.worker_id = worker_id
         self.held = held
+        self.model_info = (
+            model_info  # republished on each beat: max_model_len, tokenizer_path (gateway's 413)
+        )
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
         self._script = client.register_script(lua.HEARTBEAT)
         self._stopping = threading.Event()
@@ -40,13 +48,15 @@ class Heartbeat(threading.Thread):
         leases = self.held()
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.WORKERS_ZSET, {self.worker_id: time.time()})
+        if self.model_info:
+            pipe.hset(keys.MODEL_INFO, mapping=self.model_info)  # type: ignore[arg-type]
         for lease in leases:
             self._script(
                 keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority)],
                 args=[self._ctx, self.worker_id, lease.attempt],
                 client=pipe,
             )
-        results = pipe.execute()[1:]
+        results = pipe.execute()[2 if self.model_info else 1 :]
         lost = {lease.job_id for lease, result in zip(leases, results, strict=True) if result != "ok"}
         if lost:
             with self._lock:

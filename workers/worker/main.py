@@ -82,7 +82,12 @@ class Worker:
         self.params_factory = params_factory
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
-        self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases)
+        model_info = {
+            "max_model_len": str(engine.max_model_len),
+            "tokenizer_path": str(getattr(engine.tokenizer, "name_or_path", "") or ""),
+            "model": model_name,
+        }
+        self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
@@ -118,7 +123,7 @@ class Worker:
         try:
             while not self._should_exit():
                 self.step()
-                if not self.leases and not self.is_stopping and not self.burst:
+                if not self.leases and self.num_pulled_last == 0 and not self.is_stopping and not self.burst:
                     self.reader.wait_for_jobs(self.settings.idle_block_ms)
         finally:
             self.shutdown()
@@ -136,15 +141,6 @@ class Worker:
     def start(self) -> None:
         self.reader.ensure_groups()
         self._cancels.subscribe(keys.CANCEL_CHANNEL)
-        tokenizer_path = str(getattr(self.engine.tokenizer, "name_or_path", "") or "")
-        self.redis.hset(
-            keys.MODEL_INFO,
-            mapping={
-                "max_model_len": self.engine.max_model_len,
-                "tokenizer_path": tokenizer_path,
-                "model": self.model_name,
-            },
-        )
         self.heartbeat.beat()
         self.heartbeat.start()
         if threading.current_thread() is threading.main_thread():

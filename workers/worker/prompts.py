@@ -20,7 +20,7 @@ def engine_prompt(request: JobRequest, tokenizer: Any, resumed_token_ids: list[i
     text = prompt_text(request, tokenizer)
     if not resumed_token_ids:
         return text
-    return list(tokenizer.encode(text)) + resumed_token_ids
+    return list(tokenizer.encode(text, add_special_tokens=False)) + resumed_token_ids  # as Engine._tokenize
 
 
 def sampling_params(request: JobRequest, max_tokens: int) -> Any:

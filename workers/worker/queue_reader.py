@@ -101,20 +101,25 @@ class QueueReader:
             self._last_reclaim_s = time.monotonic()
             reclaim_ms = str(int(self.settings.claim_timeout_s * 1000))
         order = self.priority_order.order()
-        started, waiting, last_ids = self._pull(
-            keys=[keys.queue_stream(p) for p in order],
-            args=[
-                self._ctx,
-                self.consumer,
-                max_jobs,
-                reclaim_ms,
-                self.settings.max_deliveries,
-                *self._expired,
-                *self._dead,
-                keys.DEAD_LETTER_STREAM,
-                keys.DEAD_LETTER_MAXLEN,
-            ],
-        )
+        call_keys = [keys.queue_stream(p) for p in order]
+        call_args: list[str | int] = [
+            self._ctx,
+            self.consumer,
+            max_jobs,
+            reclaim_ms,
+            self.settings.max_deliveries,
+            *self._expired,
+            *self._dead,
+            keys.DEAD_LETTER_STREAM,
+            keys.DEAD_LETTER_MAXLEN,
+        ]
+        try:
+            started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self.ensure_groups()  # the streams were deleted under us (a flushed or replaced Redis)
+            started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
         self.last_ids.update(zip(order, last_ids, strict=True))
         leases = [self._lease(order, row) for row in started]
         self.waiting = {p: bool(w) for p, w in zip(order, waiting, strict=True)}
