@@ -104,6 +104,8 @@ class ServiceSettings(BaseSettings):
     batch_completion_window_s: float = Field(default=24 * 3600.0, gt=0)  # lines not started by then expire
     batch_result_ttl_s: int = Field(default=keys.BATCH_RESULT_TTL_S, ge=1)
     batch_retry_s: float = Field(default=2.0, gt=0)  # expansion retry delay when the batch queue is full
+    # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
+    batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
 
     @field_validator("webhook_allow_hosts", mode="before")

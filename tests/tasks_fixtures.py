@@ -35,6 +35,7 @@ TASK_TIMINGS = {
     "webhook_output_interval_ms": 200,
     "batch_chunk_lines": 40,
     "batch_retry_s": 0.2,
+    "batch_reconcile_interval_s": 0.5,
 }
 LOOPBACK = ["127.0.0.0/8", "::1"]
 

@@ -196,3 +196,20 @@ def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client) -
     ]:
         response = http.request(method, path)
         assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_lines_whose_notices_were_lost_are_recovered(
+    http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, tmp_path
+) -> None:  # noqa: ANN001
+    with CeleryWorker(hook_settings, tmp_path / "celery-1.log").start():
+        batch_id = post_jsonl(http, jsonl([request_line(i, "/v1/jobs") for i in range(3)])).json()["id"]
+        wait_until(lambda: rclient.xlen(keys.queue_stream("batch")) == 3, what="the lines queued as jobs")
+    worker = PlayedWorker(rclient, hook_settings)  # run the jobs while no Celery worker is up ...
+    for _ in range(3):
+        worker.emit(worker.take(), [1], "x", finish_reason="length")
+    rclient.xtrim(keys.OUTBOX_STREAM, maxlen=0)  # ... and lose their notices
+    with CeleryWorker(hook_settings, tmp_path / "celery-2.log").start() as celery:
+        batch = wait_status(http, batch_id, ("completed",), timeout_s=30)
+        assert "recovered without their notice" in celery.log()
+    assert batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert len(results(http, batch_id)) == 3

@@ -59,13 +59,15 @@ def expand(self: object, batch_id: str) -> str:
         return "missing"
     status = BatchStatus(fields["status"])
     if status is BatchStatus.VALIDATING:
-        _transition(batch_id, BatchStatus.IN_PROGRESS)
+        if _transition(batch_id, BatchStatus.IN_PROGRESS) == "ok":
+            reconcile.apply_async((batch_id,), countdown=settings.batch_reconcile_interval_s)
     elif status is BatchStatus.CANCELLING:
         if r.eval(batch_lua.STOP_EXPANSION, 1, keys.batch_hash(batch_id)) == "finalize":
             finalize.delay(batch_id)
         return "stopped"
     elif status is not BatchStatus.IN_PROGRESS or fields.get("expansion") != "running":
         return status.value
+    r.hset(keys.batch_hash(batch_id), "expand_ran_at", repr(time.time()))  # reconcile: the chain is alive
     start, total = int(fields["expanded"]), int(fields["total"])
     raw_lines = runtime.lrange(
         keys.batch_lines(batch_id), start, min(total, start + settings.batch_chunk_lines) - 1
@@ -148,6 +150,48 @@ def cancel(batch_id: str) -> int:
     if r.eval(batch_lua.READY, 1, keys.batch_hash(batch_id)) == "finalize":
         finalize.delay(batch_id)
     return num_cancelled
+
+
+@app.task(name="specfleet.batches.reconcile", acks_late=True)
+def reconcile(batch_id: str) -> str:
+    """The safety net while a batch runs: count lines whose job finished but whose outbox notice was lost
+    (e.g. trimmed while no Celery worker ran), re-kick expansion or cancellation (both idempotent), and
+    finalize when ready. Re-enqueues itself until the batch has ended."""
+    from workers.tasks.outbox import OutboxHandler
+
+    r, settings = runtime.redis_client(), runtime.settings()
+    fields = runtime.hgetall(keys.batch_hash(batch_id))
+    if not fields or BatchStatus(fields["status"]).is_terminal:
+        return "ended"
+    status = BatchStatus(fields["status"])
+    handler = OutboxHandler(r, runtime.base_url())
+    num_recovered = 0
+    lines_jobs: list[tuple[int, str]] = []
+    for line, job_id in r.hscan_iter(keys.batch_jobs(batch_id), count=FILL_CHUNK_LINES):
+        lines_jobs.append((int(line), str(job_id)))
+    for start in range(0, len(lines_jobs), FILL_CHUNK_LINES):
+        chunk = lines_jobs[start : start + FILL_CHUNK_LINES]
+        have = r.hmget(keys.batch_results(batch_id), [str(line) for line, _ in chunk])
+        for (line, job_id), result in zip(chunk, have, strict=True):
+            if result is None and handler.settle_batch_line(batch_id, line, job_id):
+                num_recovered += 1
+    if num_recovered:
+        log.warning("batch %s: %d finished lines recovered without their notice", batch_id, num_recovered)
+    stalled_s = max(10 * settings.batch_retry_s, settings.batch_reconcile_interval_s)
+    last_expand_s = float(fields.get("expand_ran_at") or 0)
+    if (
+        status is BatchStatus.IN_PROGRESS
+        and fields.get("expansion") == "running"
+        and time.time() - last_expand_s > stalled_s
+    ):
+        log.warning("batch %s: expansion stalled; restarting it", batch_id)
+        expand.delay(batch_id)
+    elif status is BatchStatus.CANCELLING:
+        cancel.delay(batch_id)
+    if r.eval(batch_lua.READY, 1, keys.batch_hash(batch_id)) == "finalize":
+        finalize.delay(batch_id)
+    reconcile.apply_async((batch_id,), countdown=settings.batch_reconcile_interval_s)
+    return "watching"
 
 
 def _fill_unstarted(batch_id: str, total: int, code: str, message: str) -> int:

@@ -73,6 +73,17 @@ class OutboxHandler:
         if event is WebhookEvent.COMPLETED and batch_id and job.status.is_terminal:
             self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
 
+    def settle_batch_line(self, batch_id: str, index: int, job_id: str) -> bool:
+        """Count a batch line from its job if that has finished (reconcile) -> whether it had."""
+        fields: dict[str, str] = self.redis.hgetall(keys.job_hash(job_id))  # type: ignore[assignment]
+        if not fields:
+            return False
+        job = job_from_fields(fields, self.base_url)
+        if not job.status.is_terminal:
+            return False
+        self._batch_line_done(batch_id, index, job)
+        return True
+
     def _batch_line_done(self, batch_id: str, index: int, job: Any) -> None:
         from workers.tasks import batches
 
