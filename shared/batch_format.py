@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from shared import openai_compat
 from shared.batch_schemas import BatchLineError
+from shared.job_state import JobStatus
 from shared.schemas import MAX_METADATA_KEYS, Job, JobRequest, Priority
 
 JOBS_URL = "/v1/jobs"
@@ -144,7 +145,7 @@ def parse_batch(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[Batc
 
 def result_line(line: BatchLine, job: Job, model: str) -> dict[str, Any]:
     """The result line of a finished job: `response` when it succeeded, else `error`."""
-    if job.status.value == "succeeded":
+    if job.status is JobStatus.SUCCEEDED:
         body = openai_compat.response_body(line.url, job, line.model or model)
         response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": body}
         error = None

@@ -6,6 +6,7 @@ cancel notice -> cancel (queued lines' jobs cancelled; running ones finish)
 ready (see shared/batch_lua.py) -> finalize: fill never-started lines, decide the final status, webhook
 """
 
+import json
 import logging
 import time
 import uuid
@@ -15,7 +16,7 @@ from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY, Bat
 from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import ErrorEvent, ErrorInfo, WebhookEvent
+from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, WebhookEvent
 from workers.tasks import runtime, webhooks
 from workers.tasks.celery_app import app
 
@@ -23,10 +24,6 @@ log = logging.getLogger(__name__)
 
 FILL_CHUNK_LINES = 1000
 CANCEL_CHUNK_JOBS = 500
-
-
-def _script(source: str) -> object:
-    return runtime.redis_client().register_script(source)
 
 
 def _transition(batch_id: str, to: BatchStatus) -> str:
@@ -37,7 +34,7 @@ def _transition(batch_id: str, to: BatchStatus) -> str:
     )
 
 
-def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float):  # type: ignore[no-untyped-def]  # noqa: ANN202
+def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float) -> JobRequest:
     metadata = {
         **line.request.metadata,
         BATCH_ID_KEY: batch_id,
@@ -219,8 +216,6 @@ def _fill_unstarted(batch_id: str, total: int, code: str, message: str) -> int:
 
 
 def _json(value: object) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"))
 
 

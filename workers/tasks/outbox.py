@@ -11,6 +11,7 @@ batch lines are counted once), which makes this at-least-once without double cou
     batch created -> expand task;  batch cancel -> cancel task
 """
 
+import json
 import logging
 import threading
 from typing import Any
@@ -24,7 +25,7 @@ from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
 from shared.outbox import BatchEvent, Notice, NoticeKind
-from shared.schemas import JobRequest, WebhookEvent
+from shared.schemas import Job, JobRequest, WebhookEvent
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class OutboxHandler:
         self._batch_line_done(batch_id, index, job)
         return True
 
-    def _batch_line_done(self, batch_id: str, index: int, job: Any) -> None:
+    def _batch_line_done(self, batch_id: str, index: int, job: Job) -> None:
         from workers.tasks import batches
 
         raw = self.redis.lindex(keys.batch_lines(batch_id), index)
@@ -92,8 +93,6 @@ class OutboxHandler:
             return
         model = str(self.redis.hget(keys.MODEL_INFO, "model") or "specfleet")
         line = result_line(BatchLine.from_json(str(raw)), job, model)
-        import json
-
         outcome = "completed" if job.status is JobStatus.SUCCEEDED else "failed"
         res = self._line_done(
             keys=[keys.batch_hash(batch_id), keys.batch_results(batch_id)],
