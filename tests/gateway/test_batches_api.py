@@ -155,6 +155,9 @@ def test_cancel_mid_batch_keeps_finished_results_and_cancels_the_rest(
         ]
         wait_until(lambda: rclient.xlen(keys.queue_stream("batch")) >= 12, what="lines queued as jobs")
         worker = PlayedWorker(rclient, hook_settings)
+        urgent = http.post("/v1/jobs", json={"prompt": "now", "priority": "interactive"}).json()["id"]
+        assert worker.take() == urgent  # interactive traffic overtakes the queued batch lines
+        worker.emit(urgent, [1], "x", finish_reason="length")
         finished = [worker.take() for _ in range(3)]
         for job_id in finished[:2]:
             worker.emit(job_id, [7], "ok", finish_reason="length")
