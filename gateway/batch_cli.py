@@ -114,7 +114,7 @@ def submit(
     url: UrlOpt = None,
 ) -> None:
     """Submit a batch file; print its id (with --wait: watch it, then write -o results)."""
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError as ApiError
 
     meta = dict(item.split("=", 1) for item in metadata or [] if "=" in item)
     with _client(url) as client:
@@ -135,7 +135,7 @@ def status(
     url: UrlOpt = None,
 ) -> None:
     """Print the batch as JSON (with --wait: watch it until it ends, then write -o results)."""
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError as ApiError
 
     with _client(url) as client:
         try:
@@ -151,7 +151,7 @@ def status(
 @batch_app.command()
 def results(batch_id: str, output: OutOpt = None, url: UrlOpt = None) -> None:
     """Write the results JSONL (lines finished so far) to -o, or to stdout."""
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError as ApiError
 
     with _client(url) as client:
         try:
@@ -167,7 +167,7 @@ def results(batch_id: str, output: OutOpt = None, url: UrlOpt = None) -> None:
 @batch_app.command()
 def cancel(batch_id: str, url: UrlOpt = None) -> None:
     """Cancel a batch: queued lines are cancelled, running ones finish."""
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError as ApiError
 
     with _client(url) as client:
         try:
@@ -183,7 +183,7 @@ def list_batches(
     url: UrlOpt = None,
 ) -> None:
     """List batches, newest first: id, status, completed/failed/total."""
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError as ApiError
 
     with _client(url) as client:
         try:

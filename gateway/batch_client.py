@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from gateway.client import ApiError
+from gateway.client import FleetApiError as ApiError
 
 
 class BatchApiError(ApiError):

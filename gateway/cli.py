@@ -158,11 +158,11 @@ def cancel(job_id: str, url: UrlOpt = None) -> None:
 
 
 def _call(fn):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
-    from gateway.client import ApiError
+    from gateway.client import FleetApiError
 
     try:
         return fn()
-    except ApiError as exc:
+    except FleetApiError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
 

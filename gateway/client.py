@@ -36,7 +36,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
                 data.append(value)
 
 
-class ApiError(Exception):
+class FleetApiError(Exception):
     def __init__(self, status_code: int, body: dict[str, Any]) -> None:
         error = body.get("error", {})
         super().__init__(f"{status_code} {error.get('code', '?')}: {error.get('message', body)}")
@@ -61,7 +61,7 @@ class FleetClient:
     def _json(response: httpx.Response) -> dict[str, Any]:
         body: dict[str, Any] = response.json()
         if response.status_code >= 400:
-            raise ApiError(response.status_code, body)
+            raise FleetApiError(response.status_code, body)
         return body
 
     def submit(

@@ -31,6 +31,7 @@ class PromptLimit:
         self._max_model_len: int | None = None
         self._tokenizer_path = ""
         self._tokenizer: object | None = None
+        self._unusable_path = ""  # a tokenizer path that failed to load (not retried)
         self._fetched_at = -float("inf")
 
     async def _refresh(self) -> None:
@@ -40,7 +41,7 @@ class PromptLimit:
         info: dict[str, str] = await self.redis.hgetall(keys.MODEL_INFO)  # type: ignore[assignment]
         self._max_model_len = int(info["max_model_len"]) if info.get("max_model_len") else None
         path = info.get("tokenizer_path", "")
-        if path != self._tokenizer_path:
+        if path != self._tokenizer_path and path != self._unusable_path:
             self._tokenizer_path, self._tokenizer = path, None
 
     def _count_tokens(self, text: str) -> int | None:
@@ -51,8 +52,10 @@ class PromptLimit:
 
                 self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
             except Exception as exc:  # a missing or foreign tokenizer leaves the check to the worker
-                log.warning("cannot load tokenizer %s: %s", tokenizer_file, exc)
-                self._tokenizer_path = ""
+                log.warning(
+                    "cannot load tokenizer %s: %s; prompt lengths are left to the worker", tokenizer_file, exc
+                )
+                self._unusable_path, self._tokenizer_path = self._tokenizer_path, ""
         if self._tokenizer is None:
             return None
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]

@@ -27,7 +27,11 @@ class QueueFull(Exception):
 
 
 def submit_call(
-    request: JobRequest, job_id: str, idempotency_key: str | None, settings: ServiceSettings
+    request: JobRequest,
+    job_id: str,
+    idempotency_key: str | None,
+    settings: ServiceSettings,
+    ctx: str | None = None,
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of the SUBMIT script for one request."""
     ttl_s = min(request.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
@@ -35,7 +39,7 @@ def submit_call(
     return (
         [keys.job_hash(job_id), keys.queue_stream(request.priority), keys.idempotency(idempotency_key or "")],
         [
-            lua.context(settings.events_maxlen, settings.result_ttl_s),
+            ctx or lua.context(settings.events_maxlen, settings.result_ttl_s),
             job_id,
             request.priority.value,
             repr(ttl_s),
@@ -73,7 +77,7 @@ class JobStore:
                     raise
 
     async def submit(self, request: JobRequest, idempotency_key: str | None) -> Submitted:
-        keys_, args = submit_call(request, uuid.uuid4().hex, idempotency_key, self.settings)
+        keys_, args = submit_call(request, uuid.uuid4().hex, idempotency_key, self.settings, self._ctx)
         result = await self._submit(keys=keys_, args=args)
         if result[0] == "full":
             raise QueueFull(request.priority, int(result[1]))

@@ -39,10 +39,6 @@ def job_channel(job_id: str) -> str:
     return CHANNEL_PREFIX + job_id
 
 
-def job_id_from_channel(channel: str) -> str:
-    return channel.removeprefix(CHANNEL_PREFIX)
-
-
 def idempotency(key: str) -> str:
     """Idempotency-Key header value -> the id of the job it created."""
     return f"{NAMESPACE}:idem:{key}"

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from gateway.batch_store import BatchStore
-from gateway.deps import BaseUrlDep, RedisDep, SettingsDep
+from gateway.deps import GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.webhook_guard import check_webhook
 from shared.batch_format import BatchTooLarge, parse_batch
@@ -31,8 +31,8 @@ BatchId = Annotated[str, Path(pattern=r"^batch_[A-Za-z0-9]{1,64}$")]
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries around the file
 
 
-async def _store(redis: RedisDep) -> BatchStore:
-    return BatchStore(redis)
+async def _store(gw: GatewayDep) -> BatchStore:
+    return BatchStore(gw.redis)
 
 
 StoreDep = Annotated[BatchStore, Depends(_store)]
@@ -100,9 +100,10 @@ async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, Ba
     responses={422: {"model": BatchErrorResponse, "description": "bad lines: every one in error.data"}},
 )
 async def create_batch(
-    request: Request, response: Response, store: StoreDep, settings: SettingsDep, base: BaseUrlDep
+    request: Request, response: Response, store: StoreDep, gw: GatewayDep
 ) -> Batch | JSONResponse:
     """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs."""
+    settings, base = gw.settings, gw.base_url(request)
     data, options = await _input(request, settings)
     try:
         lines, errors = parse_batch(data, settings.batch_max_lines)
@@ -133,14 +134,15 @@ async def _load(store: BatchStore, batch_id: str, base: str) -> Batch:
 
 @router.get("", response_model=BatchList)
 async def list_batches(
+    request: Request,
     store: StoreDep,
-    base: BaseUrlDep,
+    gw: GatewayDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=80)] = None,
 ) -> BatchList:
     """Batches, newest first; `after` = the last id of the previous page."""
     rows, has_more = await store.page(limit, after)
-    data = [batch_from_fields(fields, base) for fields in rows]
+    data = [batch_from_fields(fields, gw.base_url(request)) for fields in rows]
     return BatchList(
         data=data,
         first_id=data[0].id if data else None,
@@ -150,9 +152,9 @@ async def list_batches(
 
 
 @router.get("/{batch_id}", response_model=Batch)
-async def get_batch(batch_id: BatchId, store: StoreDep, base: BaseUrlDep) -> Batch:
+async def get_batch(batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep) -> Batch:
     """The batch: status, `*_at` times, live request_counts."""
-    return await _load(store, batch_id, base)
+    return await _load(store, batch_id, gw.base_url(request))
 
 
 @router.get(
@@ -163,20 +165,22 @@ async def get_batch(batch_id: BatchId, store: StoreDep, base: BaseUrlDep) -> Bat
         200: {"content": {"application/jsonl": {}}, "description": "one result line per finished input"}
     },
 )
-async def batch_results(batch_id: BatchId, store: StoreDep, base: BaseUrlDep) -> StreamingResponse:
+async def batch_results(
+    batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep
+) -> StreamingResponse:
     """JSONL in input order: `custom_id` with `response{status_code, body}` or `error` (lines finished so far)."""
-    batch = await _load(store, batch_id, base)
+    batch = await _load(store, batch_id, gw.base_url(request))
     return StreamingResponse(
         store.results(batch_id, batch.request_counts.total), media_type="application/jsonl"
     )
 
 
 @router.post("/{batch_id}/cancel", response_model=Batch)
-async def cancel_batch(batch_id: BatchId, store: StoreDep, base: BaseUrlDep) -> Batch:
+async def cancel_batch(batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep) -> Batch:
     """Cancel: queued lines are cancelled, running ones finish; finished lines stay in the results."""
     result = await store.cancel(batch_id)
     if result == "missing":
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no batch {batch_id}", field="batch_id")
     if result not in ("ok", BatchStatus.CANCELLING.value, BatchStatus.CANCELLED.value):
         raise ApiError(409, ErrorCode.CONFLICT, f"batch {batch_id} can no longer be cancelled: {result}")
-    return await _load(store, batch_id, base)
+    return await _load(store, batch_id, gw.base_url(request))

@@ -7,7 +7,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from gateway.deps import StoreDep
+from gateway.deps import GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
 from shared.job_state import ErrorCode
@@ -32,19 +32,19 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses=ERROR_RESPONSES)
-async def readyz(store: StoreDep) -> Readiness:
+async def readyz(gw: GatewayDep) -> Readiness:
     """Ready when Redis answers and at least one worker heartbeats; else 503."""
-    await store.redis.ping()
-    num_workers = await store.num_workers_alive(time.time())
+    await gw.redis.ping()
+    num_workers = await gw.store.num_workers_alive(time.time())
     if num_workers == 0:
         raise ApiError(503, ErrorCode.UNAVAILABLE, "no worker is alive", headers={"Retry-After": "5"})
-    return Readiness(status="ready", workers_alive=num_workers, queue_depth=await store.queue_depths())
+    return Readiness(status="ready", workers_alive=num_workers, queue_depth=await gw.store.queue_depths())
 
 
 @router.get("/metrics", response_model=None, response_class=PlainTextResponse)
-async def metrics(store: StoreDep) -> Response:
+async def metrics(gw: GatewayDep) -> Response:
     """Prometheus text format; queue depth and live workers are read from Redis at scrape time."""
-    for priority, depth in (await store.queue_depths()).items():
+    for priority, depth in (await gw.store.queue_depths()).items():
         QUEUE_DEPTH.labels(priority).set(depth)
-    WORKERS_ALIVE.set(await store.num_workers_alive(time.time()))
+    WORKERS_ALIVE.set(await gw.store.num_workers_alive(time.time()))
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
-from gateway.deps import BaseUrlDep, HubDep, PromptLimitDep, SettingsDep, StoreDep
+from gateway.deps import GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import (
     JOBS_CANCELLED,
@@ -62,18 +62,16 @@ async def _load(store: JobStore, job_id: str, base: str) -> Job:
 @router.post("", status_code=202, response_model=Job, response_model_exclude_none=False)
 async def create_job(
     body: JobRequest,
+    request: Request,
     response: Response,
-    store: StoreDep,
-    hub: HubDep,
-    limit: PromptLimitDep,
-    settings: SettingsDep,
-    base: BaseUrlDep,
+    gw: GatewayDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
     prefer: Annotated[str | None, Header()] = None,
 ) -> Job:
     """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish."""
     started = time.perf_counter()
-    await limit.check(body)
+    store, settings, base = gw.store, gw.settings, gw.base_url(request)
+    await gw.prompt_limit.check(body)
     await check_webhook(body.webhook, settings)
     try:
         submitted = await store.submit(body, idempotency_key)
@@ -85,7 +83,7 @@ async def create_job(
     if submitted.is_new:
         JOBS_SUBMITTED.labels(body.priority.value).inc()
     if wait_s > 0:
-        await _wait_until_final(hub, submitted.job_id, wait_s)
+        await _wait_until_final(gw.hub, submitted.job_id, wait_s)
     if submitted.is_new and wait_s == 0:
         SUBMIT_SECONDS.observe(time.perf_counter() - started)
         job = Job(
@@ -105,9 +103,9 @@ async def create_job(
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: JobId, store: StoreDep, base: BaseUrlDep) -> Job:
+async def get_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
     """The job: status, timestamps, output (partial while running), error, usage, metrics."""
-    return await _load(store, job_id, base)
+    return await _load(gw.store, job_id, gw.base_url(request))
 
 
 @router.get(
@@ -120,18 +118,17 @@ async def get_job(job_id: JobId, store: StoreDep, base: BaseUrlDep) -> Job:
 )
 async def stream_job(
     job_id: JobId,
-    store: StoreDep,
-    hub: HubDep,
+    gw: GatewayDep,
     last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
 ) -> StreamingResponse:
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
-    if await store.get(job_id) is None:
+    if await gw.store.get(job_id) is None:
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
 
     async def frames() -> AsyncIterator[bytes]:
         SSE_STREAMS.inc()
         try:
-            async with aclosing(hub.follow(job_id, last_event_id or "0-0")) as events:
+            async with aclosing(gw.hub.follow(job_id, last_event_id or "0-0")) as events:
                 async for event in events:
                     if event is not None:
                         SSE_EVENTS.labels(event.type.value).inc()
@@ -144,12 +141,12 @@ async def stream_job(
 
 
 @router.post("/{job_id}/cancel", response_model=Job)
-async def cancel_job(job_id: JobId, store: StoreDep, base: BaseUrlDep) -> Job:
+async def cancel_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
     """Cancel a queued or running job (a running one stops within one engine step); 409 once finished."""
-    result = await store.cancel(job_id)
+    result = await gw.store.cancel(job_id)
     if result == "missing":
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
     if result != "ok":
         raise ApiError(409, ErrorCode.CONFLICT, f"job {job_id} already finished: {result}")
     JOBS_CANCELLED.inc()
-    return await _load(store, job_id, base)
+    return await _load(gw.store, job_id, gw.base_url(request))

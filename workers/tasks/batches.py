@@ -71,12 +71,13 @@ def expand(self: object, batch_id: str) -> str:
     )
     ttl_s = max(1.0, float(fields["expires_at"]) - time.time())
     submit = r.register_script(lua.SUBMIT)
+    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
     pipe = r.pipeline(transaction=False)
     for offset, raw in enumerate(raw_lines):
         index = start + offset
         request = _job_request(BatchLine.from_json(raw), batch_id, index, ttl_s)
         keys_, args = submit_call(
-            request, uuid.uuid4().hex, keys.batch_line_idempotency(batch_id, index), settings
+            request, uuid.uuid4().hex, keys.batch_line_idempotency(batch_id, index), settings, ctx
         )
         submit(keys=keys_, args=args, client=pipe)
     pairs: list[str] = []
