@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis
 
 from shared import batch_lua, keys
-from shared.batch_format import BatchLine
 from shared.batch_state import BatchStatus
 from shared.outbox import BatchEvent, NoticeKind, notice_fields
 
@@ -22,7 +21,11 @@ class BatchStore:
         self.redis = redis
 
     async def create(
-        self, lines: list[BatchLine], webhook: str | None, metadata: dict[str, str], window_s: float
+        self,
+        lines: list[str],
+        webhook: str | None,
+        metadata: dict[str, str],
+        window_s: float,  # lines: json
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
         created_s = time.time()
@@ -47,7 +50,7 @@ class BatchStore:
         for start in range(0, len(lines), LINES_PER_PUSH):
             pipe.rpush(
                 keys.batch_lines(batch_id),
-                *[line.to_json() for line in lines[start : start + LINES_PER_PUSH]],
+                *lines[start : start + LINES_PER_PUSH],
             )
         pipe.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
         pipe.xadd(
