@@ -22,10 +22,10 @@ class BatchStore:
 
     async def create(
         self,
-        lines: list[str],
+        lines: list[str],  # BatchLine.to_json() of each validated line, in input order
         webhook: str | None,
         metadata: dict[str, str],
-        window_s: float,  # lines: json
+        window_s: float,
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
         created_s = time.time()
