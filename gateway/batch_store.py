@@ -2,7 +2,6 @@
 read, list, results, cancel. The Celery side does the rest (workers/tasks/batches.py)."""
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -28,7 +27,8 @@ class BatchStore:
         window_s: float,
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
-        created_s = time.time()
+        seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
+        created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(
             keys.batch_hash(batch_id),
