@@ -11,6 +11,7 @@ import typer
 # bench NAME -> "module:function"; each function takes (quick: bool, json_path: str | None) and returns 0/1
 BENCHES = {
     "engine": "workers.bench.run:bench_engine_command",
+    "spec": "workers.bench.run:bench_spec_command",
 }
 
 

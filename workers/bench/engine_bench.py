@@ -5,6 +5,7 @@ batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and
 (one at a time, and one padded batch).
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def match_rate(a: list[list[int]], b: list[list[int]]) -> float:
 def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig) -> dict[str, Any]:
     import transformers
 
-    engine = Engine(cfg, target_dir)
+    engine = Engine(dataclasses.replace(cfg, speculative_method="none"), target_dir)  # plain decoding
     dtype = engine.runner.model.embed.weight.dtype
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
     pad_id = engine.tokenizer.pad_token_id or next(iter(engine.eos_token_ids), 0)

@@ -22,3 +22,24 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
         machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick)
         write_json(json_path, "engine", machine, result["rows"], result["ratios"])
     return 0
+
+
+def bench_spec_command(quick: bool, json_path: str | None) -> int:
+    from workers.bench.spec_bench import SpecBenchPlan, bench_spec
+    from workers.demo.build import ensure_demo_pair
+    from workers.demo.corpus import held_out_prompts
+    from workers.engine.config import EngineConfig
+
+    plan = SpecBenchPlan.quick() if quick else SpecBenchPlan()
+    pair = ensure_demo_pair()
+    prompts = held_out_prompts(max(plan.num_bs1_prompts, 8))
+    result = bench_spec((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
+    columns = ["system", "batch", "tokens_per_s", "tau", "acceptance_rate", "match_vs_plain"]
+    typer.echo(format_table(result["rows"], columns))
+    typer.echo("")
+    for key, value in result["ratios"].items():
+        typer.echo(f"{key}: {value:.3f}")
+    if json_path:
+        machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick, tree_size=plan.tree_size)
+        write_json(json_path, "spec", machine, result["rows"], result["ratios"])
+    return 0

@@ -98,3 +98,29 @@ def make_tiny_pair(out_dir: Path) -> tuple[Path, Path]:
         out_dir / "draft", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, seed=1, tokenizer_from=target
     )
     return target, draft
+
+
+def make_perturbed_copy(src: Path, out_dir: Path, noise_std: float, seed: int = 0, poison: bool = False) -> Path:
+    """A copy of `src` with Gaussian noise on every weight: a draft that agrees with `src` only partly.
+
+    poison=True fills the embedding with NaN instead: a broken draft, for fallback tests.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, out_dir / f.name)
+    gen = torch.Generator().manual_seed(seed)
+    for f in src.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if poison and "embed" in name:
+                tensors[name] = torch.full_like(t, float("nan"))
+            elif not poison:
+                tensors[name] = t + noise_std * torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        save_file(tensors, str(out_dir / f.name), metadata={"format": "pt"})
+    return out_dir

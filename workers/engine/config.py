@@ -25,8 +25,20 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens per forward (prefill chunks + decodes)
     max_model_len: int = 0  # 0 = the target's max_position_embeddings
     seed: int = 0  # seeds the RNG that unseeded sampling requests draw their generators from
-    speculative_method: str = "none"  # draft | ngram | none
-    num_speculative_tokens: int = 4
+    # speculative decoding (workers/spec/)
+    speculative_method: str = "none"  # draft | ngram | none: the default for requests that do not choose
+    num_speculative_tokens: int = 4  # k at most (chain); the adaptive controller moves each sequence's k in [k_min, k]
+    speculative_k_min: int = 1
+    is_adaptive: bool = True  # False: every speculating sequence uses num_speculative_tokens
+    tree_size: int = 0  # > 0: the draft model proposes a token tree of up to tree_size nodes instead of a chain
+    tree_branching: int = 2  # children per tree node at most
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
+    spec_batch_token_budget: int = 64  # tokens per target pass before speculation stops paying (compute-bound)
+    spec_max_batch_size: int = 16  # more decoding sequences than this: nobody speculates
+    spec_draft_cost_per_token: float = 0.15  # one more draft token's cost, in target decode steps
+    spec_fallback_acceptance: float = 0.15  # acceptance below this for `patience` steps: plain decoding
+    spec_fallback_patience_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1:
@@ -39,8 +51,12 @@ class EngineConfig:
             raise ValueError("max_model_len and num_threads must be >= 0")
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}")
-        if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1")
+        if not 1 <= self.speculative_k_min <= self.num_speculative_tokens:
+            raise ValueError("need 1 <= speculative_k_min <= num_speculative_tokens")
+        if self.tree_size < 0 or self.tree_branching < 1:
+            raise ValueError("tree_size must be >= 0 and tree_branching >= 1")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ValueError("need 1 <= ngram_min_n <= ngram_max_n")
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> "EngineConfig":
@@ -62,6 +78,8 @@ class EngineConfig:
 
 
 def _parse_env(text: str, type_name: str) -> Any:
+    if type_name == "bool":
+        return text.lower() in ("1", "true", "yes", "on")
     if "int" in type_name and "None" not in type_name:
         return int(text)
     if "float" in type_name:

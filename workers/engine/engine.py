@@ -4,6 +4,7 @@ step() reads like the data flow: schedule -> run the model -> sample -> postproc
 stop checks, retire finished sequences) -> return what changed.
 """
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -16,32 +17,44 @@ from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.outputs import StepOutput
-from workers.engine.sampler import sample_next_tokens
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
+from workers.spec.draft_proposer import DraftProposer
+from workers.spec.proposal import Proposal, Verdict
+from workers.spec.speculator import Speculator
 
 log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, target_dir: Path) -> None:
+    def __init__(self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None) -> None:
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
         self._decode = make_decode_fn(self.tokenizer)
-        model = load_model(target_dir, resolve_dtype(cfg.dtype), cfg.max_model_len or None)
+        dtype = resolve_dtype(cfg.dtype)
+        model = load_model(target_dir, dtype, cfg.max_model_len or None)
         self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
         self.eos_token_ids = frozenset(model.cfg.eos_token_ids)
+        draft = load_model(draft_dir, dtype, self.max_model_len) if draft_dir is not None else None
+        if draft is not None and draft.cfg.vocab_size != model.cfg.vocab_size:
+            raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {model.cfg.vocab_size}")
         bytes_per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size)
+        if draft is not None:
+            bytes_per_block += ModelRunner.kv_bytes_per_block(draft, cfg.block_size)
         num_blocks = int(cfg.kv_cache_mb * 2**20 // bytes_per_block)
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
         self.runner = ModelRunner(model, num_blocks, cfg.block_size)
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        draft_proposer = DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size)) if draft is not None else None
+        self.speculator = Speculator(cfg, self.runner, draft_proposer, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, lookahead=self.speculator.lookahead
+        )
         self.sequences: dict[str, Sequence] = {}
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
@@ -49,11 +62,17 @@ class Engine:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "Engine":
-        if cfg.target_dir is not None:
-            return cls(cfg, Path(cfg.target_dir))
+        target_dir = cfg.target_dir
+        if target_dir is not None:
+            draft_dir = Path(cfg.draft_dir) if cfg.draft_dir else None
+            if draft_dir is None and cfg.speculative_method == "draft":
+                cfg = dataclasses.replace(cfg, speculative_method="ngram")
+                log.warning("no draft model configured: default speculation is ngram")
+            return cls(cfg, Path(target_dir), draft_dir)
         from workers.demo.build import ensure_demo_pair
 
-        return cls(cfg, ensure_demo_pair().target_dir)
+        pair = ensure_demo_pair()
+        return cls(cfg, pair.target_dir, Path(cfg.draft_dir) if cfg.draft_dir else pair.draft_dir)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
@@ -83,6 +102,7 @@ class Engine:
             params=params,
             detokenizer=Detokenizer(self._decode, prompt_ids, params.stop),
             generator=generator,
+            spec=self.speculator.new_state(params, prompt_ids),
         )
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
@@ -122,37 +142,67 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return []
-        logits = self.runner.forward([self._forward_item(s) for s in batch.scheduled])  # [S, V]
-        sampling = [s for s in batch.scheduled if s.is_sampling]
-        new_tokens = sample_next_tokens(logits, [s.seq for s in sampling])
-        return self._postprocess(batch.scheduled, dict(zip((s.seq.request_id for s in sampling), new_tokens, strict=True)))
+        speculating = [s for s in batch.scheduled if s.num_lookahead > 0]
+        proposals = self.speculator.propose([s.seq for s in speculating], [s.num_lookahead for s in speculating])
+        start_s = time.perf_counter()
+        items = [self._forward_item(s, proposals.get(s.seq.request_id)) for s in batch.scheduled]
+        logits = self.runner.forward(items)  # [S, V]: 1 + proposal size rows per sampling sequence
+        entries = [(s.seq, proposals.get(s.seq.request_id)) for s in batch.scheduled if s.is_sampling]
+        verdicts = self.speculator.verify(entries, logits)
+        if proposals:
+            self.speculator.stats.verify_time_s += time.perf_counter() - start_s
+        verified = {seq.request_id: (proposal, verdict) for (seq, proposal), verdict in zip(entries, verdicts, strict=True)}
+        return self._postprocess(batch.scheduled, verified)
 
-    def _forward_item(self, s: ScheduledSeq) -> ForwardItem:
+    def _forward_item(self, s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
         seq, start = s.seq, s.seq.num_computed_tokens
         if seq.first_scheduled_time_s is None:
             seq.first_scheduled_time_s = time.perf_counter()
+        tokens = seq.token_ids[start : start + s.num_new_tokens]
+        if proposal is None:
+            return ForwardItem(tokens, start, seq.block_table, num_logits=1 if s.is_sampling else 0)
+        num_rows = 1 + proposal.num_tokens
+        if proposal.tree is None:  # [last token, d_1 .. d_k], causal
+            return ForwardItem(tokens + proposal.tokens, start, seq.block_table, num_logits=num_rows)
+        tree, length = proposal.tree, len(seq)
+        tree_mask = torch.cat([torch.zeros(1, tree.num_nodes, dtype=torch.bool), tree.attention_mask()])  # [n + 1, n]
         return ForwardItem(
-            token_ids=seq.token_ids[start : start + s.num_new_tokens],
-            start_pos=start,
-            block_table=seq.block_table,
-            num_logits=1 if s.is_sampling else 0,
+            tokens + proposal.tokens,
+            start,
+            seq.block_table,
+            num_logits=num_rows,
+            positions=[start, *tree.positions(length).tolist()],
+            tree_start=length,
+            tree_mask=tree_mask,
         )
 
-    def _postprocess(self, scheduled: list[ScheduledSeq], new_tokens: dict[str, int]) -> list[StepOutput]:
+    def _postprocess(
+        self, scheduled: list[ScheduledSeq], verified: dict[str, tuple[Proposal | None, Verdict]]
+    ) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
         for s in scheduled:
             seq = s.seq
-            seq.num_computed_tokens += s.num_new_tokens
-            token = new_tokens.get(seq.request_id)
-            if token is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
+            if seq.request_id not in verified:
+                seq.num_computed_tokens += s.num_new_tokens  # a prefill chunk short of the prompt's end
+                continue
+            proposal, verdict = verified[seq.request_id]
+            old_len = len(seq)
+            seq.num_computed_tokens += s.num_new_tokens + verdict.num_accepted
             seq.first_token_time_s = seq.first_token_time_s or now
-            reason = self._append_token(seq, token)
+            appended, reason = [], None
+            for token in verdict.tokens:
+                appended.append(token)
+                reason = self._append_token(seq, token)
+                if reason is not None:
+                    break  # nothing past a stop, EOS or the length limit is emitted
+            self.speculator.commit(seq, proposal, verdict, old_len, appended)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.sequences[seq.request_id]
-            outputs.append(self._output(seq, [token], now))
+            else:
+                self.block_manager.truncate(seq, len(seq))  # unused lookahead blocks go back
+            outputs.append(self._output(seq, appended, now))
         return outputs
 
     def _append_token(self, seq: Sequence, token: int) -> str | None:
@@ -177,6 +227,8 @@ class Engine:
                 "tokens_per_s": (seq.num_output_tokens - 1) / decode_s if decode_s > 0 else 0.0,
                 "num_preemptions": float(seq.num_preemptions),
             }
+            if seq.spec is not None:
+                metrics.update(seq.spec.metrics())
         return StepOutput(
             request_id=seq.request_id,
             new_token_ids=tokens,

@@ -21,6 +21,11 @@ class ForwardItem:
     start_pos: int  # position (and KV slot index in the sequence) of the first query token
     block_table: list[int]  # the sequence's KV blocks, covering start_pos + n tokens
     num_logits: int  # logits wanted for the last `num_logits` query tokens (0 = none)
+    # token trees (speculative decoding): query i sits in KV slot start_pos + i at rotary position
+    # positions[i]; it sees every slot before tree_start and the tree slots tree_start + j with tree_mask[i, j]
+    positions: list[int] | None = None  # [n]; None = start_pos + i
+    tree_start: int = 0  # first KV slot of the tree's nodes
+    tree_mask: torch.Tensor | None = None  # [n, m] bool over tree slots tree_start .. tree_start + m; None = causal
 
 
 @dataclass
@@ -40,9 +45,9 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
     for it in items:
         offset = len(input_ids)
         input_ids.extend(it.token_ids)
-        for pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
-            positions.append(pos)
-            slots.append(it.block_table[pos // block_size] * block_size + pos % block_size)
+        for slot_pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
+            slots.append(it.block_table[slot_pos // block_size] * block_size + slot_pos % block_size)
+        positions.extend(it.positions or range(it.start_pos, it.start_pos + len(it.token_ids)))
         logits_rows.extend(range(offset + len(it.token_ids) - it.num_logits, offset + len(it.token_ids)))
 
     batch, max_q = len(items), max(q_lens)
@@ -55,11 +60,15 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
     q_len_t = torch.tensor(q_lens)  # [B]
     q_idx = torch.arange(max_q).unsqueeze(0)  # [1, Q]
     is_real_query = q_idx < q_len_t.unsqueeze(1)  # [B, Q]
-    q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] absolute positions
+    q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] slot positions
     key_pos = torch.arange(num_blocks_max * block_size).view(1, 1, -1)  # [1, 1, L]
     mask = key_pos <= q_pos.unsqueeze(2)  # [B, Q, L] causal; keys past the sequence are never <= its queries
     if sliding_window is not None:
         mask &= key_pos > (q_pos.unsqueeze(2) - sliding_window)
+    for b, it in enumerate(items):
+        if it.tree_mask is not None:
+            n, m = it.tree_mask.shape
+            mask[b, :n, it.tree_start : it.tree_start + m] = it.tree_mask
     mask &= is_real_query.unsqueeze(2)
     mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
 
@@ -102,6 +111,19 @@ class ModelRunner:
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
         cfg = model.cfg
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * model.embed.weight.element_size()
+
+    @torch.inference_mode()
+    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Move K/V rows between slots in every layer (accepted tree nodes into sequence order)."""
+        src = torch.tensor(src_slots, dtype=torch.long)
+        dst = torch.tensor(dst_slots, dtype=torch.long)
+        for k_cache, v_cache in self.kv_caches:
+            for cache in (k_cache, v_cache):
+                flat = cache.view(-1, *cache.shape[2:])  # [num_slots, KV, D]
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+
+    def slot(self, block_table: list[int], pos: int) -> int:
+        return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32, S = sum(num_logits)

@@ -5,6 +5,7 @@ The scheduler only moves sequences between the `waiting` and `running` deques an
 """
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers.engine.block_manager import BlockManager
@@ -15,6 +16,7 @@ from workers.engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # query tokens this step: token_ids[num_computed_tokens : num_computed_tokens + n]
+    num_lookahead: int = 0  # extra KV slots (and token budget) reserved for speculative tokens after them
 
     @property
     def is_sampling(self) -> bool:
@@ -34,8 +36,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        lookahead: Callable[[Sequence, int], int] = lambda seq, batch_size: 0,
+    ) -> None:
         self.block_manager = block_manager
+        self.lookahead = lookahead  # speculative tokens a decoding sequence gets, given the batch size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -51,14 +60,17 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
+        batch_size = len(self.running) + min(len(self.waiting), self.max_num_seqs - len(self.running))
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._reserve(seq, seq.num_computed_tokens + num_new, preempted):
+            is_decode = num_new == seq.num_uncomputed_tokens == 1
+            num_extra = min(self.lookahead(seq, batch_size), budget - num_new) if is_decode else 0
+            if not self._reserve(seq, seq.num_computed_tokens + num_new + num_extra, preempted):
                 break  # seq itself was preempted; it was the newest, nothing runs after it
-            scheduled.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
+            scheduled.append(ScheduledSeq(seq, num_new, num_extra))
+            budget -= num_new + num_extra
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -90,7 +102,7 @@ class Scheduler:
         """Free the sequence's KV and put it at the front of the queue; it is recomputed on readmission."""
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        seq.drop_kv()
         seq.num_preemptions += 1
         seq.move_to(SequenceStatus.WAITING)
         self.waiting.appendleft(seq)

@@ -8,6 +8,7 @@ import torch
 
 from workers.engine.detokenizer import Detokenizer
 from workers.engine.sampling_params import SamplingParams
+from workers.spec.state import SpecState
 
 
 class SequenceStatus(enum.Enum):
@@ -40,6 +41,13 @@ class Sequence:
     first_scheduled_time_s: float | None = None
     first_token_time_s: float | None = None
     num_preemptions: int = 0
+    spec: SpecState | None = None  # speculation state; None = plain decoding
+
+    def drop_kv(self) -> None:
+        """Forget every cached K/V (preemption): target and draft recompute from the start."""
+        self.num_computed_tokens = 0
+        if self.spec is not None:
+            self.spec.draft_num_computed = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

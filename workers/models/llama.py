@@ -20,7 +20,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        x32 = x.float()
+        if x.dtype in (torch.float32, torch.float64):  # one fused op, same arithmetic as the reference
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        x32 = x.float()  # half precision: normalise in float32, scale after casting back (as transformers)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
@@ -48,15 +50,18 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
         v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
     ) -> torch.Tensor:  # [T, hidden]
-        num_tokens = h.shape[0]
-        q, k, v = self.qkv(self.input_norm(h)).split(self.qkv_split, dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KV, D]
-        write_kv(k_cache, v_cache, k, v.view(num_tokens, self.num_kv_heads, self.head_dim), meta.slot_mapping)
+        num_tokens, num_qk_heads = h.shape[0], self.num_heads + self.num_kv_heads
+        # modules' weights are used through F.linear: it skips nn.Module call overhead on this hot path
+        qkv = F.linear(self.input_norm(h), self.qkv.weight, self.qkv.bias)  # [T, (H + 2 KV) * D]
+        qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)  # [T, H + 2 KV, D]
+        qk = apply_rope(qkv[:, :num_qk_heads], cos, sin)  # [T, H + KV, D]: q and k rotated together
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, D], [T, KV, D]
+        write_kv(k_cache, v_cache, k, qkv[:, num_qk_heads:], meta.slot_mapping)
         attn = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, H * D]
-        h = h + self.o_proj(attn)
-        gate, up = self.gate_up(self.post_norm(h)).chunk(2, dim=-1)  # [T, I] each
-        return h + self.down(F.silu(gate) * up)
+        h = h + F.linear(attn, self.o_proj.weight, self.o_proj.bias)
+        gate_up = F.linear(self.post_norm(h), self.gate_up.weight, self.gate_up.bias)  # [T, 2 I]
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+        return h + F.linear(F.silu(gate) * up, self.down.weight, self.down.bias)
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,1 @@
+"""Speculative decoding, engine-independent: verification, token trees, n-gram proposals, adaptive k."""

@@ -32,6 +32,8 @@ from workers.worker.queue_reader import Lease, QueueReader
 
 log = logging.getLogger(__name__)
 
+REDIS_RETRY_S = 1.0  # pause after a failed Redis call before the loop tries again
+
 
 class EngineLike(Protocol):
     """What the worker uses of workers.engine.Engine."""
@@ -122,11 +124,29 @@ class Worker:
         self.start()
         try:
             while not self._should_exit():
-                self.step()
-                if not self.leases and self.num_pulled_last == 0 and not self.is_stopping and not self.burst:
-                    self.reader.wait_for_jobs(self.settings.idle_block_ms)
+                try:
+                    self.step()
+                    if (
+                        not self.leases
+                        and self.num_pulled_last == 0
+                        and not self.is_stopping
+                        and not self.burst
+                    ):
+                        self.reader.wait_for_jobs(self.settings.idle_block_ms)
+                except redis.RedisError as exc:
+                    self._on_redis_error(exc)
         finally:
             self.shutdown()
+
+    def _on_redis_error(self, exc: redis.RedisError) -> None:
+        """Redis is unreachable: what was generated since the last write cannot be recorded, so drop every held
+        job (its KV is freed); once Redis answers again its entry is reclaimed (by this worker or another) and
+        resumed from the last token written. Then back off."""
+        log.warning(
+            "redis error (%s): dropping %d held jobs; retrying in %.1fs", exc, len(self.leases), REDIS_RETRY_S
+        )
+        self._drop(list(self.leases))
+        time.sleep(REDIS_RETRY_S)
 
     def _should_exit(self) -> bool:
         if self.is_stopping:
@@ -166,7 +186,10 @@ class Worker:
         """Hand every unfinished job back to its queue, then unregister."""
         for lease in self.held_leases():
             self.engine.abort(lease.job_id)
-            log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
+            try:
+                log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
+            except redis.RedisError as exc:  # it is reclaimed after claim_timeout_s instead
+                log.warning("could not hand job %s back: %s", lease.job_id, exc)
         self._forget(list(self.leases))
         self.heartbeat.stop()
         self._cancels.close()

@@ -1,0 +1,98 @@
+"""Adaptive speculation length: follows acceptance, falls back, shrinks with the batch."""
+
+import pytest
+
+from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, batch_k_limit, best_k
+
+CONFIG = AdaptiveConfig(k_min=1, k_max=8, fallback_acceptance=0.2, fallback_patience_steps=5)
+
+
+def test_k_rises_with_acceptance() -> None:
+    controller = SpecLengthController(CONFIG)
+    k_start = controller.k
+    for _ in range(20):
+        controller.update(num_drafted=controller.k, num_accepted=controller.k)
+    assert controller.k == CONFIG.k_max > k_start
+    assert controller.acceptance > 0.99
+
+
+def test_k_falls_without_acceptance() -> None:
+    controller = SpecLengthController(AdaptiveConfig(fallback_acceptance=0.0))  # never falls back
+    for _ in range(10):
+        controller.update(num_drafted=controller.k, num_accepted=controller.k)
+    ks = []
+    for _ in range(10):
+        controller.update(num_drafted=controller.k, num_accepted=0)
+        ks.append(controller.k)
+    assert ks == sorted(ks, reverse=True)
+    assert ks[-1] == 1 and not controller.is_fallen_back
+
+
+def test_acceptance_counts_only_judged_positions() -> None:
+    controller = SpecLengthController(AdaptiveConfig(decay=0.0))  # only the last step counts
+    controller.update(num_drafted=8, num_accepted=3)  # 3 accepted, the 4th rejected, 4 never judged
+    assert controller.acceptance == pytest.approx(3 / 4)
+
+
+def test_fallback_after_patience_steps_of_poor_acceptance() -> None:
+    controller = SpecLengthController(CONFIG)
+    events = [controller.update(num_drafted=max(controller.k, 1), num_accepted=0) for _ in range(12)]
+    assert events.count(True) == 1  # counted once
+    assert controller.is_fallen_back and controller.k == 0
+    assert controller.k_for_step(batch_limit=8) == 0
+    assert controller.update(num_drafted=4, num_accepted=4) is False  # stays off
+    assert controller.k == 0
+
+
+def test_a_good_step_resets_the_poor_streak() -> None:
+    controller = SpecLengthController(
+        AdaptiveConfig(decay=0.0, fallback_acceptance=0.5, fallback_patience_steps=3)
+    )
+    for _ in range(10):
+        controller.update(num_drafted=4, num_accepted=0)
+        controller.update(num_drafted=4, num_accepted=0)
+        controller.update(num_drafted=4, num_accepted=4)
+    assert not controller.is_fallen_back
+
+
+def test_best_k_grows_with_acceptance_and_shrinks_with_draft_cost() -> None:
+    ks = [best_k(a / 10, CONFIG) for a in range(11)]
+    assert ks == sorted(ks) and ks[0] == CONFIG.k_min and ks[-1] == CONFIG.k_max
+    cheap = AdaptiveConfig(draft_cost_per_token=0.02)
+    dear = AdaptiveConfig(draft_cost_per_token=0.5)
+    assert best_k(0.7, cheap) > best_k(0.7, dear)
+
+
+def test_batch_limit_shrinks_as_the_batch_grows_and_turns_off() -> None:
+    config = AdaptiveConfig(k_max=8, batch_token_budget=256, max_spec_batch_size=64)
+    limits = [batch_k_limit(config, n, num_scheduled_tokens=n) for n in (1, 16, 32, 48, 64)]
+    assert limits == [8, 8, 7, 4, 3]  # (256 - n) // n, capped at k_max
+    assert batch_k_limit(config, 65, num_scheduled_tokens=65) == 0  # above the batch size: off
+    assert batch_k_limit(config, 4, num_scheduled_tokens=300) == 0  # a big prefill fills the pass
+    assert batch_k_limit(config, 0, num_scheduled_tokens=0) == 8
+    controller = SpecLengthController(config)
+    assert controller.k_for_step(batch_limit=2) == min(controller.k, 2)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"k_min": 0},
+        {"k_min": 5, "k_max": 4},
+        {"initial_acceptance": 1.5},
+        {"decay": 1.0},
+        {"draft_cost_per_token": 0.0},
+        {"fallback_acceptance": 1.0},
+        {"fallback_patience_steps": 0},
+        {"batch_token_budget": 0},
+        {"max_spec_batch_size": 0},
+    ],
+)
+def test_config_rejects_bad_values(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        AdaptiveConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_update_rejects_impossible_counts() -> None:
+    with pytest.raises(ValueError):
+        SpecLengthController(CONFIG).update(num_drafted=2, num_accepted=3)

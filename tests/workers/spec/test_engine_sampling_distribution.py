@@ -1,0 +1,93 @@
+"""Model-level check that speculative sampling is lossless: the engine's (t1, t2) pairs follow the target.
+
+t1 comes from the prefill; t2 goes through rejection sampling against a partly agreeing draft (k = 2).
+Their joint distribution is computed exactly from the reference model (transformers, float64) with the same
+temperature/top-k transform, and the engine's samples are compared with it by a chi-square test.
+"""
+
+from pathlib import Path
+
+import torch
+import transformers
+
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.sampling import logits_to_probs
+from workers.engine.sampling_params import SamplingParams
+
+NUM_SAMPLES = 3000
+TEMPERATURE, TOP_K = 0.7, 6
+PROMPT = [17, 300, 42, 99, 5]
+
+
+def transform(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V]
+    n = logits.shape[0]
+    return logits_to_probs(logits, torch.full((n,), TEMPERATURE), torch.full((n,), TOP_K), torch.ones(n))
+
+
+def exact_joint(target_dir: Path) -> dict[tuple[int, int], float]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float64).eval()
+    with torch.no_grad():
+        p1 = transform(model(torch.tensor([PROMPT])).logits[0, -1:].float())[0]  # [V]
+        firsts = p1.nonzero().flatten().tolist()
+        second_inputs = torch.tensor([PROMPT + [t] for t in firsts])  # [F, len + 1]
+        p2 = transform(model(second_inputs).logits[:, -1].float())  # [F, V]
+    return {
+        (t1, t2): float(p1[t1] * p2[i, t2])
+        for i, t1 in enumerate(firsts)
+        for t2 in p2[i].nonzero().flatten().tolist()
+    }
+
+
+def chi_square_p_value(observed: list[int], expected: list[float]) -> float:
+    """Goodness of fit, bins with expected count < 5 pooled."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for o, e in zip(observed, expected, strict=True):
+        if e < 5:
+            pool_o, pool_e = pool_o + o, pool_e + e
+        else:
+            obs.append(o)
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
+    dof = len(obs) - 1
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
+
+
+def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[str, Path]) -> None:
+    cfg = EngineConfig(
+        dtype="float64",
+        kv_cache_mb=64,
+        block_size=4,
+        max_num_seqs=128,
+        speculative_method="draft",
+        is_adaptive=False,
+        num_speculative_tokens=2,
+    )
+    engine = Engine(cfg, spec_models["target"], spec_models["close_draft"])
+    generated: dict[str, list[int]] = {}
+    for i in range(NUM_SAMPLES):
+        params = SamplingParams(
+            max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True
+        )
+        engine.add_request(str(i), PROMPT, params)
+        generated[str(i)] = []
+    while engine.num_unfinished():
+        for out in engine.step():
+            generated[out.request_id].extend(out.new_token_ids)
+    counts = engine.speculator.stats.counts
+    assert counts.num_steps >= NUM_SAMPLES and 0.1 < counts.acceptance_rate < 0.95  # t2 really was verified
+
+    joint = exact_joint(spec_models["target"])
+    pairs = [(g[0], g[1]) for g in generated.values()]
+    assert set(pairs) <= set(joint)  # never a pair the target cannot produce
+    keys = sorted(joint)
+    observed = [pairs.count(k) for k in keys]
+    expected = [joint[k] * NUM_SAMPLES for k in keys]
+    assert chi_square_p_value(observed, expected) > 1e-4

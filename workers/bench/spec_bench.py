@@ -1,0 +1,145 @@
+"""`specfleet bench spec`: speculative decoding vs our plain decoding vs transformers, one run.
+
+Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree and
+n-gram lookup, at batch 1, 4, 16, 32 (all requests submitted at once). transformers (batch 1): plain
+`generate`, `generate(assistant_model=draft)` and `generate(prompt_lookup_num_tokens=…)`.
+"""
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.bench.engine_bench import match_rate, run_hf_serial, run_ours
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {"speculative_method": "none"},
+    "sd_draft_chain": {"speculative_method": "draft", "tree_size": 0},
+    "sd_draft_tree": {"speculative_method": "draft"},  # tree_size from the plan
+    "sd_ngram": {"speculative_method": "ngram"},
+}
+
+
+@dataclass(frozen=True)
+class SpecBenchPlan:
+    num_new_tokens: int = 128
+    num_bs1_prompts: int = 8
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
+    tree_size: int = 6
+
+    @classmethod
+    def quick(cls) -> "SpecBenchPlan":
+        return cls(num_bs1_prompts=3, batch_sizes=(1, 4, 16))
+
+
+def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int) -> tuple[float, list[list[int]]]:
+    """batch 1: the prompts one after another; otherwise `batch` requests at once (prompts cycled)."""
+    if batch == 1:
+        seconds, outs = 0.0, []
+        for p in prompts:
+            s, o = run_ours(engine, [p], num_new)
+            seconds += s
+            outs.extend(o)
+        return seconds, outs
+    return run_ours(engine, [prompts[i % len(prompts)] for i in range(batch)], num_new)
+
+
+def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: SpecBenchPlan, base: EngineConfig) -> dict[str, Any]:
+    import transformers
+
+    target_dir, draft_dir = pair_dirs
+    rows: list[dict[str, Any]] = []
+    tps: dict[tuple[str, int], float] = {}
+    outputs: dict[tuple[str, int], list[list[int]]] = {}
+    prompts: list[list[int]] = []
+    for name, overrides in VARIANTS.items():
+        cfg = dataclasses.replace(base, **({"tree_size": plan.tree_size} | overrides))
+        engine = Engine(cfg, target_dir, draft_dir)
+        if not prompts:
+            prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
+        run_ours(engine, prompts[:1], 8)  # warm-up
+        for batch in plan.batch_sizes:
+            before = dataclasses.replace(engine.speculator.stats.counts)
+            used = prompts[: plan.num_bs1_prompts] if batch == 1 else prompts
+            seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
+            counts = engine.speculator.stats.counts
+            steps = counts.num_steps - before.num_steps
+            drafted = counts.num_drafted - before.num_drafted
+            tps[(name, batch)] = len(outs) * plan.num_new_tokens / seconds
+            outputs[(name, batch)] = outs
+            rows.append({
+                "system": name, "batch": batch, "tokens_per_s": tps[(name, batch)],
+                "tau": (counts.num_emitted - before.num_emitted) / steps if steps else 1.0,
+                "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
+                "match_vs_plain": match_rate(outs, outputs[("plain", batch)]) if name != "plain" else 1.0,
+            })
+            log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
+        dtype = engine.runner.model.embed.weight.dtype
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
+    hf_draft = transformers.AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=dtype).eval()
+    pad_id = hf.config.eos_token_id if isinstance(hf.config.eos_token_id, int) else 0
+    bs1 = prompts[: plan.num_bs1_prompts]
+    hf_runs = {
+        "hf_generate": {},
+        "hf_assisted": {"assistant_model": hf_draft},
+        "hf_prompt_lookup": {"prompt_lookup_num_tokens": 4},
+    }
+    for name, extra in hf_runs.items():
+        seconds, outs = _hf_generate(hf, bs1, plan.num_new_tokens, pad_id, extra)
+        tps[(name, 1)] = len(bs1) * plan.num_new_tokens / seconds
+        rows.append({"system": name, "batch": 1, "tokens_per_s": tps[(name, 1)],
+                     "match_vs_plain": match_rate(outs, outputs[("plain", 1)])})
+
+    bf16_match = _bf16_match_rate(pair_dirs, prompts[: plan.num_bs1_prompts], plan, base)
+    rows.append({"system": "bf16_sd_draft_chain", "batch": 1, "match_vs_plain": bf16_match})
+    best_sd_bs1 = max(tps[(v, 1)] for v in VARIANTS if v != "plain")
+    ratios = {
+        "sd_vs_plain_bs1": tps[("sd_draft_chain", 1)] / tps[("plain", 1)],
+        "best_sd_vs_plain_bs1": best_sd_bs1 / tps[("plain", 1)],
+        "sd_vs_hf_assisted_bs1": tps[("sd_draft_chain", 1)] / tps[("hf_assisted", 1)],
+        "tree_vs_chain_bs1": tps[("sd_draft_tree", 1)] / tps[("sd_draft_chain", 1)],
+        "ngram_vs_plain_bs1": tps[("sd_ngram", 1)] / tps[("plain", 1)],
+        "hf_assisted_vs_hf_plain_bs1": tps[("hf_assisted", 1)] / tps[("hf_generate", 1)],
+        "min_sd_vs_plain": min(tps[(v, b)] / tps[("plain", b)] for v in VARIANTS if v != "plain" for b in plan.batch_sizes),
+        "min_greedy_match_vs_plain": min(r["match_vs_plain"] for r in rows if r["system"].startswith("sd_")),
+        "bf16_greedy_match_sd_vs_plain": bf16_match,
+    }
+    if 4 in plan.batch_sizes:
+        ratios["sd_vs_plain_bs4"] = tps[("sd_draft_chain", 4)] / tps[("plain", 4)]
+        ratios["best_sd_vs_plain_bs4"] = max(tps[(v, 4)] for v in VARIANTS if v != "plain") / tps[("plain", 4)]
+    return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _bf16_match_rate(pair_dirs: tuple[Path, Path], prompts: list[list[int]], plan: SpecBenchPlan, base: EngineConfig) -> float:
+    """In bf16, scoring k tokens at once can round differently from one at a time: how often SD still
+    reproduces plain bf16 greedy decoding, token for token (up to each sequence's first divergence)."""
+    outs = []
+    for method in ("none", "draft"):
+        cfg = dataclasses.replace(base, dtype="bfloat16", speculative_method=method, tree_size=0)
+        engine = Engine(cfg, *pair_dirs)
+        outs.append(_measure(engine, prompts, 1, plan.num_new_tokens)[1])
+    return match_rate(outs[1], outs[0])
+
+
+@torch.inference_mode()
+def _hf_generate(model, prompts: list[list[int]], num_new: int, pad_id: int, extra: dict) -> tuple[float, list[list[int]]]:
+    if not extra:
+        return run_hf_serial(model, prompts, num_new, pad_id)
+    seconds, outs = 0.0, []
+    for p in prompts:
+        ids = torch.tensor([p])  # [1, P]
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=num_new, min_new_tokens=num_new, do_sample=False,
+                             pad_token_id=pad_id, **extra)  # [1, P + num_new]
+        seconds += time.perf_counter() - start
+        outs.append(out[0, len(p):].tolist())
+    return seconds, outs

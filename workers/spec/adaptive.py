@@ -1,0 +1,115 @@
+"""How many tokens to speculate: per sequence from its recent acceptance, capped by the batch.
+
+Per sequence, `SpecLengthController` keeps an exponentially weighted estimate of the per-token acceptance
+probability alpha and picks the k in [k_min, k_max] that maximises expected tokens per unit of cost:
+    tokens(k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)   (accepted + the one emitted)
+    cost(k)   = 1 + draft_cost_per_token * k                                 (in target decode steps)
+The estimate counts *tested* positions: after the first rejection the rest of the draft was never judged,
+so a step with n accepted of k drafted is n successes in n + (1 if n < k) trials - dividing by k instead
+would bias alpha downwards for long drafts. When the estimate stays below `fallback_acceptance` for
+`fallback_patience_steps` steps in a row, the sequence falls back to plain decoding for good.
+
+Per batch, `batch_k_limit` caps k: a target pass is memory-bound (extra tokens nearly free) until the batch
+holds about `batch_token_budget` tokens; the spare tokens are shared among the decoding sequences, and above
+`max_spec_batch_size` decoding sequences nobody speculates.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    k_min: int = 1  # smallest k while speculating
+    k_max: int = 8  # largest k
+    initial_acceptance: float = 0.6  # prior alpha, worth one tested token
+    decay: float = 0.7  # weight past observations keep per step (EWMA); 0 = only the last step
+    draft_cost_per_token: float = 0.1  # drafting + verifying one more token, in target decode steps
+    fallback_acceptance: float = 0.2  # alpha below this makes a step poor
+    fallback_patience_steps: int = 16  # consecutive poor steps before the sequence stops speculating
+    batch_token_budget: int = 512  # tokens per target pass before it is compute-bound
+    max_spec_batch_size: int = 64  # more decoding sequences than this: no speculation
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
+        if not 0.0 <= self.initial_acceptance <= 1.0:
+            raise ValueError(f"initial_acceptance must be in [0, 1], got {self.initial_acceptance}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        if not self.draft_cost_per_token > 0.0:
+            raise ValueError(f"draft_cost_per_token must be > 0, got {self.draft_cost_per_token}")
+        if not 0.0 <= self.fallback_acceptance < 1.0:
+            raise ValueError(f"fallback_acceptance must be in [0, 1), got {self.fallback_acceptance}")
+        if self.fallback_patience_steps < 1:
+            raise ValueError(f"fallback_patience_steps must be >= 1, got {self.fallback_patience_steps}")
+        if self.batch_token_budget < 1 or self.max_spec_batch_size < 1:
+            raise ValueError(
+                f"batch_token_budget and max_spec_batch_size must be >= 1, "
+                f"got {self.batch_token_budget}, {self.max_spec_batch_size}"
+            )
+
+
+def expected_tokens_per_cost(acceptance: float, k: int, draft_cost_per_token: float) -> float:
+    """Tokens emitted per step (accepted + 1) divided by the step's cost, for per-token acceptance alpha."""
+    num_tokens = k + 1.0 if acceptance >= 1.0 else (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+    return num_tokens / (1.0 + draft_cost_per_token * k)
+
+
+def best_k(acceptance: float, config: AdaptiveConfig) -> int:
+    """The k in [k_min, k_max] with the most tokens per cost; the smallest such k on ties."""
+    ks = range(config.k_min, config.k_max + 1)
+    return max(ks, key=lambda k: (expected_tokens_per_cost(acceptance, k, config.draft_cost_per_token), -k))
+
+
+class SpecLengthController:
+    """One sequence's speculation length: call `k_for_step` before drafting and `update` after verifying."""
+
+    def __init__(self, config: AdaptiveConfig) -> None:
+        self.config = config
+        self._num_accepted_ewma = config.initial_acceptance  # weighted accepted draft tokens
+        self._num_tested_ewma = 1.0  # weighted draft tokens the target judged
+        self.num_poor_steps = 0  # consecutive steps with acceptance below fallback_acceptance
+        self.is_fallen_back = False  # True: plain decoding from now on
+        self.k = best_k(self.acceptance, config)  # 0 once fallen back
+
+    @property
+    def acceptance(self) -> float:
+        """Estimated probability that the target accepts a draft token."""
+        return self._num_accepted_ewma / self._num_tested_ewma
+
+    def k_for_step(self, batch_limit: int) -> int:
+        """Draft tokens to propose this step, under the batch's cap (see batch_k_limit); 0 = plain decoding."""
+        return min(self.k, batch_limit)
+
+    def update(self, num_drafted: int, num_accepted: int) -> bool:
+        """Record one verified step; returns True exactly on the step this sequence falls back (count it)."""
+        if not 0 <= num_accepted <= num_drafted:
+            raise ValueError(f"need 0 <= num_accepted <= num_drafted, got {num_accepted}, {num_drafted}")
+        if self.is_fallen_back or num_drafted == 0:
+            return False
+        num_tested = num_accepted + (1 if num_accepted < num_drafted else 0)  # judged positions
+        decay = self.config.decay
+        self._num_accepted_ewma = decay * self._num_accepted_ewma + num_accepted
+        self._num_tested_ewma = decay * self._num_tested_ewma + num_tested
+        is_poor = self.acceptance < self.config.fallback_acceptance
+        self.num_poor_steps = self.num_poor_steps + 1 if is_poor else 0
+        if self.num_poor_steps >= self.config.fallback_patience_steps:
+            self.is_fallen_back = True
+            self.k = 0
+            return True
+        self.k = best_k(self.acceptance, self.config)
+        return False
+
+
+def batch_k_limit(
+    config: AdaptiveConfig,
+    num_decode_seqs: int,  # sequences in the step that could speculate
+    num_scheduled_tokens: int,  # tokens in the step before speculation: prefill chunks + 1 per decode
+) -> int:
+    """Largest number of draft tokens (chain k, or tree nodes) any sequence may verify this step."""
+    if num_decode_seqs > config.max_spec_batch_size:
+        return 0
+    if num_decode_seqs == 0:
+        return config.k_max
+    num_spare_tokens = max(0, config.batch_token_budget - num_scheduled_tokens)
+    return min(config.k_max, num_spare_tokens // num_decode_seqs)

@@ -1,0 +1,131 @@
+"""Draft-model proposer: a chain of k tokens, or a token tree, per sequence, in batched draft forwards.
+
+The draft keeps its own paged KV (same block ids as the target, see BlockManager) with a valid prefix of
+`spec.draft_num_computed` tokens. Each proposal first catches the draft up on the committed tokens it has
+not seen (the previous step's accepted and bonus tokens, or the whole prompt the first time), then runs
+one forward per further draft position.
+"""
+
+import torch
+
+from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.sampling import logits_to_probs
+from workers.engine.sequence import Sequence
+from workers.spec.proposal import Proposal
+from workers.spec.tree import ROOT, TreeBuilder
+
+
+class DraftFailure(RuntimeError):
+    """The draft produced unusable output (non-finite logits); its sequences fall back to plain decoding."""
+
+
+def draft_distributions(
+    logits: torch.Tensor,  # [n, V] draft logits
+    seqs: list[Sequence],  # [n] the sequence of each row
+    plain_for_greedy: bool,
+) -> torch.Tensor:  # [n, V] float32
+    """q per row: the request's sampling transform (as for the target); greedy rows -> one-hot, or the plain
+    softmax when the caller ranks candidates (greedy trees)."""
+    if not torch.isfinite(logits).all():
+        raise DraftFailure("draft logits are not finite")
+    params = [s.params for s in seqs]
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    if plain_for_greedy:
+        temperature = torch.where(temperature == 0.0, torch.ones_like(temperature), temperature)
+    return logits_to_probs(
+        logits,
+        temperature=temperature,
+        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
+        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+    )
+
+
+class DraftProposer:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:  # [B, V] draft logits after each last token
+        items = []
+        for seq in seqs:
+            assert seq.spec is not None
+            start = min(seq.spec.draft_num_computed, len(seq) - 1)
+            items.append(ForwardItem(seq.token_ids[start:], start, seq.block_table, num_logits=1))
+        logits = self.runner.forward(items)
+        for seq in seqs:
+            assert seq.spec is not None
+            seq.spec.draft_num_computed = len(seq)
+        return logits
+
+    def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+        """k_i draft tokens per sequence; the draft cache ends valid for len + k_i - 1 tokens."""
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        logits = self._catch_up(seqs)  # [B, V]
+        active = list(range(len(seqs)))
+        for j in range(max(ks)):
+            if j > 0:
+                items = [
+                    ForwardItem([tokens[i][-1]], len(seqs[i]) + j - 1, seqs[i].block_table, num_logits=1)
+                    for i in active
+                ]
+                logits = self.runner.forward(items)  # [A, V]
+            q = draft_distributions(logits, [seqs[i] for i in active], plain_for_greedy=False)  # [A, V]
+            for row, i in enumerate(active):
+                seq = seqs[i]
+                if seq.params.is_greedy:
+                    tokens[i].append(int(q[row].argmax()))
+                else:
+                    tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
+                    probs[i].append(q[row])
+            active = [i for i in active if ks[i] > j + 1]
+        for seq, k in zip(seqs, ks, strict=True):
+            assert seq.spec is not None
+            seq.spec.draft_num_computed = len(seq) + k - 1
+        return [Proposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
+
+    def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
+        """A token tree of up to sizes[i] nodes per sequence, grown level by level (see TreeBuilder)."""
+        builders = [
+            TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
+        ]
+        logits = self._catch_up(seqs)  # [B, V]
+        q = draft_distributions(logits, seqs, plain_for_greedy=True)  # [B, V]
+        for b, builder in enumerate(builders):
+            builder.expand(q[b : b + 1])
+        while True:
+            active = [b for b, builder in enumerate(builders) if not builder.is_done]
+            if not active:
+                break
+            items = [self._frontier_item(seqs[b], builders[b]) for b in active]
+            logits = self.runner.forward(items)  # [sum of frontier sizes, V]
+            owners = [seqs[b] for b in active for _ in builders[b].frontier]
+            q = draft_distributions(logits, owners, plain_for_greedy=True)
+            row = 0
+            for b in active:
+                width = len(builders[b].frontier)
+                builders[b].expand(q[row : row + width])
+                row += width
+        proposals = []
+        for seq, builder in zip(seqs, builders, strict=True):
+            assert seq.spec is not None
+            seq.spec.draft_num_computed = len(seq)  # tree slots are scratch; accepted tokens are re-fed
+            tree, tree_probs = builder.build()
+            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree))
+        return proposals
+
+    @staticmethod
+    def _frontier_item(seq: Sequence, builder: TreeBuilder) -> ForwardItem:
+        """The frontier nodes as queries in their tree slots, seeing the prefix and their ancestors."""
+        frontier = builder.frontier
+        assert frontier and frontier[0] != ROOT and frontier == list(range(frontier[0], frontier[-1] + 1))
+        tree, _ = builder.build()
+        length = len(seq)
+        return ForwardItem(
+            token_ids=[builder.token(node) for node in frontier],
+            start_pos=length + frontier[0],
+            block_table=seq.block_table,
+            num_logits=len(frontier),
+            positions=tree.positions(length)[frontier].tolist(),
+            tree_start=length,
+            tree_mask=tree.attention_mask()[frontier],  # [f, n]
+        )

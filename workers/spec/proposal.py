@@ -1,0 +1,32 @@
+"""What a proposer hands to verification for one sequence."""
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.spec.tree import TokenTree
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # chain: [k] draft tokens in order; tree: [n] node tokens in node order
+    draft_probs: torch.Tensor | None  # chain: [k, V] q each token was drawn from; tree: [n + 1, V]; None = fixed
+    tree: TokenTree | None = None  # set for tree proposals
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Draft positions along the longest path (chain: k)."""
+        return len(self.tokens) if self.tree is None else int(self.tree.depth.max()) + 1 if self.tokens else 0
+
+
+@dataclass
+class Verdict:
+    """Verification's outcome for one sequence this step."""
+
+    tokens: list[int]  # accepted draft tokens + one recovered/bonus token
+    num_accepted: int
+    accepted_nodes: list[int] | None = None  # tree: the accepted root-to-node path
