@@ -13,9 +13,13 @@ COMMAND_MODULES = (
     "workers.cli",  # generate, bench
     "workers.demo.cli",  # models build-demo / build-tiny
     "gateway.cli",  # up, gateway, worker, submit, status, stream, cancel
+    "gateway.batch_cli",  # batch submit|status|results|cancel|list
+    "workers.tasks.cli",  # tasks (the Celery worker)
 )
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="specfleet: speculative-decoding LLM fleet")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="specfleet: speculative-decoding LLM fleet"
+)
 
 
 @app.callback()

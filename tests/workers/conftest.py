@@ -12,7 +12,9 @@ LAYOUTS = ("llama", "qwen2", "mistral")
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
-    return {layout: make_tiny_model(root / layout, model_type=layout, seed=i) for i, layout in enumerate(LAYOUTS)}
+    return {
+        layout: make_tiny_model(root / layout, model_type=layout, seed=i) for i, layout in enumerate(LAYOUTS)
+    }
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_generate_json_contract(tiny_models: dict[str, Path]) -> None:
-    proc = run_cli("generate", "def parse(argv):", "--target", str(tiny_models["llama"]), "--max-tokens", "12",
-                   "--json")
+    proc = run_cli(
+        "generate", "def parse(argv):", "--target", str(tiny_models["llama"]), "--max-tokens", "12", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert set(doc) >= {"text", "token_ids", "finish_reason", "metrics"}

@@ -22,7 +22,9 @@ def prompts(n: int) -> list[list[int]]:
     return [torch.randint(1, 512, (int(3 + 9 * i) % 61 + 1,), generator=gen).tolist() for i in range(n)]
 
 
-def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:
+def run_all(
+    engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]
+) -> dict[str, list[StepOutput]]:
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
     outputs: dict[str, list[StepOutput]] = {rid: [] for rid in requests}
@@ -78,7 +80,10 @@ def test_seeded_sampling_reproduces_whatever_the_batch(tiny_models: dict[str, Pa
     params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
     p = prompts(1)[0]
     alone = tokens(run_all(engine, {"s": (p, params)})["s"])
-    others = {f"o{i}": (q, SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True)) for i, q in enumerate(prompts(6))}
+    others = {
+        f"o{i}": (q, SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True))
+        for i, q in enumerate(prompts(6))
+    }
     crowd = run_all(engine, {"s": (p, params), **others})
     assert tokens(crowd["s"]) == alone
     other_seed = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, top_k=50, seed=99, ignore_eos=True)
@@ -90,7 +95,9 @@ def test_stop_token_ids_and_eos_finish_with_stop(tiny_models: dict[str, Path]) -
     p = prompts(1)[0]
     free_run = tokens(run_all(engine, {"a": (p, greedy(20))})["a"])
     stop_at = free_run[5]
-    outs = run_all(engine, {"b": (p, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_at]))})["b"]
+    outs = run_all(
+        engine, {"b": (p, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_at]))}
+    )["b"]
     assert outs[-1].finish_reason == "stop"
     assert tokens(outs) == free_run[: free_run.index(stop_at) + 1]
     engine.eos_token_ids = frozenset({stop_at})

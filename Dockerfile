@@ -1,0 +1,13 @@
+# One image for the gateway and the worker (docker-compose.yml picks the command).
+FROM python:3.11-slim
+WORKDIR /app
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY pyproject.toml README.md ./
+COPY shared shared
+COPY gateway gateway
+COPY workers workers
+COPY configs configs
+RUN pip install --no-cache-dir .
+EXPOSE 8000
+CMD ["specfleet", "--help"]

@@ -1,0 +1,95 @@
+"""A small synchronous client of the gateway's HTTP API (the CLI's submit/status/stream/cancel, tests, bench)."""
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class SseEvent:
+    id: str
+    event: str
+    data: dict[str, Any]
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
+    """Parse a text/event-stream (comments and keepalives skipped)."""
+    entry_id, event, data = "", "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield SseEvent(id=entry_id, event=event, data=json.loads("\n".join(data)))
+            entry_id, event, data = "", "message", list[str]()
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "id":
+                entry_id = value
+            elif name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+
+
+class FleetApiError(Exception):
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        error = body.get("error", {})
+        super().__init__(f"{status_code} {error.get('code', '?')}: {error.get('message', body)}")
+        self.status_code = status_code
+        self.code = error.get("code")
+
+
+class FleetClient:
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "FleetClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _json(response: httpx.Response) -> dict[str, Any]:
+        body: dict[str, Any] = response.json()
+        if response.status_code >= 400:
+            raise FleetApiError(response.status_code, body)
+        return body
+
+    def submit(
+        self, body: dict[str, Any], *, idempotency_key: str | None = None, wait_s: float | None = None
+    ) -> dict[str, Any]:
+        headers = {}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        if wait_s:
+            headers["Prefer"] = f"wait={wait_s:g}"
+        return self._json(self.http.post("/v1/jobs", json=body, headers=headers))
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
+        """The job's events from the start (or after `last_event_id`) up to its final event."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        with self.http.stream(
+            "GET",
+            f"/v1/jobs/{job_id}/stream",
+            headers=headers,
+            timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._json(response)
+            yield from iter_sse(response.iter_lines())

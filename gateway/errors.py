@@ -1,0 +1,89 @@
+"""The one error shape, `{"error": {"code", "message"}}`, for every non-2xx answer (never a bare 500)."""
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.job_state import ErrorCode
+from shared.schemas import ErrorInfo, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status_code: int,
+        code: ErrorCode,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.info = ErrorInfo(code=code, message=message, field=field)
+        self.headers = headers
+
+
+def error_response(status_code: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorResponse(error=info).model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=status_code, headers=headers)
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorResponse} for code in (404, 409, 413, 422, 503)
+}
+
+
+def _field_of(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "header", "query", "path"):
+        parts = parts[1:] if parts[0] == "body" else parts
+    return ".".join(parts) or "body"
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status_code, exc.info, exc.headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
+    field = _field_of(tuple(first.get("loc", ("body",))))
+    message = f"{field}: {first.get('msg', 'invalid value')}"
+    return error_response(422, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=message, field=field))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
+    return error_response(
+        exc.status_code, ErrorInfo(code=code, message=str(exc.detail)), dict(exc.headers or {})
+    )
+
+
+async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("redis unavailable: %s", exc)
+    info = ErrorInfo(code=ErrorCode.UNAVAILABLE, message="the job store is unavailable; retry shortly")
+    return error_response(503, info, {"Retry-After": "1"})
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, ErrorInfo(code=ErrorCode.INTERNAL, message="internal error"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RedisConnectionError, _redis_down)
+    app.add_exception_handler(RedisTimeoutError, _redis_down)
+    app.add_exception_handler(Exception, _unexpected)

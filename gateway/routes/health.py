@@ -1,0 +1,50 @@
+"""Liveness, readiness (Redis reachable, workers alive) and Prometheus metrics."""
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from gateway.deps import GatewayDep
+from gateway.errors import ERROR_RESPONSES, ApiError
+from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
+from shared.job_state import ErrorCode
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    workers_alive: int
+    queue_depth: dict[str, int]
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process serves HTTP."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, responses=ERROR_RESPONSES)
+async def readyz(gw: GatewayDep) -> Readiness:
+    """Ready when Redis answers and at least one worker heartbeats; else 503."""
+    await gw.redis.ping()
+    num_workers = await gw.store.num_workers_alive(time.time())
+    if num_workers == 0:
+        raise ApiError(503, ErrorCode.UNAVAILABLE, "no worker is alive", headers={"Retry-After": "5"})
+    return Readiness(status="ready", workers_alive=num_workers, queue_depth=await gw.store.queue_depths())
+
+
+@router.get("/metrics", response_model=None, response_class=PlainTextResponse)
+async def metrics(gw: GatewayDep) -> Response:
+    """Prometheus text format; queue depth and live workers are read from Redis at scrape time."""
+    for priority, depth in (await gw.store.queue_depths()).items():
+        QUEUE_DEPTH.labels(priority).set(depth)
+    WORKERS_ALIVE.set(await gw.store.num_workers_alive(time.time()))
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

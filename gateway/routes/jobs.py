@@ -1,0 +1,152 @@
+"""/v1/jobs: submit, read, stream (SSE), cancel."""
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi.responses import StreamingResponse
+
+from gateway.deps import GatewayDep
+from gateway.errors import ERROR_RESPONSES, ApiError
+from gateway.metrics import (
+    JOBS_CANCELLED,
+    JOBS_REJECTED,
+    JOBS_SUBMITTED,
+    SSE_EVENTS,
+    SSE_STREAMS,
+    SUBMIT_SECONDS,
+)
+from gateway.store import JobStore, QueueFull
+from gateway.streaming import EventHub, sse_frame
+from gateway.webhook_guard import check_webhook
+from shared.job_record import job_from_fields, job_urls
+from shared.job_state import ErrorCode, JobStatus
+from shared.schemas import Job, JobRequest
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait=(\d+(?:\.\d+)?)")
+
+
+def prefer_wait_s(prefer: str | None, max_wait_s: float) -> float:
+    """Seconds asked for by `Prefer: wait=N` (RFC 7240), capped at max_wait_s; 0 without it."""
+    match = _PREFER_WAIT.search(prefer or "")
+    return min(float(match.group(1)), max_wait_s) if match else 0.0
+
+
+async def _wait_until_final(hub: EventHub, job_id: str, timeout_s: float) -> None:
+    async def final_event() -> None:
+        async with aclosing(hub.follow(job_id)) as events:
+            async for event in events:
+                if event is not None and event.type.is_final:
+                    return
+
+    try:
+        await asyncio.wait_for(final_event(), timeout_s)
+    except TimeoutError:
+        pass
+
+
+async def _load(store: JobStore, job_id: str, base: str) -> Job:
+    fields = await store.get(job_id)
+    if fields is None:
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
+    return job_from_fields(fields, base)
+
+
+@router.post("", status_code=202, response_model=Job, response_model_exclude_none=False)
+async def create_job(
+    body: JobRequest,
+    request: Request,
+    response: Response,
+    gw: GatewayDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
+    prefer: Annotated[str | None, Header()] = None,
+) -> Job:
+    """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish."""
+    started = time.perf_counter()
+    store, settings, base = gw.store, gw.settings, gw.base_url(request)
+    await gw.prompt_limit.check(body)
+    await check_webhook(body.webhook, settings)
+    try:
+        submitted = await store.submit(body, idempotency_key)
+    except QueueFull as exc:
+        JOBS_REJECTED.labels("queue_full").inc()
+        headers = {"Retry-After": str(settings.retry_after_s)}
+        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
+    wait_s = prefer_wait_s(prefer, settings.max_wait_s)
+    if submitted.is_new:
+        JOBS_SUBMITTED.labels(body.priority.value).inc()
+    if wait_s > 0:
+        await _wait_until_final(gw.hub, submitted.job_id, wait_s)
+    if submitted.is_new and wait_s == 0:
+        SUBMIT_SECONDS.observe(time.perf_counter() - started)
+        job = Job(
+            id=submitted.job_id,
+            status=JobStatus.QUEUED,
+            priority=body.priority,
+            created_at=submitted.created_at or time.time(),
+            metadata=body.metadata,
+            urls=job_urls(base, submitted.job_id),
+        )
+    else:
+        job = await _load(store, submitted.job_id, base)
+    response.headers["Location"] = job.urls.get
+    if job.status.is_terminal:
+        response.status_code = 200
+    return job
+
+
+@router.get("/{job_id}", response_model=Job)
+async def get_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
+    """The job: status, timestamps, output (partial while running), error, usage, metrics."""
+    return await _load(gw.store, job_id, gw.base_url(request))
+
+
+@router.get(
+    "/{job_id}/stream",
+    response_model=None,
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "token events, then done or error"}
+    },
+)
+async def stream_job(
+    job_id: JobId,
+    gw: GatewayDep,
+    last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
+) -> StreamingResponse:
+    """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
+    if await gw.store.get(job_id) is None:
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
+
+    async def frames() -> AsyncIterator[bytes]:
+        SSE_STREAMS.inc()
+        try:
+            async with aclosing(gw.hub.follow(job_id, last_event_id or "0-0")) as events:
+                async for event in events:
+                    if event is not None:
+                        SSE_EVENTS.labels(event.type.value).inc()
+                    yield sse_frame(event)
+        finally:
+            SSE_STREAMS.dec()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
+
+
+@router.post("/{job_id}/cancel", response_model=Job)
+async def cancel_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
+    """Cancel a queued or running job (a running one stops within one engine step); 409 once finished."""
+    result = await gw.store.cancel(job_id)
+    if result == "missing":
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
+    if result != "ok":
+        raise ApiError(409, ErrorCode.CONFLICT, f"job {job_id} already finished: {result}")
+    JOBS_CANCELLED.inc()
+    return await _load(gw.store, job_id, gw.base_url(request))

@@ -1,0 +1,116 @@
+"""The gateway's Redis side (a client with decode_responses=True) of jobs: submit (one script: idempotency, queue limit, hash, enqueue), read, cancel."""
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from shared import keys, lua
+from shared.job_state import ErrorCode, JobStatus
+from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
+from shared.settings import ServiceSettings
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    is_new: bool  # False: an earlier job with the same Idempotency-Key
+    created_at: float | None = None  # of a new job (Redis clock)
+
+
+class QueueFull(Exception):
+    def __init__(self, priority: Priority, depth: int) -> None:
+        super().__init__(f"the {priority.value} queue holds {depth} jobs, its limit")
+        self.depth = depth
+
+
+def submit_call(
+    request: JobRequest,
+    job_id: str,
+    idempotency_key: str | None,
+    settings: ServiceSettings,
+    ctx: str | None = None,
+) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV of the SUBMIT script for one request."""
+    ttl_s = min(request.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
+    stored = request.model_dump_json(exclude={"metadata", "priority", "ttl_s"})
+    return (
+        [keys.job_hash(job_id), keys.queue_stream(request.priority), keys.idempotency(idempotency_key or "")],
+        [
+            ctx or lua.context(settings.events_maxlen, settings.result_ttl_s),
+            job_id,
+            request.priority.value,
+            repr(ttl_s),
+            stored,
+            json.dumps(request.metadata),
+            settings.queue_limits.for_priority(request.priority),
+            settings.idempotency_ttl_s,
+            "1" if idempotency_key else "0",
+        ],
+    )
+
+
+class JobStore:
+    def __init__(self, redis: Redis, settings: ServiceSettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._submit = redis.register_script(lua.SUBMIT)
+        self._finish = redis.register_script(lua.FINISH)
+        cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
+        self._cancel_error = cancelled.model_dump_json(exclude_none=True)
+        self._cancel_event = ErrorEvent(status=JobStatus.CANCELLED, error=cancelled).model_dump_json(
+            exclude_none=True
+        )
+
+    async def ensure_groups(self) -> None:
+        """Create the consumer group on every queue stream (idempotent), so queue depth is known at once."""
+        for priority in Priority:
+            try:
+                await self.redis.xgroup_create(
+                    keys.queue_stream(priority), keys.CONSUMER_GROUP, id="0", mkstream=True
+                )
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def submit(self, request: JobRequest, idempotency_key: str | None) -> Submitted:
+        keys_, args = submit_call(request, uuid.uuid4().hex, idempotency_key, self.settings, self._ctx)
+        result = await self._submit(keys=keys_, args=args)
+        if result[0] == "full":
+            raise QueueFull(request.priority, int(result[1]))
+        if result[0] == "dup":
+            return Submitted(job_id=result[1], is_new=False)
+        return Submitted(job_id=result[1], is_new=True, created_at=float(result[2]))
+
+    async def get(self, job_id: str) -> dict[str, str] | None:
+        fields: dict[str, str] = await self.redis.hgetall(keys.job_hash(job_id))  # type: ignore[assignment]
+        return fields or None
+
+    async def cancel(self, job_id: str) -> str:
+        """-> 'ok' | 'missing' | the job's (terminal) status."""
+        result = await self._finish(
+            keys=[keys.job_hash(job_id), keys.job_events(job_id)],
+            args=[
+                self._ctx,
+                job_id,
+                JobStatus.CANCELLED.value,
+                "",
+                "error",
+                self._cancel_event,
+                "error",
+                self._cancel_error,
+            ],
+        )
+        return str(result)
+
+    async def queue_depths(self) -> dict[str, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for priority in Priority:
+            pipe.xlen(keys.queue_stream(priority))
+        return dict(zip([p.value for p in Priority], await pipe.execute(), strict=True))
+
+    async def num_workers_alive(self, now_s: float) -> int:
+        return int(await self.redis.zcount(keys.WORKERS_ZSET, now_s - self.settings.worker_ttl_s, "+inf"))

@@ -1,0 +1,94 @@
+"""Every Redis key, stream, channel and consumer-group name of the fleet, in one place.
+
+Lua scripts receive key names from here (as KEYS, or as the prefixes below when a script derives a job's
+keys from a job id it read from a stream), so no key string is written anywhere else.
+"""
+
+NAMESPACE = "specfleet"
+
+CONSUMER_GROUP = "workers"  # the one consumer group on every queue stream
+
+JOB_PREFIX = f"{NAMESPACE}:job:"  # + job id -> job hash
+EVENTS_SUFFIX = ":events"  # job hash key + suffix -> the job's event stream
+CHANNEL_PREFIX = f"{NAMESPACE}:wake:"  # + job id -> pub/sub channel announcing a new event
+
+DEAD_LETTER_STREAM = f"{NAMESPACE}:jobs:dead"  # jobs that exceeded max_deliveries
+CANCEL_CHANNEL = f"{NAMESPACE}:control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
+WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
+HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
+MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model
+
+
+def queue_stream(priority: str) -> str:
+    """The stream of jobs waiting at one priority (`interactive`, `default`, `batch`)."""
+    return f"{NAMESPACE}:jobs:{priority}"
+
+
+def job_hash(job_id: str) -> str:
+    """The hash holding a job's request, status, timestamps, partial/final output, usage and metrics."""
+    return JOB_PREFIX + job_id
+
+
+def job_events(job_id: str) -> str:
+    """The job's ordered event log (`status`, `token`, `done`, `error`); entry ids are the SSE ids."""
+    return JOB_PREFIX + job_id + EVENTS_SUFFIX
+
+
+def job_channel(job_id: str) -> str:
+    """The pub/sub channel on which a new event of the job is announced (a wake-up, no payload)."""
+    return CHANNEL_PREFIX + job_id
+
+
+def idempotency(key: str) -> str:
+    """Idempotency-Key header value -> the id of the job it created."""
+    return f"{NAMESPACE}:idem:{key}"
+
+
+# Lifetimes and caps of the keys above (the defaults of the matching fields in shared/settings.py).
+RESULT_TTL_S = 24 * 3600  # job hash + event stream, counted from completion
+IDEMPOTENCY_TTL_S = 24 * 3600  # Idempotency-Key -> job id
+EVENTS_MAXLEN = 100_000  # approximate cap on one job's event stream
+WORKER_TTL_S = 15  # a worker whose heartbeat is older than this is not alive
+DEAD_LETTER_MAXLEN = 10_000
+
+
+# -- webhooks and batches: the Celery side (workers/tasks/) ------------------------------------------------
+# Every fleet process tells the Celery side what happened by appending a notice to ONE stream (a transactional
+# outbox: the job protocol's finish() appends `completed` atomically with the transition, see shared/lua.py);
+# a bridge inside the Celery worker turns notices into tasks (workers/tasks/outbox.py).
+OUTBOX_STREAM = f"{NAMESPACE}:outbox"  # fields: kind (job|batch), id, event, [status]
+OUTBOX_GROUP = "tasks"  # the consumer group of the Celery workers' bridges
+OUTBOX_MAXLEN = 100_000  # approximate cap
+CELERY_KEY_PREFIX = f"{NAMESPACE}:celery:"  # kombu's global_keyprefix: Celery's own keys live under it
+CELERY_QUEUE = "tasks"  # the Celery queue name (kombu prefixes it with CELERY_KEY_PREFIX)
+BATCHES_ZSET = f"{NAMESPACE}:batches"  # batch id -> created_at (listing, newest first)
+BATCH_PREFIX = f"{NAMESPACE}:batch:"
+WEBHOOK_FIELD_PREFIX = "webhook:"  # job/batch hash field prefix + event -> json outcome of its delivery
+
+
+def batch_hash(batch_id: str) -> str:
+    """The batch: status, `*_at` times, counts (total completed failed expanded), webhook, metadata."""
+    return BATCH_PREFIX + batch_id
+
+
+def batch_lines(batch_id: str) -> str:
+    """List of the batch's validated input lines (json), in input order; deleted once finalized."""
+    return BATCH_PREFIX + batch_id + ":lines"
+
+
+def batch_jobs(batch_id: str) -> str:
+    """Hash: line index -> job id, for every line already submitted as a job."""
+    return BATCH_PREFIX + batch_id + ":jobs"
+
+
+def batch_results(batch_id: str) -> str:
+    """Hash: line index -> result line (json), written as each line finishes."""
+    return BATCH_PREFIX + batch_id + ":results"
+
+
+def batch_line_idempotency(batch_id: str, line: int) -> str:
+    """The Idempotency-Key under which a batch line is submitted (re-expansion finds the same job)."""
+    return f"batch-{batch_id}-{line}"
+
+
+BATCH_RESULT_TTL_S = 7 * 24 * 3600  # a finished batch (status, results) is kept this long

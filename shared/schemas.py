@@ -1,0 +1,182 @@
+"""The API and job schemas: what clients send, what they get back, and the events of a job's stream."""
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.job_state import JobStatus
+
+MAX_METADATA_KEYS = 16
+MAX_METADATA_VALUE_CHARS = 512
+
+
+class Priority(StrEnum):
+    """Queue priorities, highest first (the order a worker reads the queue streams in)."""
+
+    INTERACTIVE = "interactive"
+    DEFAULT = "default"
+    BATCH = "batch"
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class WebhookEvent(StrEnum):
+    """Events a job's webhook may receive (Replicate's `webhook_events_filter`)."""
+
+    START = "start"  # the job started running
+    OUTPUT = "output"  # new output (throttled: settings.webhook_output_interval_ms)
+    COMPLETED = "completed"  # any terminal status: succeeded, failed, cancelled, expired
+
+
+class WebhookDelivery(BaseModel):
+    """The outcome of one webhook event's delivery (`webhook_status[event]` of a job or batch)."""
+
+    state: Literal["delivered", "failed", "gone"]  # gone: the receiver answered 410 (no more retries)
+    attempts: int
+    status_code: int | None = None  # of the last attempt; None when it got no HTTP answer
+    message: str | None = None  # why the last attempt failed
+    at: float  # unix seconds of the last attempt
+
+
+class JobRequest(BaseModel):
+    """Body of `POST /v1/jobs`: a prompt or chat messages, sampling parameters and queueing options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
+    max_tokens: int = Field(256, ge=1, le=1_000_000)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    ignore_eos: bool = False
+    # False: plain decoding; True: the engine's default method; or a method name.
+    speculative: bool | Literal["none", "draft", "ngram"] = True
+    priority: Priority = Priority.DEFAULT
+    ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`
+    metadata: dict[str, str] = Field(default_factory=dict)
+    # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
+    webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
+    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent))
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "JobRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` or `messages`")
+        return self
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys")
+        if any(len(v) > MAX_METADATA_VALUE_CHARS or len(k) > 64 for k, v in value.items()):
+            raise ValueError(f"metadata keys are at most 64 and values {MAX_METADATA_VALUE_CHARS} characters")
+        return value
+
+    @property
+    def speculative_method(self) -> str | None:
+        """What the engine's SamplingParams.speculative takes: None is the engine's default."""
+        if self.speculative is True:
+            return None
+        if self.speculative is False:
+            return "none"
+        return self.speculative
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    field: str | None = None  # the offending request field, for 422
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape of every non-2xx answer."""
+
+    error: ErrorInfo
+
+
+class JobOutput(BaseModel):
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+
+
+class Usage(BaseModel):
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+class JobMetrics(BaseModel):
+    ttft_ms: float | None = None
+    tokens_per_s: float | None = None
+    mean_accepted_tokens: float | None = None
+    acceptance_rate: float | None = None
+
+
+class JobUrls(BaseModel):
+    get: str
+    stream: str
+    cancel: str
+
+
+class Job(BaseModel):
+    id: str
+    status: JobStatus
+    priority: Priority
+    created_at: float  # unix seconds
+    started_at: float | None = None
+    completed_at: float | None = None
+    expires_at: float | None = None  # not started by then -> `expired`
+    output: JobOutput | None = None  # partial while running
+    error: ErrorInfo | None = None
+    usage: Usage = Usage()
+    metrics: JobMetrics = JobMetrics()
+    metadata: dict[str, str] = Field(default_factory=dict)
+    urls: JobUrls
+    webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None  # event -> its latest delivery
+
+
+class TokenEvent(BaseModel):
+    text: str
+    token_ids: list[int]
+
+
+class StatusEvent(BaseModel):
+    status: JobStatus
+    attempt: int | None = None
+
+
+class DoneEvent(BaseModel):
+    status: JobStatus
+    finish_reason: str | None
+    usage: Usage
+    metrics: JobMetrics
+
+
+class ErrorEvent(BaseModel):
+    status: JobStatus
+    error: ErrorInfo
+
+
+class EventType(StrEnum):
+    STATUS = "status"
+    TOKEN = "token"
+    DONE = "done"
+    ERROR = "error"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (EventType.DONE, EventType.ERROR)
+
+
+def metrics_from(raw: dict[str, Any]) -> JobMetrics:
+    """Keep the engine's per-job metrics that the API names; drop the rest."""
+    return JobMetrics.model_validate({k: v for k, v in raw.items() if k in JobMetrics.model_fields})

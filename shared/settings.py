@@ -1,0 +1,139 @@
+"""Service settings: `configs/service.yaml`, overridden by environment variables.
+
+Precedence (highest first): constructor arguments, environment (`SPECFLEET_<FIELD>`, nested fields with `__`,
+plus `REDIS_URL`), the YAML file (`SPECFLEET_CONFIG` or `configs/service.yaml`), the defaults below.
+Secrets come only from the environment. Authentication (a later issue) adds `api_keys` here and one
+dependency in `gateway/deps.py`; `env` already says whether a default secret would be refused.
+"""
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from shared import keys
+from shared.schemas import Priority
+from shared.webhook_signing import DEV_WEBHOOK_SECRET
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "service.yaml"
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("SPECFLEET_CONFIG", DEFAULT_CONFIG_PATH))
+
+
+class QueueLimits(BaseModel):
+    """Most jobs waiting per priority; beyond it a submit gets 503 with Retry-After."""
+
+    interactive: int = Field(default=1_000, ge=1)
+    default: int = Field(default=10_000, ge=1)
+    batch: int = Field(default=100_000, ge=1)
+
+    def for_priority(self, priority: Priority) -> int:
+        return int(getattr(self, priority.value))
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPECFLEET_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+    )
+
+    env: Literal["dev", "prod"] = "dev"
+    # None: `specfleet up` starts a private redis-server; anything else points every process at that Redis.
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "SPECFLEET_REDIS_URL", "redis_url")
+    )
+    redis_dir: Path = Path(".specfleet/redis")  # data dir (AOF) of the private redis-server
+
+    # gateway
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    public_url: str | None = None  # base of `urls{}`; None: taken from each request
+    queue_limits: QueueLimits = QueueLimits()
+    retry_after_s: int = Field(default=1, ge=1)
+    max_wait_s: float = Field(default=60.0, ge=0)  # cap of `Prefer: wait=N`
+    sse_keepalive_s: float = Field(default=15.0, gt=0)
+    model_info_refresh_s: float = Field(default=5.0, ge=0)
+
+    # jobs
+    default_ttl_s: float = Field(default=3600.0, gt=0)  # a job not started within its ttl_s expires
+    max_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    result_ttl_s: int = Field(default=keys.RESULT_TTL_S, ge=1)
+    idempotency_ttl_s: int = Field(default=keys.IDEMPOTENCY_TTL_S, ge=1)
+    events_maxlen: int = Field(default=keys.EVENTS_MAXLEN, ge=100)
+
+    # workers
+    engine_config: Path = Path("configs/engine.yaml")
+    claim_timeout_s: float = Field(default=30.0, gt=0)  # a held job idle this long belonged to a dead worker
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    reclaim_interval_s: float = Field(default=5.0, gt=0)
+    max_deliveries: int = Field(default=3, ge=1)
+    worker_ttl_s: float = Field(default=float(keys.WORKER_TTL_S), gt=0)
+    starvation_limit: int = Field(
+        default=8, ge=1
+    )  # a waiting priority is served after being passed over this often
+    idle_block_ms: int = Field(default=500, ge=1)  # how long an idle worker blocks on the queues per read
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0
+    )  # on SIGTERM, finish held jobs within this, else hand back
+
+    # webhooks (workers/tasks/webhooks.py); the secret only from the environment (SPECFLEET_WEBHOOK_SECRET)
+    webhook_secret: SecretStr = SecretStr(DEV_WEBHOOK_SECRET)  # whsec_<base64>; refused outside dev
+    # hosts or CIDRs a webhook may reach although they are loopback/private/... (SSRF guard, shared/ssrf.py)
+    webhook_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_output_interval_ms: int = Field(default=500, ge=0)  # at most one `output` event per job per this
+    webhook_timeout_s: float = Field(default=10.0, gt=0)  # one delivery attempt
+    webhook_max_attempts: int = Field(default=8, ge=1)  # then the failure is recorded (`webhook_status`)
+    webhook_retry_base_s: float = Field(default=5.0, gt=0)  # backoff: base * 2^(attempt-1), jittered
+    webhook_retry_max_s: float = Field(default=600.0, gt=0)  # cap of one backoff (and of Retry-After)
+
+    # batches (gateway/routes/batches.py, workers/tasks/batches.py)
+    batch_max_lines: int = Field(default=50_000, ge=1)
+    batch_max_bytes: int = Field(default=100 * 2**20, ge=1)
+    batch_chunk_lines: int = Field(default=500, ge=1, le=5_000)  # lines submitted per expansion task
+    batch_completion_window_s: float = Field(default=24 * 3600.0, gt=0)  # lines not started by then expire
+    batch_result_ttl_s: int = Field(default=keys.BATCH_RESULT_TTL_S, ge=1)
+    batch_retry_s: float = Field(default=2.0, gt=0)  # expansion retry delay when the batch queue is full
+    # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
+    batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
+    celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
+
+    @field_validator("webhook_allow_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _no_default_secret_in_prod(self) -> "ServiceSettings":
+        if self.env != "dev" and self.webhook_secret.get_secret_value() == DEV_WEBHOOK_SECRET:
+            raise ValueError("set SPECFLEET_WEBHOOK_SECRET (whsec_...): the default secret is for dev only")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_path())
+        return init_settings, env_settings, yaml_source
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> ServiceSettings:
+    return ServiceSettings()

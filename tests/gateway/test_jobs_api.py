@@ -1,0 +1,183 @@
+"""The jobs API over real HTTP (uvicorn) against a real Redis; the test plays the worker where needed."""
+
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+
+from shared import keys
+from shared.settings import ServiceSettings
+from tests.conftest import ThreadedGateway, submit_job, wait_until
+from workers.worker.emitter import Emitter, Running
+from workers.worker.queue_reader import QueueReader
+
+
+@pytest.fixture
+def http(gateway: ThreadedGateway) -> httpx.Client:
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        yield client
+
+
+def test_submit_then_get(http: httpx.Client) -> None:
+    response = http.post("/v1/jobs", json={"prompt": "def f(", "max_tokens": 5, "metadata": {"run": "1"}})
+    assert response.status_code == 202
+    job = response.json()
+    assert job["status"] == "queued" and job["priority"] == "default"
+    assert job["urls"]["get"].endswith(f"/v1/jobs/{job['id']}")
+    assert response.headers["location"] == job["urls"]["get"]
+    got = http.get(f"/v1/jobs/{job['id']}").json()
+    assert got["status"] == "queued" and got["metadata"] == {"run": "1"}
+    assert got["created_at"] == pytest.approx(job["created_at"])
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "priority": "urgent"}, "priority"),
+        ({"prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"prompt": "x", "bogus": 1}, "bogus"),
+    ],
+)
+def test_schema_errors_are_422_with_the_field(
+    http: httpx.Client, body: dict[str, object], field: str
+) -> None:
+    response = http.post("/v1/jobs", json=body)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["field"] == field and field in error["message"]
+
+
+def test_malformed_json_is_422(http: httpx.Client) -> None:
+    response = http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert set(response.json()["error"]) >= {"code", "message"}
+
+
+def test_unknown_job_is_404_everywhere(http: httpx.Client) -> None:
+    for method, path in [
+        ("GET", "/v1/jobs/nope"),
+        ("GET", "/v1/jobs/nope/stream"),
+        ("POST", "/v1/jobs/nope/cancel"),
+    ]:
+        response = http.request(method, path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found"
+    assert http.get("/v2/other").json()["error"]["code"] == "not_found"
+
+
+def test_cancel_queued_then_409(http: httpx.Client, rclient: redis.Redis) -> None:
+    job_id = http.post("/v1/jobs", json={"prompt": "x"}).json()["id"]
+    response = http.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 200
+    assert response.json()["status"] == "cancelled" and response.json()["completed_at"] is not None
+    again = http.post(f"/v1/jobs/{job_id}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+    assert rclient.xlen(keys.queue_stream("default")) == 0  # its queue entry is gone
+    assert rclient.ttl(keys.job_hash(job_id)) > 0  # the result TTL started
+
+
+def test_same_idempotency_key_same_job(http: httpx.Client, rclient: redis.Redis) -> None:
+    headers = {"Idempotency-Key": "order-42"}
+    first = http.post("/v1/jobs", json={"prompt": "x"}, headers=headers).json()
+    second = http.post("/v1/jobs", json={"prompt": "x"}, headers=headers).json()
+    other = http.post("/v1/jobs", json={"prompt": "x"}, headers={"Idempotency-Key": "order-43"}).json()
+    assert first["id"] == second["id"] != other["id"]
+    assert rclient.xlen(keys.queue_stream("default")) == 2
+
+
+def test_queue_limit_is_503_with_retry_after(settings: ServiceSettings, rclient: redis.Redis) -> None:
+    settings.queue_limits.batch = 2
+    with ThreadedGateway(settings).start() as server, httpx.Client(base_url=server.url) as http:
+        codes = [
+            http.post("/v1/jobs", json={"prompt": "x", "priority": "batch"}).status_code for _ in range(3)
+        ]
+        assert codes == [202, 202, 503]
+        refused = http.post("/v1/jobs", json={"prompt": "x", "priority": "batch"})
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert http.post("/v1/jobs", json={"prompt": "x", "priority": "interactive"}).status_code == 202
+
+
+def test_prompt_beyond_context_is_413(http: httpx.Client, rclient: redis.Redis, tmp_path) -> None:  # noqa: ANN001
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    rclient.hset(keys.MODEL_INFO, mapping={"max_model_len": 64, "tokenizer_path": str(tmp_path)})
+    assert http.post("/v1/jobs", json={"prompt": "a " * 30, "max_tokens": 34}).status_code == 202  # 30 + 34
+    too_long = http.post("/v1/jobs", json={"prompt": "a " * 30, "max_tokens": 35})
+    assert too_long.status_code == 413 and too_long.json()["error"]["field"] == "max_tokens"
+    response = http.post("/v1/jobs", json={"prompt": "a " * 64, "max_tokens": 1})
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert (
+        error["code"] == "prompt_too_long" and error["field"] == "prompt" and "64 tokens" in error["message"]
+    )
+
+
+def test_prefer_wait_returns_the_finished_job(
+    http: httpx.Client, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    def play_worker() -> None:
+        reader = QueueReader(rclient, settings, "w1")
+        leases = wait_until(lambda: reader.pull(1), what="the job")
+        running = {leases[0].job_id: Running(leases[0].job_id, leases[0].attempt, prompt_tokens=2)}
+        out = type(
+            "Out",
+            (),
+            dict(
+                request_id=leases[0].job_id,
+                new_token_ids=[7, 8],
+                new_text="hi",
+                finished=True,
+                finish_reason="length",
+                metrics={"ttft_ms": 1.0},
+            ),
+        )
+        Emitter(rclient, settings).emit(running, [out])
+
+    worker = threading.Thread(target=play_worker)
+    worker.start()
+    started = time.monotonic()
+    response = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 2}, headers={"Prefer": "wait=5"})
+    worker.join()
+    assert response.status_code == 200 and time.monotonic() - started < 5
+    job = response.json()
+    assert job["status"] == "succeeded"
+    assert job["output"] == {"text": "hi", "token_ids": [7, 8], "finish_reason": "length"}
+    assert job["usage"] == {"prompt_tokens": 2, "completion_tokens": 2}
+    assert job["metrics"]["ttft_ms"] == 1.0
+
+
+def test_prefer_wait_times_out_with_202(http: httpx.Client) -> None:
+    started = time.monotonic()
+    response = http.post("/v1/jobs", json={"prompt": "x"}, headers={"Prefer": "respond-async, wait=0.3"})
+    assert response.status_code == 202 and response.json()["status"] == "queued"
+    assert 0.3 <= time.monotonic() - started < 3
+
+
+def test_health_ready_metrics(http: httpx.Client, rclient: redis.Redis, settings: ServiceSettings) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    not_ready = http.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json()["error"]["message"] == "no worker is alive"
+    rclient.zadd(keys.WORKERS_ZSET, {"w1": time.time()})
+    submit_job(rclient, settings, priority="batch")
+    ready = http.get("/readyz").json()
+    assert ready["workers_alive"] == 1 and ready["queue_depth"]["batch"] == 1
+    text = http.get("/metrics").text
+    assert 'specfleet_queue_depth{priority="batch"} 1.0' in text and "specfleet_workers_alive 1.0" in text
+
+
+def test_redis_down_is_503_not_500(settings: ServiceSettings) -> None:
+    from shared.redis_server import free_port
+
+    settings.redis_url = f"redis://127.0.0.1:{free_port()}/0"
+    with ThreadedGateway(settings).start() as server, httpx.Client(base_url=server.url) as http:
+        response = http.post("/v1/jobs", json={"prompt": "x"})
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "unavailable"
+        assert http.get("/readyz").status_code == 503

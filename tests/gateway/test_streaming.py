@@ -1,0 +1,159 @@
+"""SSE over real HTTP: the stream's text equals the result; Last-Event-ID resumes with no gap or duplicate;
+many followers racing a producer all see every event exactly once, in order."""
+
+import asyncio
+import random
+import threading
+
+import httpx
+import redis
+
+from gateway.client import FleetClient, SseEvent, iter_sse
+from shared.settings import ServiceSettings
+from tests.conftest import PlayedWorker, ThreadedGateway
+
+NUM_STEPS = 40
+
+
+def _produce(
+    worker: PlayedWorker,
+    job_id: str,
+    num_steps: int = NUM_STEPS,
+    gate: threading.Event | None = None,
+    gate_at: int = -1,
+) -> None:
+    for i in range(num_steps):
+        if i == gate_at and gate is not None:
+            gate.wait(10)
+        last = i == num_steps - 1
+        worker.emit(job_id, [i, i + 1000], f"<{i}>", finish_reason="length" if last else None)
+
+
+def _text(events: list[SseEvent]) -> str:
+    return "".join(e.data["text"] for e in events if e.event == "token")
+
+
+def _token_ids(events: list[SseEvent]) -> list[int]:
+    return [t for e in events if e.event == "token" for t in e.data["token_ids"]]
+
+
+def test_stream_text_equals_result(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x", "max_tokens": 2 * NUM_STEPS})["id"]
+        worker = PlayedWorker(rclient, settings)
+        assert worker.take() == job_id
+        producer = threading.Thread(target=_produce, args=(worker, job_id))
+        producer.start()
+        events = list(client.stream(job_id))
+        producer.join()
+        job = client.get(job_id)
+    assert [e.event for e in events][-1] == "done"
+    assert events[0].event == "status" and events[0].data["status"] == "running"
+    assert _text(events) == job["output"]["text"] == "".join(f"<{i}>" for i in range(NUM_STEPS))
+    assert _token_ids(events) == job["output"]["token_ids"]
+    assert events[-1].data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2 * NUM_STEPS}
+    ids = [e.id for e in events]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))) and len(set(ids)) == len(ids)
+
+
+def test_resume_with_last_event_id_mid_generation(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x"})["id"]
+        worker = PlayedWorker(rclient, settings)
+        worker.take()
+        gate = threading.Event()
+        producer = threading.Thread(
+            target=_produce, args=(worker, job_id), kwargs={"gate": gate, "gate_at": 10}
+        )
+        producer.start()
+        first = []
+        for event in client.stream(job_id):  # read into the live part, then drop the connection
+            first.append(event)
+            if len(first) == 6:
+                break
+        gate.set()  # the producer goes on while this client is away
+        rest = list(client.stream(job_id, last_event_id=first[-1].id))
+        producer.join()
+        everything = list(client.stream(job_id))
+        assert first + rest == everything
+        assert _text(first + rest) == client.get(job_id)["output"]["text"]
+        assert list(client.stream(job_id, last_event_id=everything[-1].id)) == []  # resumed after the end
+
+
+def test_bad_last_event_id_is_422(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x"})["id"]
+        response = client.http.get(f"/v1/jobs/{job_id}/stream", headers={"Last-Event-ID": "garbage"})
+    assert response.status_code == 422 and response.json()["error"]["field"] == "header.last-event-id"
+
+
+def test_cancel_ends_the_stream_with_error(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x"})["id"]
+        worker = PlayedWorker(rclient, settings)
+        worker.take()
+        worker.emit(job_id, [1], "a")
+        assert client.cancel(job_id)["status"] == "cancelled"
+        finished, gone = worker.emit(job_id, [2], "b")  # the worker learns it at its next emit
+        events = list(client.stream(job_id))
+    assert (finished, gone) == ([], [job_id])
+    assert events[-1].event == "error" and events[-1].data["error"]["code"] == "cancelled"
+    assert _text(events) == "a"
+
+
+def test_many_followers_racing_the_producer(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    num_clients, num_steps = 60, 150
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x"})["id"]
+    worker = PlayedWorker(rclient, settings)
+    worker.take()
+    producer = threading.Thread(target=_produce, args=(worker, job_id, num_steps))
+
+    async def follow(http: httpx.AsyncClient, delay_s: float, reconnect_after: int | None) -> list[SseEvent]:
+        await asyncio.sleep(delay_s)  # spreads the connects over the production (not a wait for a condition)
+        events: list[SseEvent] = []
+        headers: dict[str, str] = {}
+        while not events or events[-1].event not in ("done", "error"):
+            async with http.stream("GET", f"/v1/jobs/{job_id}/stream", headers=headers) as response:
+                lines = [line async for line in _lines_until(response, reconnect_after)]
+            new = list(iter_sse(lines))
+            events += new
+            headers = {"Last-Event-ID": events[-1].id} if events else {}
+            reconnect_after = None
+        return events
+
+    async def main() -> list[list[SseEvent]]:
+        limits = httpx.Limits(max_connections=num_clients + 5)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30, limits=limits) as http:
+            rng = random.Random(7)
+            tasks = [follow(http, rng.uniform(0, 0.3), rng.choice([None, 5, 20])) for _ in range(num_clients)]
+            producer.start()
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(main())
+    producer.join()
+    expected = [f"<{i}>" for i in range(num_steps)]
+    for events in results:
+        assert [e.data["text"] for e in events if e.event == "token"] == expected
+        assert events[-1].event == "done"
+
+
+async def _lines_until(response: httpx.Response, max_events: int | None):  # noqa: ANN202
+    """The response's lines; stop (drop the connection) after max_events complete events."""
+    num_events = 0
+    async for line in response.aiter_lines():
+        yield line
+        if line == "":
+            num_events += 1
+            if max_events is not None and num_events >= max_events:
+                return

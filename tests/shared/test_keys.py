@@ -1,0 +1,24 @@
+"""Every Redis key string lives in shared/keys.py: no other source file spells the namespace."""
+
+import re
+from pathlib import Path
+
+from shared import keys
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_LITERAL = re.compile(rf"[\"']{keys.NAMESPACE}:[a-z{{]")  # "specfleet:job:..." (not "specfleet: help")
+
+
+def test_no_key_strings_outside_keys_module() -> None:
+    offenders = []
+    for folder in ("shared", "gateway", "workers/worker"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name != "keys.py" and KEY_LITERAL.search(path.read_text()):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def test_key_layout() -> None:
+    assert keys.job_events("j1") == keys.job_hash("j1") + keys.EVENTS_SUFFIX
+    assert keys.job_channel("j1").startswith(keys.CHANNEL_PREFIX)
+    assert len({keys.queue_stream(p) for p in ("interactive", "default", "batch")}) == 3

@@ -1,0 +1,84 @@
+"""The emitter: one round trip per step, events and partial output in step, a job finishes exactly once."""
+
+import json
+
+import pytest
+import redis
+
+from shared import keys
+from shared.settings import ServiceSettings
+from tests.conftest import StepOut, submit_job
+from workers.worker.emitter import Emitter, Running
+from workers.worker.queue_reader import QueueReader
+
+
+def _start(
+    rclient: redis.Redis, settings: ServiceSettings, num_jobs: int
+) -> tuple[list[str], dict[str, Running]]:
+    jobs = [submit_job(rclient, settings) for _ in range(num_jobs)]
+    reader = QueueReader(rclient, settings, "w1")
+    reader.ensure_groups()
+    leases = reader.pull(num_jobs)
+    return jobs, {lease.job_id: Running(lease.job_id, lease.attempt, prompt_tokens=4) for lease in leases}
+
+
+def test_one_step_of_many_jobs_is_one_round_trip(
+    rclient: redis.Redis, settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs, running = _start(rclient, settings, 3)
+    emitter = Emitter(rclient, settings)
+    emitter.emit(running, [])  # nothing to write: no round trip at all
+    round_trips = []
+    original = redis.client.Pipeline.execute
+    monkeypatch.setattr(
+        redis.client.Pipeline,
+        "execute",
+        lambda self, *a, **k: round_trips.append(1) or original(self, *a, **k),
+    )
+    evalsha_before = rclient.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    emitter.emit(running, [StepOut(job_id, [1, 2], "ab") for job_id in jobs])
+    assert len(round_trips) == 1
+    assert rclient.info("commandstats")["cmdstat_evalsha"]["calls"] - evalsha_before == 3
+    for job_id in jobs:
+        job = rclient.hgetall(keys.job_hash(job_id))
+        assert (job["text"], job["token_ids"], job["completion_tokens"]) == ("ab", "1,2", "2")
+        token_event = rclient.xrevrange(keys.job_events(job_id), count=1)[0][1]
+        assert token_event["type"] == "token" and json.loads(token_event["data"]) == {
+            "text": "ab",
+            "token_ids": [1, 2],
+        }
+
+
+def test_finish_exactly_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    (job_id,), running = _start(rclient, settings, 1)
+    emitter = Emitter(rclient, settings)
+    emitter.emit(running, [StepOut(job_id, [1], "a")])
+    final = StepOut(
+        job_id, [2], "b", finished=True, finish_reason="stop", metrics={"ttft_ms": 3.5, "other": 1.0}
+    )
+    assert emitter.emit(running, [final]) == ([job_id], [])
+    assert emitter.emit(running, [final]) == (
+        [],
+        [job_id],
+    )  # a second finish (e.g. a racing worker) is refused
+    job = rclient.hgetall(keys.job_hash(job_id))
+    assert job["status"] == "succeeded" and job["text"] == "ab" and job["finish_reason"] == "stop"
+    assert json.loads(job["metrics"]) == {"ttft_ms": 3.5}
+    events = rclient.xrange(keys.job_events(job_id))
+    assert [e[1]["type"] for e in events] == ["status", "token", "token", "done"]
+    assert rclient.xlen(keys.queue_stream("default")) == 0  # acked and deleted
+    assert rclient.xpending(keys.queue_stream("default"), keys.CONSUMER_GROUP)["pending"] == 0
+    assert 0 < rclient.ttl(keys.job_events(job_id)) <= settings.result_ttl_s
+
+
+def test_fail_sets_the_error(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    from shared.job_state import ErrorCode
+
+    (job_id,), running = _start(rclient, settings, 1)
+    emitter = Emitter(rclient, settings)
+    assert (
+        emitter.fail(job_id, running[job_id].attempt, ErrorCode.PROMPT_TOO_LONG, "too long", "prompt") == "ok"
+    )
+    job = rclient.hgetall(keys.job_hash(job_id))
+    assert job["status"] == "failed" and json.loads(job["error"])["field"] == "prompt"
+    assert emitter.fail(job_id, running[job_id].attempt, ErrorCode.ENGINE_ERROR, "again") == "failed"

@@ -1,0 +1,63 @@
+"""A Redis restart mid-job loses nothing: the in-process worker drops what it held, Redis comes back from its
+AOF, the job is reclaimed and resumed from the last token written, and finishes with every token once."""
+
+import json
+import threading
+from pathlib import Path
+
+import redis
+
+from shared import keys
+from shared.redis_server import RedisServer
+from shared.settings import ServiceSettings
+from tests.conftest import FAST_TIMINGS, submit_job, wait_until
+from workers.worker.main import Worker
+
+MAX_TOKENS = 480
+
+
+def test_redis_restart_mid_job(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    engine = Engine.from_config(
+        EngineConfig.load(
+            target_dir=str(tiny_pair[0]), draft_dir=str(tiny_pair[1]), max_num_seqs=1, num_threads=1
+        )
+    )
+    server = RedisServer(tmp_path / "redis").start()
+    settings = ServiceSettings(redis_url=server.url, **FAST_TIMINGS)  # type: ignore[arg-type]
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    worker = Worker(engine, client, settings, worker_id="w1")
+    thread = threading.Thread(target=worker.run, name="worker")
+    thread.start()
+    try:
+        job_id = submit_job(
+            client, settings, prompt="def f(x):", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True
+        )
+        wait_until(
+            lambda: int(client.hget(keys.job_hash(job_id), "completion_tokens") or 0) > 0,
+            interval_s=0.002,
+            what="first tokens",
+        )
+        server.stop()  # a clean SHUTDOWN: the AOF holds everything acknowledged so far
+        wait_until(lambda: not worker.leases, what="the worker to drop its job")
+        server = RedisServer(tmp_path / "redis", port=server.port).start()
+        done = wait_until(
+            lambda: client.hget(keys.job_hash(job_id), "status") == "succeeded",
+            timeout_s=60,
+            what="the job to finish after the restart",
+        )
+        job = client.hgetall(keys.job_hash(job_id))
+        events = client.xrange(keys.job_events(job_id))
+    finally:
+        worker.request_stop(grace_s=0)
+        thread.join(timeout=30)
+        client.close()
+        server.stop()
+    assert done and job["completion_tokens"] == str(MAX_TOKENS) and int(job["attempt"]) >= 2
+    token_ids = [int(t) for t in job["token_ids"].split(",")]
+    assert len(token_ids) == MAX_TOKENS
+    streamed = [t for _, e in events if e["type"] == "token" for t in json.loads(e["data"])["token_ids"]]
+    assert streamed == token_ids
+    assert not thread.is_alive()

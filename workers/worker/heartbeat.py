@@ -1,0 +1,84 @@
+"""Liveness, on a thread of its own so a long engine step never delays it.
+
+Every `heartbeat_interval_s`: mark this worker alive (keys.WORKERS_ZSET, read by /readyz) and reset the
+idle time of every held job's queue entry (HEARTBEAT script: XCLAIM ... JUSTID, only while this worker's
+attempt is the current one), so no other worker reclaims a job that is alive. Jobs found to be no longer
+ours (cancelled, reclaimed) are reported to the main loop through `take_lost()`.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from shared import keys, lua
+from shared.settings import ServiceSettings
+from workers.worker.queue_reader import Lease
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat(threading.Thread):
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: ServiceSettings,
+        worker_id: str,
+        held: Callable[[], list[Lease]],
+        model_info: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.redis = client
+        self.interval_s = settings.heartbeat_interval_s
+        self.worker_id = worker_id
+        self.held = held
+        self.model_info = (
+            model_info  # republished on each beat: max_model_len, tokenizer_path (gateway's 413)
+        )
+        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._script = client.register_script(lua.HEARTBEAT)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._lost: set[str] = set()
+
+    def beat(self) -> None:
+        """One heartbeat (also called directly by tests)."""
+        leases = self.held()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.WORKERS_ZSET, {self.worker_id: time.time()})
+        if self.model_info:
+            pipe.hset(keys.MODEL_INFO, mapping=self.model_info)  # type: ignore[arg-type]
+        for lease in leases:
+            self._script(
+                keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority)],
+                args=[self._ctx, self.worker_id, lease.attempt],
+                client=pipe,
+            )
+        results = pipe.execute()[2 if self.model_info else 1 :]
+        lost = {lease.job_id for lease, result in zip(leases, results, strict=True) if result != "ok"}
+        if lost:
+            with self._lock:
+                self._lost |= lost
+
+    def take_lost(self) -> set[str]:
+        with self._lock:
+            lost, self._lost = self._lost, set()
+        return lost
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join()
+        try:
+            self.redis.zrem(keys.WORKERS_ZSET, self.worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not unregister worker %s: %s", self.worker_id, exc)

@@ -1,0 +1,254 @@
+"""The worker process: one loop whose step reads like the data flow.
+
+    step:  drop lost/cancelled jobs -> pull what the engine can admit -> engine.step() -> emit -> retire
+
+Redis I/O stays here (queue_reader, emitter, heartbeat); the engine never sees Redis. SIGTERM/SIGINT:
+stop pulling, keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
+"""
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Protocol
+
+import redis
+
+from shared import keys
+from shared.job_state import ErrorCode
+from shared.settings import ServiceSettings
+from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.worker.emitter import Emitter, Running
+from workers.worker.heartbeat import Heartbeat
+from workers.worker.job_hooks import JobHooks
+from workers.worker.prompts import engine_prompt, sampling_params
+from workers.worker.queue_reader import Lease, QueueReader
+
+log = logging.getLogger(__name__)
+
+REDIS_RETRY_S = 1.0  # pause after a failed Redis call before the loop tries again
+
+
+class EngineLike(Protocol):
+    """What the worker uses of workers.engine.Engine."""
+
+    tokenizer: Any
+    max_model_len: int
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: Any) -> int: ...
+    def step(self) -> list[Any]: ...
+    def abort(self, request_id: str) -> bool: ...
+    def free_capacity(self) -> int: ...
+
+
+@dataclass
+class _Finished:
+    """A finish with no engine step (a resumed job that already has all its tokens)."""
+
+    request_id: str
+    finish_reason: str | None = "length"
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    finished: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: EngineLike,
+        client: redis.Redis,
+        settings: ServiceSettings,
+        *,
+        worker_id: str | None = None,
+        burst: bool = False,
+        model_name: str = "",
+        params_factory: Callable[..., Any] = sampling_params,
+    ) -> None:
+        self.engine = engine
+        self.redis = client
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id()
+        self.burst = burst  # exit once nothing is held and nothing is waiting (tests, batch runs)
+        self.model_name = model_name
+        self.params_factory = params_factory
+        self.reader = QueueReader(client, settings, self.worker_id)
+        self.emitter = Emitter(client, settings)
+        model_info = {
+            "max_model_len": str(engine.max_model_len),
+            "tokenizer_path": str(getattr(engine.tokenizer, "name_or_path", "") or ""),
+            "model": model_name,
+        }
+        self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
+        self.hooks = JobHooks(client, settings)  # webhook start/output notices
+        self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
+        self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
+        self._leases_lock = threading.Lock()
+        self._cancels = client.pubsub(ignore_subscribe_messages=True)
+        self.stop_deadline: float | None = None  # set on SIGTERM: hand back what is unfinished by then
+        self.num_pulled_last = 0
+
+    @property
+    def is_stopping(self) -> bool:
+        return self.stop_deadline is not None
+
+    def held_leases(self) -> list[Lease]:
+        with self._leases_lock:
+            return list(self.leases.values())
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def step(self) -> None:
+        self._drop(self._lost_jobs())
+        if not self.is_stopping:
+            leases = self.reader.pull(self.engine.free_capacity())
+            self.num_pulled_last = len(leases)
+            for lease in leases:
+                self._admit(lease)
+        outputs = self.engine.step() if self.running else []
+        finished, gone = self.emitter.emit(self.running, outputs)
+        self.hooks.emitted(outputs)
+        self._forget(finished)
+        self._drop(gone)
+
+    def run(self) -> None:
+        self.start()
+        try:
+            while not self._should_exit():
+                try:
+                    self.step()
+                    if (
+                        not self.leases
+                        and self.num_pulled_last == 0
+                        and not self.is_stopping
+                        and not self.burst
+                    ):
+                        self.reader.wait_for_jobs(self.settings.idle_block_ms)
+                except redis.RedisError as exc:
+                    self._on_redis_error(exc)
+        finally:
+            self.shutdown()
+
+    def _on_redis_error(self, exc: redis.RedisError) -> None:
+        """Redis is unreachable: what was generated since the last write cannot be recorded, so drop every held
+        job (its KV is freed); once Redis answers again its entry is reclaimed (by this worker or another) and
+        resumed from the last token written. Then back off."""
+        log.warning(
+            "redis error (%s): dropping %d held jobs; retrying in %.1fs", exc, len(self.leases), REDIS_RETRY_S
+        )
+        self._drop(list(self.leases))
+        time.sleep(REDIS_RETRY_S)
+
+    def _should_exit(self) -> bool:
+        if self.is_stopping:
+            assert self.stop_deadline is not None
+            return not self.leases or time.monotonic() >= self.stop_deadline
+        return self.burst and not self.leases and self.num_pulled_last == 0 and self._nothing_waiting()
+
+    def _nothing_waiting(self) -> bool:
+        return not any(self.reader.waiting.values())
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.reader.ensure_groups()
+        self._cancels.subscribe(keys.CANCEL_CHANNEL)
+        self.heartbeat.beat()
+        self.heartbeat.start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        log.info("worker %s ready (max_model_len %d)", self.worker_id, self.engine.max_model_len)
+
+    def request_stop(self, grace_s: float | None = None) -> None:
+        if not self.is_stopping:
+            grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+            self.stop_deadline = time.monotonic() + grace
+            log.info(
+                "worker %s stopping: %d jobs held, %.1fs to finish them",
+                self.worker_id,
+                len(self.leases),
+                grace,
+            )
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    def shutdown(self) -> None:
+        """Hand every unfinished job back to its queue, then unregister."""
+        for lease in self.held_leases():
+            self.engine.abort(lease.job_id)
+            try:
+                log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
+            except redis.RedisError as exc:  # it is reclaimed after claim_timeout_s instead
+                log.warning("could not hand job %s back: %s", lease.job_id, exc)
+        self._forget(list(self.leases))
+        self.heartbeat.stop()
+        self._cancels.close()
+
+    # -- per job -------------------------------------------------------------------------------------------
+    def _admit(self, lease: Lease) -> None:
+        request = lease.request
+        with self._leases_lock:
+            self.leases[lease.job_id] = lease
+        self.hooks.started(lease.job_id, request)
+        num_resumed = len(lease.resumed_token_ids)
+        remaining = request.max_tokens - num_resumed
+        try:
+            prompt = engine_prompt(request, self.engine.tokenizer, lease.resumed_token_ids)
+            if remaining <= 0:
+                num_prompt = len(prompt) - num_resumed if isinstance(prompt, list) else 0
+                self.running[lease.job_id] = Running(lease.job_id, lease.attempt, num_prompt, num_resumed)
+                self._forget(self.emitter.emit(self.running, [_Finished(lease.job_id)])[0])
+                return
+            num_prompt = self.engine.add_request(
+                lease.job_id, prompt, self.params_factory(request, remaining)
+            )
+        except PromptTooLongError as exc:
+            self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
+        except InvalidRequestError as exc:
+            self._fail(lease, ErrorCode.INVALID_REQUEST, exc.message, exc.field)
+        except Exception as exc:  # a job the engine cannot take fails alone; the worker goes on
+            log.exception("engine refused job %s", lease.job_id)
+            self._fail(lease, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}", None)
+        else:
+            self.running[lease.job_id] = Running(
+                lease.job_id, lease.attempt, num_prompt - num_resumed, num_resumed
+            )
+            log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
+
+    def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:
+        self.emitter.fail(lease.job_id, lease.attempt, code, message, field_name)
+        self._forget([lease.job_id])
+
+    def _lost_jobs(self) -> set[str]:
+        lost = self.heartbeat.take_lost()
+        try:
+            while (message := self._cancels.get_message(timeout=0.0)) is not None:
+                lost.add(str(message["data"]))
+        except redis.RedisError as exc:  # the emitter's status check still catches every cancel
+            log.warning("cancel channel: %s", exc)
+        return lost & self.leases.keys()
+
+    def _drop(self, job_ids: list[str] | set[str]) -> None:
+        """Stop jobs that are no longer ours (cancelled, reclaimed): free their KV now."""
+        for job_id in job_ids:
+            if job_id in self.running:
+                self.engine.abort(job_id)
+            log.info("dropped job %s (cancelled or taken over)", job_id)
+        self._forget(list(job_ids))
+
+    def _forget(self, job_ids: list[str]) -> None:
+        self.hooks.forget(job_ids)
+        with self._leases_lock:
+            for job_id in job_ids:
+                self.leases.pop(job_id, None)
+                self.running.pop(job_id, None)

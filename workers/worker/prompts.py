@@ -1,0 +1,39 @@
+"""A job's request -> what the engine takes: prompt (text, or token ids when resuming) and SamplingParams."""
+
+from typing import Any
+
+from shared.schemas import JobRequest
+
+
+def prompt_text(request: JobRequest, tokenizer: Any) -> str:
+    """The prompt, or the messages rendered with the tokenizer's chat template (a plain one without)."""
+    if request.prompt is not None:
+        return request.prompt
+    messages = [m.model_dump() for m in request.messages or []]
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def engine_prompt(request: JobRequest, tokenizer: Any, resumed_token_ids: list[int]) -> str | list[int]:
+    """Text for a first attempt; token ids (prompt + earlier output) for one that resumes a job."""
+    text = prompt_text(request, tokenizer)
+    if not resumed_token_ids:
+        return text
+    return list(tokenizer.encode(text, add_special_tokens=False)) + resumed_token_ids  # as Engine._tokenize
+
+
+def sampling_params(request: JobRequest, max_tokens: int) -> Any:
+    """The engine's SamplingParams for this request (the engine validates them in add_request)."""
+    from workers.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        seed=request.seed,
+        stop=list(request.stop),
+        ignore_eos=request.ignore_eos,
+        speculative=request.speculative_method,
+    )
