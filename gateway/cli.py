@@ -42,18 +42,24 @@ def up(
 def gateway(
     host: Annotated[str | None, typer.Option(help="Bind address (default: settings.host)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: settings.port)")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Gateway processes sharing the port (each has its own pub/sub hub)")
+    ] = 1,
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log)")] = True,
 ) -> None:
     """Serve the HTTP API (needs REDIS_URL)."""
     import uvicorn
 
-    from gateway.main import create_app
     from shared.settings import get_settings
 
     settings = get_settings()
     uvicorn.run(
-        create_app(settings),
+        "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
+        factory=True,
         host=host or settings.host,
         port=settings.port if port is None else port,
+        workers=workers,
+        access_log=access_log,
         log_level="info",
         ws="none",
         timeout_graceful_shutdown=5,

@@ -43,3 +43,52 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
         machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick, tree_size=plan.tree_size)
         write_json(json_path, "spec", machine, result["rows"], result["ratios"])
     return 0
+
+
+def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny") -> int:
+    import tempfile
+    from pathlib import Path
+
+    from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
+
+    plan = E2EBenchPlan.quick() if quick else E2EBenchPlan()
+    with tempfile.TemporaryDirectory(prefix="specfleet-models-") as tmp:
+        if model == "tiny":
+            from workers.demo.tiny import make_tiny_pair
+
+            target_dir, draft_dir = make_tiny_pair(Path(tmp))
+        elif model == "demo":
+            try:
+                from workers.demo.build import ensure_demo_pair
+            except ImportError:
+                typer.echo("error: the demo pair builder (workers.demo.build) is not available; use --model tiny",
+                           err=True)
+                return 2
+            pair = ensure_demo_pair()
+            target_dir, draft_dir = pair.target_dir, pair.draft_dir
+        else:
+            typer.echo(f"error: --model must be tiny or demo, not {model!r}", err=True)
+            return 2
+        result = bench_e2e(target_dir, draft_dir, plan)
+    print_e2e(result)
+    if json_path:
+        machine = machine_info(model=model, quick=quick, **result["engine"])
+        write_json(json_path, "e2e", machine, result["rows"], result["ratios"])
+    return 0
+
+
+def print_e2e(result: dict) -> None:
+    rows = result["rows"]
+    typer.echo(format_table([r for r in rows if r["phase"] in ("ceiling", "submit")],
+                            ["phase", "system", "concurrency", "ops_per_s", "client_cpu_ms_per_job",
+                             "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]))
+    typer.echo("")
+    typer.echo(format_table([r for r in rows if r["phase"] == "latency"],
+                            ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+                             "tokens_per_s", "num_requests"]))
+    typer.echo("")
+    typer.echo(format_table([r for r in rows if r["phase"] == "sse"],
+                            ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "failed_jobs"]))
+    typer.echo("")
+    for key, value in result["ratios"].items():
+        typer.echo(f"{key}: {value:.3f}")

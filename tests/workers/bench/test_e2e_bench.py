@@ -1,0 +1,41 @@
+"""`specfleet bench e2e` on a tiny setting: every phase runs against a real fleet; the JSON has the contract's
+shape (no timing is asserted: this machine is shared and noisy)."""
+
+import json
+from pathlib import Path
+
+from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
+from workers.bench.report import machine_info, write_json
+
+HEADLINES = (
+    "fleet_ttft_overhead_ms_p50",
+    "fleet_ttft_overhead_ms_p99",
+    "fleet_tpot_overhead_ms_p50",
+    "submit_rate_jobs_s",
+    "submit_rate_vs_xadd_ceiling",
+    "sse_streams",
+    "sse_lost_tokens",
+)
+
+
+def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    plan = E2EBenchPlan.tiny()
+    result = bench_e2e(*tiny_pair, plan, work_dir=tmp_path / "fleet")
+    out = tmp_path / "e2e.json"
+    write_json(out, "e2e", machine_info(**result["engine"]), result["rows"], result["ratios"])
+
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"bench", "machine", "rows", "ratios"} and doc["bench"] == "e2e"
+    assert doc["machine"]["engine_torch_threads"] == plan.num_engine_threads
+    assert set(HEADLINES) <= set(doc["ratios"])
+    assert all(isinstance(v, float) for v in doc["ratios"].values())
+    phases = {(r["phase"], r["system"]) for r in doc["rows"]}
+    assert {("ceiling", "redis_xadd_pipelined"), ("submit", "gateway_x1"), ("sse", "gateway_x1")} <= phases
+    latency = [r for r in doc["rows"] if r["phase"] == "latency"]
+    assert {(r["system"], r["concurrency"]) for r in latency} == {
+        (s, c) for s in ("fleet", "engine") for c in plan.concurrencies
+    }
+    assert all(r["num_requests"] == max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
+               for r in latency)
+    assert doc["ratios"]["sse_streams"] == plan.num_sse_streams
+    assert doc["ratios"]["sse_lost_tokens"] == 0  # every token event of every stream was counted

@@ -1,0 +1,208 @@
+"""`specfleet bench e2e`: what the fleet (gateway + Redis + worker) costs on top of the engine, one run.
+
+1. Redis ceilings: pipelined XADD, and the gateway's SUBMIT script (Redis's own cost of a job).
+2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
+3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
+   request mix straight into an in-process engine (same engine settings and torch thread count as the worker).
+4. Many SSE streams held at once by the gateway, every token counted against the job's final count.
+
+Everything runs on this machine: the benchmark client competes with the gateway, Redis and the worker for the
+same cores, so its CPU use is reported too.
+"""
+
+import asyncio
+import dataclasses
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+
+from shared.settings import ServiceSettings
+from workers.bench.e2e_fleet import ROOT, BenchFleet
+from workers.bench.e2e_latency import request_mix, run_engine, run_fleet, summary
+from workers.bench.e2e_load import hold_streams, submit_rate, submit_script_ceiling, xadd_ceiling
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class E2EBenchPlan:
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    requests_per_client: int = 4
+    min_requests: int = 16  # per concurrency level (bs1 gets this many, one after another)
+    max_tokens: int = 32
+    num_submit_jobs: int = 10_000
+    num_submit_clients: int = 32
+    num_ceiling_ops: int = 50_000
+    num_sse_streams: int = 500
+    sse_max_tokens: int = 16
+    num_engine_threads: int = 1  # torch threads of the worker and of the in-process engine
+    num_gateway_procs: int = 2
+    max_num_seqs: int = 32
+
+    @classmethod
+    def quick(cls) -> "E2EBenchPlan":
+        return cls(requests_per_client=2, min_requests=8, num_submit_jobs=3_000, num_ceiling_ops=16_000)
+
+    @classmethod
+    def tiny(cls) -> "E2EBenchPlan":
+        """For tests: every phase, a few requests each (no figure means anything at this size)."""
+        return cls(concurrencies=(1, 2), requests_per_client=1, min_requests=2, max_tokens=4,
+                   num_submit_jobs=40, num_submit_clients=4, num_ceiling_ops=64, num_sse_streams=8,
+                   sse_max_tokens=3, num_gateway_procs=1, max_num_seqs=4)
+
+
+def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan) -> list[dict[str, Any]]:
+    rows = []
+    for c in plan.concurrencies:
+        bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
+        fleet_t = asyncio.run(run_fleet(HOST, fleet.port, bodies, c))  # fleet first, engine right after:
+        engine_t = run_engine(engine, bodies, c)  # the same minute of machine noise
+        for system, t in (("fleet", fleet_t), ("engine", engine_t)):
+            rows.append({"phase": "latency", "system": system, "concurrency": c, **summary(t)})
+        log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
+                 rows[-1]["ttft_ms_p50"])
+    return rows
+
+
+def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
+    ratios: dict[str, float] = {}
+    by_c: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r["phase"] == "latency":
+            by_c.setdefault(r["concurrency"], {})[r["system"]] = r
+    for c, pair in sorted(by_c.items()):
+        for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
+            name = f"fleet_{metric.split('_')[0]}_overhead_ms_{metric.rsplit('_', 1)[1]}"
+            value = pair["fleet"][metric] - pair["engine"][metric]
+            ratios[f"{name}_c{c}"] = value
+            if c == min(by_c):  # the headline: one client, nothing else queued
+                ratios[name] = value
+    return ratios
+
+
+def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work_dir: Path | None = None) -> dict[str, Any]:
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    settings = ServiceSettings()
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
+        fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=plan.num_gateway_procs,
+                           num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
+        with fleet:
+            # 1-2: no worker yet
+            rows.extend(_ceiling_rows(fleet, plan, settings))
+            for procs in sorted({1, plan.num_gateway_procs}):
+                fleet.start_gateway(procs)
+                rows.append(_submit_row(fleet, plan))
+            ratios.update(_submit_ratios(rows))
+            fleet.start_gateway(plan.num_gateway_procs)
+
+            # 3: latency, fleet vs engine
+            fleet.start_worker()
+            torch.set_num_threads(plan.num_engine_threads)
+            cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
+                                    draft_dir=str(draft_dir) if draft_dir else None,
+                                    num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
+            engine = Engine(cfg, target_dir, draft_dir)
+            warm = request_mix(2, 4)
+            asyncio.run(run_fleet(HOST, fleet.port, warm, 1))  # first-call allocations on both sides
+            run_engine(engine, warm, 1)
+            latency = _latency_rows(fleet, engine, plan)
+            rows.extend(latency)
+            ratios.update(_overheads(latency))
+
+            # 4: many SSE streams, ONE gateway process
+            fleet.start_gateway(1)
+            body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
+            streams = asyncio.run(hold_streams(HOST, fleet.port, plan.num_sse_streams, body))
+            rows.append({"phase": "sse", "system": "gateway_x1",
+                         "concurrency": streams.num_streams, "peak_open": streams.peak_open,
+                         "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
+                         "failed_jobs": streams.num_failed})
+            ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
+                           "sse_lost_tokens": float(streams.lost_tokens)})
+    return {"rows": rows, "ratios": ratios, "engine": _engine_info(cfg, plan)}
+
+
+def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettings) -> list[dict[str, Any]]:
+    """Pipelined XADD (raw RESP) and the SUBMIT script (redis-py), with Redis's own CPU per operation."""
+    measures: dict[str, Callable[[], float]] = {
+        "redis_xadd_pipelined": lambda: xadd_ceiling(fleet.redis_url, plan.num_ceiling_ops),
+        "redis_submit_script_pipelined": lambda: submit_script_ceiling(fleet.redis_url, plan.num_ceiling_ops, settings),
+    }
+    rows = []
+    for system, measure in measures.items():
+        cpu0 = fleet.cpu_seconds()["redis"]
+        rate = measure()
+        redis_cpu_s = fleet.cpu_seconds()["redis"] - cpu0
+        rows.append({"phase": "ceiling", "system": system, "ops_per_s": rate,
+                     "redis_cpu_ms_per_job": redis_cpu_s / plan.num_ceiling_ops * 1e3})
+        _flush(fleet.redis_url)
+    return rows
+
+
+def _submit_row(fleet: BenchFleet, plan: E2EBenchPlan) -> dict[str, Any]:
+    """POST /v1/jobs at full speed, no worker running; then the queue is flushed."""
+    asyncio.run(submit_rate(HOST, fleet.port, min(200, plan.num_submit_jobs), plan.num_submit_clients))  # warm-up
+    cpu0 = fleet.cpu_seconds()
+    sub = asyncio.run(submit_rate(HOST, fleet.port, plan.num_submit_jobs, plan.num_submit_clients))
+    cpu1 = fleet.cpu_seconds()
+    _flush(fleet.redis_url)
+    log.info("submit, %d gateway processes: %.0f jobs/s", fleet.num_gateway_procs, sub.jobs_per_s)
+    return {
+        "phase": "submit", "system": f"gateway_x{fleet.num_gateway_procs}", "concurrency": plan.num_submit_clients,
+        "ops_per_s": sub.jobs_per_s, "num_jobs": sub.num_jobs,
+        "client_cpu_ms_per_job": sub.client_cpu_s / sub.num_jobs * 1e3,
+        "gateway_cpu_ms_per_job": (cpu1["gateway"] - cpu0["gateway"]) / sub.num_jobs * 1e3,
+        "redis_cpu_ms_per_job": (cpu1["redis"] - cpu0["redis"]) / sub.num_jobs * 1e3,
+    }
+
+
+def _submit_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    ceiling = {r["system"]: r for r in rows if r["phase"] == "ceiling"}
+    submits = {r["system"]: r for r in rows if r["phase"] == "submit"}
+    best = max(submits.values(), key=lambda r: r["ops_per_s"])
+    xadd = ceiling["redis_xadd_pipelined"]["ops_per_s"]
+    script = ceiling["redis_submit_script_pipelined"]["ops_per_s"]
+    ratios = {
+        "submit_rate_jobs_s": best["ops_per_s"],  # the best gateway setup of this run (see its row)
+        "submit_gateway_procs": float(best["system"].rsplit("x", 1)[1]),
+        "xadd_ceiling_ops_s": xadd,
+        "submit_rate_vs_xadd_ceiling": best["ops_per_s"] / xadd,
+        "submit_script_ceiling_jobs_s": script,
+        "submit_rate_vs_script_ceiling": best["ops_per_s"] / script,
+        "submit_client_cpu_ms_per_job": best["client_cpu_ms_per_job"],
+        "submit_gateway_cpu_ms_per_job": best["gateway_cpu_ms_per_job"],
+    }
+    for name, row in submits.items():
+        ratios[f"submit_rate_jobs_s_{name}"] = row["ops_per_s"]
+    return ratios
+
+
+def _flush(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+def _engine_info(cfg: Any, plan: E2EBenchPlan) -> dict[str, Any]:
+    return {
+        "engine_torch_threads": plan.num_engine_threads,
+        "speculative_method": cfg.speculative_method,
+        "max_num_seqs": cfg.max_num_seqs,
+        "gateway_procs": plan.num_gateway_procs,
+        "max_tokens": plan.max_tokens,
+        **{k: v for k, v in dataclasses.asdict(plan).items() if k.startswith("num_")},
+    }

@@ -1,0 +1,139 @@
+"""TTFT and time per output token of one request mix, two ways:
+
+- fleet: N closed-loop clients, each POSTs /v1/jobs, opens the job's SSE stream and reads it to the end, then
+  sends its next request. TTFT = POST sent -> first token event read (client clock); TPOT = (last token event
+  - first token event) / (tokens - 1).
+- engine: the same N closed-loop "clients" straight into an in-process Engine (no Redis, no HTTP): a client's
+  next request is added in the step its previous one finished. TTFT = add_request -> the step output carrying
+  its first token; TPOT likewise.
+"""
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.schemas import EventType, JobRequest
+from workers.bench.http_client import Connection, get_request, post_request
+from workers.worker.prompts import engine_prompt, sampling_params
+
+PROMPTS = ("def parse(argv):", "import os\n", "class Queue:", "for i in range(", "The quick brown fox")
+
+
+def request_mix(num: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Greedy, EOS ignored (every request emits exactly max_tokens), prompts cycled."""
+    return [
+        {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        for i in range(num)
+    ]
+
+
+@dataclass
+class Timings:
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    num_tokens: int = 0
+    elapsed_s: float = 0.0
+
+    def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int) -> None:
+        self.ttft_s.append(first_s - start_s)
+        if num_tokens > 1:
+            self.tpot_s.append((last_s - first_s) / (num_tokens - 1))
+        self.num_tokens += num_tokens
+
+
+def percentile_ms(values: list[float], q: float) -> float:
+    """q in [0, 100], nearest-rank on the sorted values; milliseconds."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index] * 1e3
+
+
+def summary(t: Timings) -> dict[str, float]:
+    return {
+        "ttft_ms_p50": percentile_ms(t.ttft_s, 50),
+        "ttft_ms_p99": percentile_ms(t.ttft_s, 99),
+        "tpot_ms_p50": percentile_ms(t.tpot_s, 50),
+        "tpot_ms_p99": percentile_ms(t.tpot_s, 99),
+        "tokens_per_s": t.num_tokens / t.elapsed_s if t.elapsed_s else 0.0,
+        "num_requests": float(len(t.ttft_s)),
+        "ttft_ms_mean": statistics.fmean(t.ttft_s) * 1e3 if t.ttft_s else 0.0,
+    }
+
+
+# -- fleet -------------------------------------------------------------------------------------------------
+async def _fleet_client(host: str, port: int, bodies: list[dict[str, Any]], timings: Timings) -> None:
+    """One keep-alive connection: POST, then GET the job's stream to its end, then the next request."""
+    hostport = f"{host}:{port}"
+    conn = await Connection(host, port).open()
+    try:
+        for body in bodies:
+            start = time.perf_counter()
+            status, raw = await conn.request(post_request(hostport, "/v1/jobs", body))
+            if status != 202:
+                raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
+            job_id = json.loads(raw)["id"]
+            first = last = 0.0
+            num_tokens = 0
+            async for frame in conn.sse(get_request(hostport, f"/v1/jobs/{job_id}/stream")):
+                if frame.event == EventType.TOKEN.value:
+                    last = time.perf_counter()
+                    first = first or last
+                    num_tokens += len(json.loads(frame.data)["token_ids"])
+                elif frame.event == EventType.ERROR.value:
+                    raise RuntimeError(f"job {job_id} failed: {frame.data}")
+            timings.add(start, first, last, num_tokens)
+    finally:
+        await conn.close()
+
+
+async def run_fleet(host: str, port: int, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
+    """`bodies` split over `num_clients` closed-loop clients (client i takes bodies i, i+N, ...)."""
+    timings = Timings()
+    start = time.perf_counter()
+    await asyncio.gather(*(_fleet_client(host, port, bodies[i::num_clients], timings) for i in range(num_clients)))
+    timings.elapsed_s = time.perf_counter() - start
+    return timings
+
+
+# -- engine in-process ----------------------------------------------------------------------------------------
+def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
+    """The same closed loop against an in-process Engine (workers.engine.engine.Engine)."""
+    queues = [bodies[i::num_clients] for i in range(num_clients)]
+    live: dict[str, list[float]] = {}  # request id -> [start, first, last, num_tokens]
+    timings = Timings()
+    num_started = 0
+
+    def add_next(client: int) -> None:
+        nonlocal num_started
+        if not queues[client]:
+            return
+        request = JobRequest.model_validate(queues[client].pop(0))
+        request_id = f"c{client}-{num_started}"
+        num_started += 1
+        live[request_id] = [time.perf_counter(), 0.0, 0.0, 0.0]
+        engine.add_request(request_id, engine_prompt(request, engine.tokenizer, []),
+                           sampling_params(request, request.max_tokens))
+
+    start = time.perf_counter()
+    for client in range(num_clients):
+        add_next(client)
+    while engine.num_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            entry = live[out.request_id]
+            if out.new_token_ids:
+                entry[1] = entry[1] or now
+                entry[2] = now
+                entry[3] += len(out.new_token_ids)
+            if out.finished:
+                timings.add(entry[0], entry[1], entry[2], int(entry[3]))
+                del live[out.request_id]
+                add_next(int(out.request_id[1:].split("-")[0]))
+    timings.elapsed_s = time.perf_counter() - start
+    return timings

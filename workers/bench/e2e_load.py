@@ -1,0 +1,152 @@
+"""Gateway load: submit rate (no worker running), Redis ceilings measured in the same run, and many SSE streams
+held at once with every token counted."""
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+
+from gateway.store import submit_call
+from shared import lua
+from shared.schemas import EventType, JobRequest
+from shared.settings import ServiceSettings
+from workers.bench.http_client import Connection, cpu_seconds, get_request, post_request
+
+REDIS_PIPELINE = 16  # commands per pipeline in the ceiling loops (as NOTES-CPU.md's redis-benchmark -P 16)
+SUBMIT_BODY = {"prompt": "def parse(argv):", "max_tokens": 16, "temperature": 0, "priority": "batch"}
+
+
+@dataclass
+class SubmitResult:
+    num_jobs: int
+    elapsed_s: float
+    client_cpu_s: float  # this process while it ran the clients
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.num_jobs / self.elapsed_s
+
+
+async def _submitter(host: str, port: int, raw: bytes, remaining: list[int]) -> None:
+    conn = await Connection(host, port).open()
+    try:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            status, body = await conn.request(raw)
+            if status != 202:
+                raise RuntimeError(f"submit answered {status}: {body[:200]!r}")
+    finally:
+        await conn.close()
+
+
+async def submit_rate(host: str, port: int, num_jobs: int, num_clients: int) -> SubmitResult:
+    """`num_clients` keep-alive connections POST /v1/jobs, one request in flight each, `num_jobs` in all."""
+    raw = post_request(f"{host}:{port}", "/v1/jobs", SUBMIT_BODY)
+    remaining = [num_jobs]
+    cpu0, start = cpu_seconds(), time.perf_counter()
+    await asyncio.gather(*(_submitter(host, port, raw, remaining) for _ in range(num_clients)))
+    return SubmitResult(num_jobs, time.perf_counter() - start, cpu_seconds() - cpu0)
+
+
+def _resp(*parts: str) -> bytes:
+    """One Redis command in RESP."""
+    out = [f"*{len(parts)}\r\n".encode()]
+    for part in parts:
+        data = part.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def xadd_ceiling(redis_url: str, num: int) -> float:
+    """XADDs per second, redis-benchmark style: raw RESP over one socket, pipelines of REDIS_PIPELINE (no
+    client library in the way: each reply is one bulk string, two CRLF-terminated lines)."""
+    parsed = urlparse(redis_url)
+    batch = _resp("XADD", "bench:xadd", "*", "id", uuid.uuid4().hex) * REDIS_PIPELINE
+    num_batches = max(1, num // REDIS_PIPELINE)
+    with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379)) as sock:
+        start = time.perf_counter()
+        for _ in range(num_batches):
+            sock.sendall(batch)
+            pending = 2 * REDIS_PIPELINE  # reply lines still to read
+            while pending:
+                data = sock.recv(65536)
+                if not data or data.startswith(b"-"):
+                    raise RuntimeError(f"XADD failed: {data[:200]!r}")
+                pending -= data.count(b"\r\n")
+        elapsed_s = time.perf_counter() - start
+        sock.sendall(_resp("DEL", "bench:xadd"))
+        sock.recv(64)
+    return num_batches * REDIS_PIPELINE / elapsed_s
+
+
+def submit_script_ceiling(redis_url: str, num: int, settings: ServiceSettings) -> float:
+    """The gateway's SUBMIT script (hash + enqueue + idempotency + limit) per second, pipelined: Redis's own
+    cost of one job, with no HTTP in front of it."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    script = client.register_script(lua.SUBMIT)
+    request = JobRequest.model_validate(SUBMIT_BODY)
+    calls = [submit_call(request, uuid.uuid4().hex, None, settings) for _ in range(num)]
+    try:
+        start = time.perf_counter()
+        for i in range(0, num, REDIS_PIPELINE):
+            pipe = client.pipeline(transaction=False)
+            for keys_, args in calls[i : i + REDIS_PIPELINE]:
+                script(keys=keys_, args=args, client=pipe)
+            pipe.execute()
+        return num / (time.perf_counter() - start)
+    finally:
+        client.close()
+
+
+# -- SSE ---------------------------------------------------------------------------------------------------
+@dataclass
+class StreamCount:
+    num_streams: int = 0
+    num_open: int = 0
+    peak_open: int = 0
+    num_token_events: int = 0
+    lost_tokens: int = 0  # |tokens the job reports - tokens its stream carried|, summed over streams
+    num_failed: int = 0
+
+
+async def _follow(host: str, port: int, job_id: str, count: StreamCount) -> None:
+    conn = await Connection(host, port).open()
+    streamed = 0
+    try:
+        count.num_open += 1
+        count.peak_open = max(count.peak_open, count.num_open)
+        async for frame in conn.sse(get_request(f"{host}:{port}", f"/v1/jobs/{job_id}/stream")):
+            if frame.event == EventType.TOKEN.value:
+                count.num_token_events += 1
+                streamed += len(json.loads(frame.data)["token_ids"])
+            elif frame.event == EventType.DONE.value:
+                count.lost_tokens += abs(json.loads(frame.data)["usage"]["completion_tokens"] - streamed)
+            elif frame.event == EventType.ERROR.value:
+                count.num_failed += 1
+    finally:
+        count.num_open -= 1
+        await conn.close()
+
+
+async def hold_streams(host: str, port: int, num_streams: int, body: dict[str, Any]) -> StreamCount:
+    """Submit `num_streams` jobs, follow each on its own SSE connection (all opened at once), count tokens."""
+    raw = post_request(f"{host}:{port}", "/v1/jobs", body)
+    conn = await Connection(host, port).open()
+    job_ids = []
+    try:
+        for _ in range(num_streams):
+            status, answer = await conn.request(raw)
+            if status != 202:
+                raise RuntimeError(f"submit answered {status}: {answer[:200]!r}")
+            job_ids.append(json.loads(answer)["id"])
+    finally:
+        await conn.close()
+    count = StreamCount(num_streams=num_streams)
+    await asyncio.gather(*(_follow(host, port, job_id, count) for job_id in job_ids))
+    return count
