@@ -99,8 +99,16 @@ def worker(
         num_threads=num_threads,
     )
     engine = Engine.from_config(cfg)
+    metrics = None
+    if settings.worker_metrics_port:
+        from workers.worker.engine_metrics import EngineMetrics
+
+        metrics = EngineMetrics()
+        metrics.serve(settings.host, settings.worker_metrics_port)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
-    Worker(engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo").run()
+    Worker(
+        engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
+    ).run()
     client.close()
 
 

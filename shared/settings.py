@@ -88,6 +88,8 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back
+    # Prometheus /metrics of a worker process (workers/worker/engine_metrics.py) on `host`; 0 = off
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
 
     # webhooks (workers/tasks/webhooks.py); the secret only from the environment (SPECFLEET_WEBHOOK_SECRET)
     webhook_secret: SecretStr = SecretStr(DEV_WEBHOOK_SECRET)  # whsec_<base64>; refused outside dev

@@ -74,6 +74,7 @@ class Worker:
         burst: bool = False,
         model_name: str = "",
         params_factory: Callable[..., Any] = sampling_params,
+        metrics: Any = None,  # an EngineMetrics (workers/worker/engine_metrics.py), updated once per step
     ) -> None:
         self.engine = engine
         self.redis = client
@@ -82,6 +83,7 @@ class Worker:
         self.burst = burst  # exit once nothing is held and nothing is waiting (tests, batch runs)
         self.model_name = model_name
         self.params_factory = params_factory
+        self.metrics = metrics
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
         model_info = {
@@ -115,6 +117,8 @@ class Worker:
             for lease in leases:
                 self._admit(lease)
         outputs = self.engine.step() if self.running else []
+        if self.metrics is not None:
+            self.metrics.update(self.engine, outputs)
         finished, gone = self.emitter.emit(self.running, outputs)
         self.hooks.emitted(outputs)
         self._forget(finished)

@@ -1,0 +1,104 @@
+"""The worker's /metrics over real HTTP: a real `specfleet worker` process (tiny pair, speculating with its
+draft) runs jobs from a real Redis; its engine and speculation figures are scraped and parsed."""
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared import keys
+from shared.redis_server import free_port
+from shared.settings import ServiceSettings
+from tests.conftest import submit_job, wait_until
+from workers.worker.engine_metrics import SpecSnapshot, _accepted_length_histogram
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "SPECFLEET_WORKER_METRICS_PORT": str(port),
+        "SPECFLEET_IDLE_BLOCK_MS": "50",
+        "SPECFLEET_HEARTBEAT_INTERVAL_S": "0.2",
+    }
+    target, draft = tiny_pair
+    args = [sys.executable, "-m", "shared.cli", "worker", "--target", str(target), "--draft", str(draft),
+            "--name", "metrics-worker", "--num-threads", "1"]
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_until(lambda: proc.poll() is not None or client.zscore(keys.WORKERS_ZSET, "metrics-worker"),
+                   timeout_s=120, interval_s=0.05, what="the worker to heartbeat")
+        assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+        yield f"http://127.0.0.1:{port}/metrics"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+
+
+def _scrape(url: str) -> dict[str, list]:
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def _value(samples: dict[str, list], name: str) -> float:
+    return float(samples[name][0].value)
+
+
+def test_worker_serves_engine_and_speculation_metrics(
+    metrics_worker: str, rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    job_ids = [
+        submit_job(rclient, settings, prompt="def f(x):", max_tokens=24, temperature=0, ignore_eos=True,
+                   speculative="draft")
+        for _ in range(3)
+    ]
+    for job_id in job_ids:
+        wait_until(lambda j=job_id: rclient.hget(keys.job_hash(j), "status") == "succeeded", timeout_s=60,
+                   what=f"job {job_id} to succeed")
+    samples = wait_until(
+        lambda: (s := _scrape(metrics_worker)) and _value(s, "specfleet_engine_ttft_seconds_count") >= 3 and s,
+        timeout_s=10, what="three finished jobs in the scrape",
+    )
+    assert _value(samples, "specfleet_engine_time_per_output_token_seconds_count") >= 3
+    used, free = _value(samples, "specfleet_engine_kv_blocks_used"), _value(samples, "specfleet_engine_kv_blocks_free")
+    assert used >= 0 and free > 0
+    for gauge in ("specfleet_engine_batch_size", "specfleet_engine_waiting_seqs", "specfleet_engine_running_seqs"):
+        assert gauge in samples
+    steps = _value(samples, "specfleet_spec_steps_total")
+    assert steps > 0  # the draft proposed and the target verified
+    drafted = _value(samples, "specfleet_spec_draft_tokens_total")
+    accepted = _value(samples, "specfleet_spec_accepted_tokens_total")
+    assert 0 <= accepted <= drafted
+    assert _value(samples, "specfleet_spec_emitted_tokens_total") == accepted + steps  # one bonus/recovered each
+    assert _value(samples, "specfleet_spec_accepted_length_count") == steps  # one entry per sequence-step here
+    assert _value(samples, "specfleet_spec_accepted_length_sum") == accepted
+    positions = samples["specfleet_spec_acceptance_rate"]
+    assert positions and all(0.0 <= s.value <= 1.0 for s in positions)
+    assert _value(samples, "specfleet_spec_draft_seconds_total") > 0
+    assert _value(samples, "specfleet_spec_verify_seconds_total") > 0
+    assert "specfleet_spec_fallbacks_total" in samples
+
+
+def test_accepted_length_histogram_is_cumulative() -> None:
+    snapshot = SpecSnapshot(accepted_length_histogram={0: 5, 2: 3, 4: 1})
+    family = _accepted_length_histogram(snapshot.accepted_length_histogram)
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0": 5, "1": 5, "2": 8, "3": 8, "4": 9, "+Inf": 9}
+    total = next(s.value for s in family.samples if s.name.endswith("_sum"))
+    assert total == 2 * 3 + 4

@@ -1,0 +1,143 @@
+"""The worker's Prometheus metrics (DESIGN.md "Metrics"), served on `/metrics` at settings.worker_metrics_port.
+
+Updated once per worker step, in the worker's thread, from what the engine already counts: batch size, KV
+blocks, waiting/running sequences, TTFT and time per output token of finished jobs, and the speculation figures
+of `engine.speculator.stats`. The speculation figures are copied into a small snapshot each step (the HTTP
+thread never reads the engine's live dicts) and rendered at scrape time by a collector.
+"""
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class SpecSnapshot:
+    """engine.speculator.stats as of the last step."""
+
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0
+    per_position_acceptance: list[float] = field(default_factory=list)  # [draft position] accepted / verified
+    accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted per seq-step -> count
+    num_fallbacks: int = 0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    @classmethod
+    def of(cls, stats: Any) -> "SpecSnapshot":
+        counts = stats.counts
+        return cls(
+            num_steps=counts.num_steps,
+            num_drafted=counts.num_drafted,
+            num_accepted=counts.num_accepted,
+            num_emitted=counts.num_emitted,
+            per_position_acceptance=list(counts.per_position_acceptance()),
+            accepted_length_histogram=dict(stats.accepted_length_histogram),
+            num_fallbacks=stats.num_fallbacks,
+            draft_time_s=stats.draft_time_s,
+            verify_time_s=stats.verify_time_s,
+        )
+
+
+class SpecCollector(Collector):
+    def __init__(self) -> None:
+        self.snapshot = SpecSnapshot()
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.snapshot  # one reference: replaced whole by the worker thread, never mutated
+        for name, doc, value in (
+            ("specfleet_spec_steps", "Verification steps that carried draft tokens", s.num_steps),
+            ("specfleet_spec_draft_tokens", "Draft tokens proposed", s.num_drafted),
+            ("specfleet_spec_accepted_tokens", "Draft tokens accepted", s.num_accepted),
+            ("specfleet_spec_emitted_tokens", "Tokens emitted by speculative steps", s.num_emitted),
+            ("specfleet_spec_fallbacks", "Sequences that fell back to plain decoding", s.num_fallbacks),
+            ("specfleet_spec_draft_seconds", "Time spent drafting", s.draft_time_s),
+            ("specfleet_spec_verify_seconds", "Target forward + verification time of speculative steps",
+             s.verify_time_s),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        per_position = GaugeMetricFamily(
+            "specfleet_spec_acceptance_rate", "Acceptance rate per draft position (0 = first)", labels=["position"]
+        )
+        for position, rate in enumerate(s.per_position_acceptance):
+            per_position.add_metric([str(position)], rate)
+        yield per_position
+        yield _accepted_length_histogram(s.accepted_length_histogram)
+
+
+def _accepted_length_histogram(counts: dict[int, int]) -> HistogramMetricFamily:
+    """Draft tokens accepted per sequence-step, one bucket per length (le=0, 1, 2, ...)."""
+    buckets: list[tuple[str, float]] = []
+    cumulative = 0
+    for length in range(max(counts, default=0) + 1):
+        cumulative += counts.get(length, 0)
+        buckets.append((str(length), cumulative))
+    buckets.append(("+Inf", cumulative))
+    total = sum(length * n for length, n in counts.items())
+    return HistogramMetricFamily(
+        "specfleet_spec_accepted_length", "Draft tokens accepted per sequence-step", buckets=buckets,
+        sum_value=total,
+    )
+
+
+class EngineMetrics:
+    """One per worker process; `update(engine, outputs)` after each engine step, `serve(host, port)` once."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.batch_size = Gauge("specfleet_engine_batch_size", "Sequences advanced by the last step", registry=r)
+        self.kv_blocks_used = Gauge("specfleet_engine_kv_blocks_used", "KV cache blocks in use", registry=r)
+        self.kv_blocks_free = Gauge("specfleet_engine_kv_blocks_free", "KV cache blocks free", registry=r)
+        self.waiting = Gauge("specfleet_engine_waiting_seqs", "Sequences waiting to start", registry=r)
+        self.running = Gauge("specfleet_engine_running_seqs", "Sequences running", registry=r)
+        self.ttft = Histogram("specfleet_engine_ttft_seconds", "Time to first token of finished requests",
+                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.tpot = Histogram("specfleet_engine_time_per_output_token_seconds",
+                              "Decode time per output token of finished requests", buckets=TPOT_BUCKETS_S,
+                              registry=r)
+        self.spec = SpecCollector()
+        r.register(self.spec)
+        self._num_spec_steps_seen = -1
+
+    def update(self, engine: Any, outputs: list[Any]) -> None:
+        """Cheap: a few gauge sets, one observation per finished request, and a snapshot copy only when the
+        speculation counters moved."""
+        self.batch_size.set(len(outputs))
+        blocks = engine.block_manager
+        self.kv_blocks_free.set(blocks.num_free_blocks)
+        self.kv_blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
+        self.waiting.set(len(engine.scheduler.waiting))
+        self.running.set(len(engine.scheduler.running))
+        for out in _finished(outputs):
+            if "ttft_ms" in out.metrics:
+                self.ttft.observe(out.metrics["ttft_ms"] / 1e3)
+            if out.metrics.get("tokens_per_s", 0.0) > 0:
+                self.tpot.observe(1.0 / out.metrics["tokens_per_s"])
+        stats = engine.speculator.stats
+        if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
+            self._num_spec_steps_seen = stats.counts.num_steps
+            self.spec.snapshot = SpecSnapshot.of(stats)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve /metrics in a background thread; returns the port (useful with port 0)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        bound = int(server.server_port)
+        log.info("worker metrics at http://%s:%d/metrics", host, bound)
+        return bound
+
+
+def _finished(outputs: list[Any]) -> Iterator[Any]:
+    return (out for out in outputs if out.finished)
