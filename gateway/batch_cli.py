@@ -6,7 +6,6 @@ or on an API error; Ctrl-C while waiting leaves the batch running and prints how
 """
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -14,42 +13,23 @@ from typing import Annotated, Any
 
 import typer
 
+from gateway.cli import UrlOpt, call, gateway_url
+
 batch_app = typer.Typer(
     no_args_is_help=True, help="Batch files (OpenAI Batch JSONL): submit, watch, results."
 )
 
-UrlOpt = Annotated[
-    str | None, typer.Option("--url", help="Gateway URL (default: $SPECFLEET_URL or host:port)")
-]
 OutOpt = Annotated[Path | None, typer.Option("-o", "--output", help="Write the results JSONL here")]
 POLL_S = 0.5
+TIMEOUT_S = 60.0  # per HTTP call (an upload can be large)
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 EXIT_INTERRUPTED = 130
 
 
-def _gateway_url(url: str | None) -> str:
-    if url:
-        return url
-    if os.environ.get("SPECFLEET_URL"):
-        return os.environ["SPECFLEET_URL"]
-    from shared.settings import get_settings
-
-    settings = get_settings()
-    return f"http://{settings.host}:{settings.port}"
-
-
 def _client(url: str | None):  # type: ignore[no-untyped-def]  # noqa: ANN202
-    from gateway.batch_client import BatchClient
+    from gateway.client import FleetClient
 
-    return BatchClient(_gateway_url(url))
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    body = getattr(exc, "body", None)
-    for line_error in (body or {}).get("error", {}).get("data", []):
-        typer.echo(f"  line {line_error['line']}: {line_error['code']}: {line_error['message']}", err=True)
-    return typer.Exit(1)
+    return FleetClient(gateway_url(url), timeout_s=TIMEOUT_S)
 
 
 def _watch(client: Any, batch: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +47,7 @@ def _watch(client: Any, batch: dict[str, Any]) -> dict[str, Any]:
             if batch["status"] in TERMINAL:
                 return batch
             time.sleep(POLL_S)
-            batch = client.get(batch["id"])
+            batch = client.get_batch(batch["id"])
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -84,7 +64,7 @@ def _watch(client: Any, batch: dict[str, Any]) -> dict[str, Any]:
 
 def _write_results(client: Any, batch_id: str, output: Path) -> None:
     with output.open("wb") as f:
-        for chunk in client.results(batch_id):
+        for chunk in client.batch_results(batch_id):
             f.write(chunk)
     typer.echo(f"results written to {output}", err=True)
 
@@ -114,14 +94,9 @@ def submit(
     url: UrlOpt = None,
 ) -> None:
     """Submit a batch file; print its id (with --wait: watch it, then write -o results)."""
-    from gateway.client import FleetApiError as ApiError
-
     meta = dict(item.split("=", 1) for item in metadata or [] if "=" in item)
     with _client(url) as client:
-        try:
-            batch = client.submit(file, webhook=webhook, metadata=meta)
-        except ApiError as exc:
-            raise _fail(exc) from exc
+        batch = call(lambda: client.submit_batch(file, webhook=webhook, metadata=meta))
         typer.echo(batch["id"])
         if wait:
             _finish(client, _watch(client, batch), output)
@@ -135,45 +110,33 @@ def status(
     url: UrlOpt = None,
 ) -> None:
     """Print the batch as JSON (with --wait: watch it until it ends, then write -o results)."""
-    from gateway.client import FleetApiError as ApiError
-
     with _client(url) as client:
-        try:
-            batch = client.get(batch_id)
-            if not wait:
-                typer.echo(json.dumps(batch, indent=2))
-                return
-            _finish(client, _watch(client, batch), output)
-        except ApiError as exc:
-            raise _fail(exc) from exc
+        batch = call(lambda: client.get_batch(batch_id))
+        if not wait:
+            typer.echo(json.dumps(batch, indent=2))
+            return
+        call(lambda: _finish(client, _watch(client, batch), output))
 
 
 @batch_app.command()
 def results(batch_id: str, output: OutOpt = None, url: UrlOpt = None) -> None:
     """Write the results JSONL (lines finished so far) to -o, or to stdout."""
-    from gateway.client import FleetApiError as ApiError
+    def write() -> None:
+        if output is not None:
+            _write_results(client, batch_id, output)
+            return
+        for chunk in client.batch_results(batch_id):
+            sys.stdout.buffer.write(chunk)
 
     with _client(url) as client:
-        try:
-            if output is not None:
-                _write_results(client, batch_id, output)
-                return
-            for chunk in client.results(batch_id):
-                sys.stdout.buffer.write(chunk)
-        except ApiError as exc:
-            raise _fail(exc) from exc
+        call(write)
 
 
 @batch_app.command()
 def cancel(batch_id: str, url: UrlOpt = None) -> None:
     """Cancel a batch: queued lines are cancelled, running ones finish."""
-    from gateway.client import FleetApiError as ApiError
-
     with _client(url) as client:
-        try:
-            typer.echo(client.cancel(batch_id)["status"])
-        except ApiError as exc:
-            raise _fail(exc) from exc
+        typer.echo(call(lambda: client.cancel_batch(batch_id))["status"])
 
 
 @batch_app.command("list")
@@ -183,13 +146,8 @@ def list_batches(
     url: UrlOpt = None,
 ) -> None:
     """List batches, newest first: id, status, completed/failed/total."""
-    from gateway.client import FleetApiError as ApiError
-
     with _client(url) as client:
-        try:
-            page = client.list(limit, after)
-        except ApiError as exc:
-            raise _fail(exc) from exc
+        page = call(lambda: client.list_batches(limit, after))
     for batch in page["data"]:
         c = batch["request_counts"]
         typer.echo(f"{batch['id']}  {batch['status']:<11} {c['completed']}/{c['failed']}/{c['total']}")

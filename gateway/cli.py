@@ -15,7 +15,7 @@ UrlOpt = Annotated[
 ]
 
 
-def _gateway_url(url: str | None) -> str:
+def gateway_url(url: str | None) -> str:
     if url:
         return url
     if os.environ.get("SPECFLEET_URL"):
@@ -135,8 +135,8 @@ def submit(
     }
     if speculative is not None:
         body["speculative"] = speculative
-    with FleetClient(_gateway_url(url)) as client:
-        job = _call(lambda: client.submit(body, idempotency_key=idempotency_key))
+    with FleetClient(gateway_url(url)) as client:
+        job = call(lambda: client.submit(body, idempotency_key=idempotency_key))
         if not stream:
             typer.echo(job["id"])
             return
@@ -147,8 +147,8 @@ def status(job_id: str, url: UrlOpt = None) -> None:
     """Print the job as JSON."""
     from gateway.client import FleetClient
 
-    with FleetClient(_gateway_url(url)) as client:
-        typer.echo(json.dumps(_call(lambda: client.get(job_id)), indent=2))
+    with FleetClient(gateway_url(url)) as client:
+        typer.echo(json.dumps(call(lambda: client.get(job_id)), indent=2))
 
 
 def stream(
@@ -159,7 +159,7 @@ def stream(
     """Stream a job's text as it is generated."""
     from gateway.client import FleetClient
 
-    with FleetClient(_gateway_url(url)) as client:
+    with FleetClient(gateway_url(url)) as client:
         _print_stream(client, job_id, last_event_id)
 
 
@@ -167,18 +167,27 @@ def cancel(job_id: str, url: UrlOpt = None) -> None:
     """Cancel a queued or running job."""
     from gateway.client import FleetClient
 
-    with FleetClient(_gateway_url(url)) as client:
-        typer.echo(_call(lambda: client.cancel(job_id))["status"])
+    with FleetClient(gateway_url(url)) as client:
+        typer.echo(call(lambda: client.cancel(job_id))["status"])
 
 
-def _call(fn):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+def fail(exc: Exception) -> typer.Exit:
+    """Print an API error (and each bad line of a refused batch) on stderr; the Exit to raise."""
+    typer.echo(f"error: {exc}", err=True)
+    body = getattr(exc, "body", None)
+    for line_error in (body or {}).get("error", {}).get("data", []):
+        typer.echo(f"  line {line_error['line']}: {line_error['code']}: {line_error['message']}", err=True)
+    return typer.Exit(1)
+
+
+def call(fn):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+    """fn(), with an API error printed by `fail` (exit status 1)."""
     from gateway.client import FleetApiError
 
     try:
         return fn()
     except FleetApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise fail(exc) from exc
 
 
 def _print_stream(client, job_id: str, last_event_id: str | None) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
@@ -197,7 +206,7 @@ def _print_stream(client, job_id: str, last_event_id: str | None) -> None:  # ty
                 typer.echo(f"\n[{event.data['status']}: {event.data['error']['message']}]", err=True)
                 raise typer.Exit(1)
 
-    _call(run)
+    call(run)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,10 @@
-"""A small synchronous client of the gateway's HTTP API (the CLI's submit/status/stream/cancel, tests, bench)."""
+"""A small synchronous client of the gateway's HTTP API: jobs (the CLI's submit/status/stream/cancel, tests) and
+batches (`specfleet batch ...`)."""
 
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,11 +39,14 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
 
 
 class FleetApiError(Exception):
+    """An error answer; `body` keeps all of it (a refused batch lists every bad line in `error.data`)."""
+
     def __init__(self, status_code: int, body: dict[str, Any]) -> None:
         error = body.get("error", {})
         super().__init__(f"{status_code} {error.get('code', '?')}: {error.get('message', body)}")
         self.status_code = status_code
         self.code = error.get("code")
+        self.body = body
 
 
 class FleetClient:
@@ -93,3 +98,37 @@ class FleetClient:
                 response.read()
                 self._json(response)
             yield from iter_sse(response.iter_lines())
+
+    # -- batches ----------------------------------------------------------------------------------------------
+    def submit_batch(
+        self, path: Path, webhook: str | None = None, metadata: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Upload a JSONL file (multipart) -> the batch."""
+        data: dict[str, str] = {}
+        if webhook:
+            data["webhook"] = webhook
+        if metadata:
+            data["metadata"] = json.dumps(metadata)
+        with path.open("rb") as f:
+            files = {"file": (path.name, f, "application/jsonl")}
+            return self._json(self.http.post("/v1/batches", files=files, data=data))
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/batches/{batch_id}"))
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json(self.http.post(f"/v1/batches/{batch_id}/cancel"))
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        params: dict[str, str | int] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return self._json(self.http.get("/v1/batches", params=params))
+
+    def batch_results(self, batch_id: str) -> Iterator[bytes]:
+        """The results file, streamed."""
+        with self.http.stream("GET", f"/v1/batches/{batch_id}/results") as response:
+            if response.status_code >= 400:
+                response.read()
+                self._json(response)
+            yield from response.iter_bytes()
