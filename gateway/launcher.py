@@ -1,9 +1,10 @@
 """`specfleet up`: the embedded default in one command, stopped in order with no orphan process.
 
     private redis-server (AOF on; skipped when REDIS_URL is set) -> demo models (built if missing)
-    -> one worker -> the gateway; then print the URL and a curl example and wait.
+    -> the Celery worker (webhooks, batches) -> one worker -> the gateway; then print the URL and wait.
 
-Ctrl-C / SIGTERM stops the gateway, then the worker (it hands unfinished jobs back to the queue), then Redis.
+Ctrl-C / SIGTERM stops the gateway, then the worker (it hands unfinished jobs back to the queue), then the
+Celery worker (unfinished tasks stay in Redis: acks_late), then Redis.
 Children run in their own process groups (so a terminal's Ctrl-C reaches only this process, which stops them
 in that order) and get SIGTERM if this process dies anyway (PR_SET_PDEATHSIG).
 """
@@ -54,6 +55,7 @@ class Fleet:
             redis_url = self._start_redis()
             env = {**os.environ, "REDIS_URL": redis_url}
             self._ensure_models()
+            self._spawn("celery", ["tasks"], env)
             self._spawn("worker", self._worker_args(), env)
             self._wait_for_worker(redis_url)
             self._spawn("gateway", ["gateway", "--port", str(self.port)], env)

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
 from gateway.prompt_limit import PromptLimit
-from gateway.routes import health, jobs
+from gateway.routes import batches, health, jobs
 from gateway.store import JobStore
 from gateway.streaming import EventHub
 from shared.settings import ServiceSettings, get_settings
@@ -52,5 +52,6 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="specfleet", version="0.1.0", lifespan=lifespan, telemetry=telemetry)
     install_error_handlers(app)
     app.include_router(jobs.router)
+    app.include_router(batches.router)
     app.include_router(health.router)
     return app

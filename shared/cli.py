@@ -13,6 +13,8 @@ COMMAND_MODULES = (
     "workers.cli",  # generate, bench
     "workers.demo.cli",  # models build-demo / build-tiny
     "gateway.cli",  # up, gateway, worker, submit, status, stream, cancel
+    "gateway.batch_cli",  # batch submit|status|results|cancel|list
+    "workers.tasks.cli",  # tasks (the Celery worker)
 )
 
 app = typer.Typer(

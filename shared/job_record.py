@@ -6,6 +6,7 @@ from pydantic_core import from_json
 
 from shared.job_state import JobStatus
 from shared.schemas import ErrorInfo, Job, JobMetrics, JobOutput, JobUrls, Priority, Usage
+from shared.webhook_status import webhook_status_from
 
 
 def job_urls(base_url: str, job_id: str) -> JobUrls:
@@ -55,4 +56,5 @@ def job_from_fields(fields: dict[str, str], base_url: str) -> Job:
         else JobMetrics(),
         metadata=json.loads(fields.get("metadata") or "{}"),
         urls=job_urls(base_url, fields["id"]),
+        webhook_status=webhook_status_from(fields),
     )

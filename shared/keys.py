@@ -50,3 +50,45 @@ IDEMPOTENCY_TTL_S = 24 * 3600  # Idempotency-Key -> job id
 EVENTS_MAXLEN = 100_000  # approximate cap on one job's event stream
 WORKER_TTL_S = 15  # a worker whose heartbeat is older than this is not alive
 DEAD_LETTER_MAXLEN = 10_000
+
+
+# -- webhooks and batches: the Celery side (workers/tasks/) ------------------------------------------------
+# Every fleet process tells the Celery side what happened by appending a notice to ONE stream (a transactional
+# outbox: the job protocol's finish() appends `completed` atomically with the transition, see shared/lua.py);
+# a bridge inside the Celery worker turns notices into tasks (workers/tasks/outbox.py).
+OUTBOX_STREAM = f"{NAMESPACE}:outbox"  # fields: kind (job|batch), id, event, [status]
+OUTBOX_GROUP = "tasks"  # the consumer group of the Celery workers' bridges
+OUTBOX_MAXLEN = 100_000  # approximate cap
+CELERY_KEY_PREFIX = f"{NAMESPACE}:celery:"  # kombu's global_keyprefix: Celery's own keys live under it
+CELERY_QUEUE = "tasks"  # the Celery queue name (kombu prefixes it with CELERY_KEY_PREFIX)
+BATCHES_ZSET = f"{NAMESPACE}:batches"  # batch id -> created_at (listing, newest first)
+BATCH_PREFIX = f"{NAMESPACE}:batch:"
+WEBHOOK_FIELD_PREFIX = "webhook:"  # job/batch hash field prefix + event -> json outcome of its delivery
+
+
+def batch_hash(batch_id: str) -> str:
+    """The batch: status, `*_at` times, counts (total completed failed expanded), webhook, metadata."""
+    return BATCH_PREFIX + batch_id
+
+
+def batch_lines(batch_id: str) -> str:
+    """List of the batch's validated input lines (json), in input order; deleted once finalized."""
+    return BATCH_PREFIX + batch_id + ":lines"
+
+
+def batch_jobs(batch_id: str) -> str:
+    """Hash: line index -> job id, for every line already submitted as a job."""
+    return BATCH_PREFIX + batch_id + ":jobs"
+
+
+def batch_results(batch_id: str) -> str:
+    """Hash: line index -> result line (json), written as each line finishes."""
+    return BATCH_PREFIX + batch_id + ":results"
+
+
+def batch_line_idempotency(batch_id: str, line: int) -> str:
+    """The Idempotency-Key under which a batch line is submitted (re-expansion finds the same job)."""
+    return f"batch-{batch_id}-{line}"
+
+
+BATCH_RESULT_TTL_S = 7 * 24 * 3600  # a finished batch (status, results) is kept this long

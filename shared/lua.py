@@ -61,12 +61,16 @@ local function finish(ctx, job_id, to, attempt, fields, ev_type, ev_data)
   if entry then drop_entry(ctx, ctx.qprefix .. prio, entry) end
   local events = job .. ctx.evsuffix
   event(ctx, events, job_id, ev_type, ev_data)
+  -- outbox notice for the Celery side (webhooks, batches), atomic with the transition
+  redis.call('XADD', ctx.outbox, 'MAXLEN', '~', ctx.outbox_maxlen, '*', 'kind', 'job', 'id', job_id,
+    'event', 'completed', 'status', to)
   redis.call('EXPIRE', job, ctx.ttl)
   redis.call('EXPIRE', events, ctx.ttl)
   return 'ok'
 end
 
--- ARGV[1] of every script below is the json context: group, jprefix, evsuffix, chprefix, qprefix, maxlen, ttl
+-- ARGV[1] of every script below is the json context: group, jprefix, evsuffix, chprefix, qprefix, maxlen, ttl,
+-- outbox, outbox_maxlen
 local ctx = cjson.decode(ARGV[1])
 """
 )
@@ -82,6 +86,8 @@ def context(maxlen: int, ttl_s: int) -> str:
             "chprefix": keys.CHANNEL_PREFIX,
             "qprefix": keys.queue_stream(""),
             "cancel_channel": keys.CANCEL_CHANNEL,
+            "outbox": keys.OUTBOX_STREAM,
+            "outbox_maxlen": str(keys.OUTBOX_MAXLEN),
             "maxlen": str(maxlen),
             "ttl": str(ttl_s),
         }

@@ -25,6 +25,24 @@ class Message(BaseModel):
     content: str
 
 
+class WebhookEvent(StrEnum):
+    """Events a job's webhook may receive (Replicate's `webhook_events_filter`)."""
+
+    START = "start"  # the job started running
+    OUTPUT = "output"  # new output (throttled: settings.webhook_output_interval_ms)
+    COMPLETED = "completed"  # any terminal status: succeeded, failed, cancelled, expired
+
+
+class WebhookDelivery(BaseModel):
+    """The outcome of one webhook event's delivery (`webhook_status[event]` of a job or batch)."""
+
+    state: Literal["delivered", "failed", "gone"]  # gone: the receiver answered 410 (no more retries)
+    attempts: int
+    status_code: int | None = None  # of the last attempt; None when it got no HTTP answer
+    message: str | None = None  # why the last attempt failed
+    at: float  # unix seconds of the last attempt
+
+
 class JobRequest(BaseModel):
     """Body of `POST /v1/jobs`: a prompt or chat messages, sampling parameters and queueing options."""
 
@@ -44,6 +62,9 @@ class JobRequest(BaseModel):
     priority: Priority = Priority.DEFAULT
     ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`
     metadata: dict[str, str] = Field(default_factory=dict)
+    # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
+    webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
+    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent))
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":
@@ -120,6 +141,7 @@ class Job(BaseModel):
     metrics: JobMetrics = JobMetrics()
     metadata: dict[str, str] = Field(default_factory=dict)
     urls: JobUrls
+    webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None  # event -> its latest delivery
 
 
 class TokenEvent(BaseModel):

@@ -9,11 +9,12 @@ dependency in `gateway/deps.py`; `env` already says whether a default secret wou
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -21,6 +22,7 @@ from pydantic_settings import (
 
 from shared import keys
 from shared.schemas import Priority
+from shared.webhook_signing import DEV_WEBHOOK_SECRET
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "service.yaml"
@@ -84,6 +86,40 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back
+
+    # webhooks (workers/tasks/webhooks.py); the secret only from the environment (SPECFLEET_WEBHOOK_SECRET)
+    webhook_secret: SecretStr = SecretStr(DEV_WEBHOOK_SECRET)  # whsec_<base64>; refused outside dev
+    # hosts or CIDRs a webhook may reach although they are loopback/private/... (SSRF guard, shared/ssrf.py)
+    webhook_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_output_interval_ms: int = Field(default=500, ge=0)  # at most one `output` event per job per this
+    webhook_timeout_s: float = Field(default=10.0, gt=0)  # one delivery attempt
+    webhook_max_attempts: int = Field(default=8, ge=1)  # then the failure is recorded (`webhook_status`)
+    webhook_retry_base_s: float = Field(default=5.0, gt=0)  # backoff: base * 2^(attempt-1), jittered
+    webhook_retry_max_s: float = Field(default=600.0, gt=0)  # cap of one backoff (and of Retry-After)
+
+    # batches (gateway/routes/batches.py, workers/tasks/batches.py)
+    batch_max_lines: int = Field(default=50_000, ge=1)
+    batch_max_bytes: int = Field(default=100 * 2**20, ge=1)
+    batch_chunk_lines: int = Field(default=500, ge=1, le=5_000)  # lines submitted per expansion task
+    batch_completion_window_s: float = Field(default=24 * 3600.0, gt=0)  # lines not started by then expire
+    batch_result_ttl_s: int = Field(default=keys.BATCH_RESULT_TTL_S, ge=1)
+    batch_retry_s: float = Field(default=2.0, gt=0)  # expansion retry delay when the batch queue is full
+    # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
+    batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
+    celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
+
+    @field_validator("webhook_allow_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _no_default_secret_in_prod(self) -> "ServiceSettings":
+        if self.env != "dev" and self.webhook_secret.get_secret_value() == DEV_WEBHOOK_SECRET:
+            raise ValueError("set SPECFLEET_WEBHOOK_SECRET (whsec_...): the default secret is for dev only")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -22,6 +22,7 @@ from gateway.metrics import (
 )
 from gateway.store import JobStore, QueueFull
 from gateway.streaming import EventHub, sse_frame
+from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import Job, JobRequest
@@ -71,6 +72,7 @@ async def create_job(
     started = time.perf_counter()
     store, settings, base = gw.store, gw.settings, gw.base_url(request)
     await gw.prompt_limit.check(body)
+    await check_webhook(body.webhook, settings)
     try:
         submitted = await store.submit(body, idempotency_key)
     except QueueFull as exc:

@@ -67,7 +67,7 @@ def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path
             printed.append(lines.get(timeout=180))
         url = printed[-1].removeprefix("specfleet: gateway at ").strip()
         children = _children(up.pid)
-        assert len(children) == 3  # redis-server, worker, gateway
+        assert len(children) == 4  # redis-server, celery, worker, gateway
         job = httpx.post(
             f"{url}/v1/jobs",
             json={"prompt": "def f(x):", "max_tokens": 6, "temperature": 0},

@@ -44,3 +44,23 @@ def test_invalid_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECFLEET_MAX_DELIVERIES", "0")
     with pytest.raises(ValueError, match="max_deliveries"):
         ServiceSettings()
+
+
+def test_webhook_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.settings import ServiceSettings
+
+    monkeypatch.setenv("SPECFLEET_WEBHOOK_ALLOW_HOSTS", "127.0.0.1/8, ::1,hooks.internal")
+    monkeypatch.setenv("SPECFLEET_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    settings = ServiceSettings()
+    assert settings.webhook_allow_hosts == ["127.0.0.1/8", "::1", "hooks.internal"]
+    assert settings.webhook_secret.get_secret_value().startswith("whsec_MfKQ")
+    assert "whsec" not in repr(settings)
+
+
+def test_prod_refuses_the_dev_webhook_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.settings import ServiceSettings
+
+    with pytest.raises(ValueError, match="SPECFLEET_WEBHOOK_SECRET"):
+        ServiceSettings(env="prod")
+    monkeypatch.setenv("SPECFLEET_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    assert ServiceSettings(env="prod").env == "prod"

@@ -26,6 +26,7 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.worker.emitter import Emitter, Running
 from workers.worker.heartbeat import Heartbeat
+from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
 
@@ -89,6 +90,7 @@ class Worker:
             "model": model_name,
         }
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
+        self.hooks = JobHooks(client, settings)  # webhook start/output notices
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
         self._leases_lock = threading.Lock()
@@ -114,6 +116,7 @@ class Worker:
                 self._admit(lease)
         outputs = self.engine.step() if self.running else []
         finished, gone = self.emitter.emit(self.running, outputs)
+        self.hooks.emitted(outputs)
         self._forget(finished)
         self._drop(gone)
 
@@ -196,6 +199,7 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        self.hooks.started(lease.job_id, request)
         num_resumed = len(lease.resumed_token_ids)
         remaining = request.max_tokens - num_resumed
         try:
@@ -243,6 +247,7 @@ class Worker:
         self._forget(list(job_ids))
 
     def _forget(self, job_ids: list[str]) -> None:
+        self.hooks.forget(job_ids)
         with self._leases_lock:
             for job_id in job_ids:
                 self.leases.pop(job_id, None)

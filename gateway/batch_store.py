@@ -1,0 +1,102 @@
+"""The gateway's Redis side of batches: create (one MULTI: batch hash, lines, listing, `created` notice),
+read, list, results, cancel. The Celery side does the rest (workers/tasks/batches.py)."""
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+
+from shared import batch_lua, keys
+from shared.batch_format import BatchLine
+from shared.batch_state import BatchStatus
+from shared.outbox import BatchEvent, NoticeKind, notice_fields
+
+LINES_PER_PUSH = 1000
+RESULTS_PER_READ = 1000
+
+
+class BatchStore:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def create(
+        self, lines: list[BatchLine], webhook: str | None, metadata: dict[str, str], window_s: float
+    ) -> str:
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        created_s = time.time()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(
+            keys.batch_hash(batch_id),
+            mapping={
+                "id": batch_id,
+                "status": BatchStatus.VALIDATING.value,
+                "created_at": repr(created_s),
+                "expires_at": repr(created_s + window_s),
+                "total": len(lines),
+                "completed": 0,
+                "failed": 0,
+                "num_expired": 0,
+                "expanded": 0,
+                "expansion": "running",
+                "webhook": webhook or "",
+                "metadata": json.dumps(metadata),
+            },
+        )
+        for start in range(0, len(lines), LINES_PER_PUSH):
+            pipe.rpush(
+                keys.batch_lines(batch_id),
+                *[line.to_json() for line in lines[start : start + LINES_PER_PUSH]],
+            )
+        pipe.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
+        pipe.xadd(
+            keys.OUTBOX_STREAM,
+            notice_fields(NoticeKind.BATCH, batch_id, BatchEvent.CREATED.value),  # type: ignore[arg-type]
+            maxlen=keys.OUTBOX_MAXLEN,
+            approximate=True,
+        )
+        await pipe.execute()
+        return batch_id
+
+    async def get(self, batch_id: str) -> dict[str, str] | None:
+        fields: dict[str, str] = await self.redis.hgetall(keys.batch_hash(batch_id))  # type: ignore[assignment]
+        return fields or None
+
+    async def cancel(self, batch_id: str) -> str:
+        """-> 'ok' | 'missing' | the batch's current status."""
+        result = await self.redis.eval(  # type: ignore[misc]
+            batch_lua.CANCEL, 2, keys.batch_hash(batch_id), keys.OUTBOX_STREAM, batch_id, keys.OUTBOX_MAXLEN
+        )
+        return str(result)
+
+    async def page(self, limit: int, after: str | None) -> tuple[list[dict[str, str]], bool]:
+        """Up to `limit` batches, newest first, after batch `after` -> (batches, has_more)."""
+        start = 0
+        if after is not None:
+            rank: int | None = await self.redis.zrevrank(keys.BATCHES_ZSET, after)  # type: ignore[assignment]
+            start = 0 if rank is None else rank + 1
+        found: list[dict[str, str]] = []
+        while len(found) <= limit:
+            ids: list[str] = await self.redis.zrevrange(keys.BATCHES_ZSET, start, start + limit)  # type: ignore[assignment]
+            if not ids:
+                break
+            start += len(ids)
+            pipe = self.redis.pipeline(transaction=False)
+            for batch_id in ids:
+                pipe.hgetall(keys.batch_hash(batch_id))
+            for batch_id, fields in zip(ids, await pipe.execute(), strict=True):
+                if fields:
+                    found.append(fields)
+                else:  # expired after its result TTL
+                    await self.redis.zrem(keys.BATCHES_ZSET, batch_id)
+        return found[:limit], len(found) > limit
+
+    async def results(self, batch_id: str, total: int) -> AsyncIterator[bytes]:
+        """The result lines written so far, in input order, as JSONL."""
+        for start in range(0, total, RESULTS_PER_READ):
+            fields = [str(i) for i in range(start, min(total, start + RESULTS_PER_READ))]
+            values: list[str | None] = await self.redis.hmget(keys.batch_results(batch_id), fields)  # type: ignore[misc,assignment]
+            chunk = "".join(value + "\n" for value in values if value is not None)
+            if chunk:
+                yield chunk.encode()

@@ -1,0 +1,186 @@
+"""/v1/batches: submit a JSONL file (OpenAI Batch lines), read, list, results (JSONL), cancel."""
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from gateway.batch_store import BatchStore
+from gateway.deps import GatewayDep
+from gateway.errors import ERROR_RESPONSES, ApiError
+from gateway.webhook_guard import check_webhook
+from shared.batch_format import BatchTooLarge, parse_batch
+from shared.batch_schemas import (
+    Batch,
+    BatchErrorInfo,
+    BatchErrorResponse,
+    BatchList,
+    BatchOptions,
+    batch_from_fields,
+)
+from shared.batch_state import BatchStatus
+from shared.job_state import ErrorCode
+from shared.settings import ServiceSettings
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
+
+BatchId = Annotated[str, Path(pattern=r"^batch_[A-Za-z0-9]{1,64}$")]
+MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries around the file
+
+
+async def _store(gw: GatewayDep) -> BatchStore:
+    return BatchStore(gw.redis)
+
+
+StoreDep = Annotated[BatchStore, Depends(_store)]
+
+
+def _too_large(message: str) -> ApiError:
+    return ApiError(413, ErrorCode.INVALID_REQUEST, message, field="file")
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(f"the batch file is larger than {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _options(webhook: str | None, metadata: str | None, window_s: str | float | None) -> BatchOptions:
+    try:
+        return BatchOptions(
+            webhook=webhook or None,
+            metadata=json.loads(metadata) if metadata else {},
+            completion_window_s=float(window_s) if window_s not in (None, "") else None,
+        )
+    except (ValueError, ValidationError) as exc:
+        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise ApiError(422, ErrorCode.INVALID_REQUEST, f"batch options: {message}", field="metadata") from exc
+
+
+async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, BatchOptions]:
+    """The file and options: multipart (`file`, `webhook`, `metadata`, `completion_window_s` fields), or a
+    raw JSONL body with the options as query parameters."""
+    max_bytes = settings.batch_max_bytes
+    declared = request.headers.get("content-length")
+    is_multipart = request.headers.get("content-type", "").startswith("multipart/form-data")
+    if (
+        declared
+        and declared.isdigit()
+        and int(declared) > max_bytes + (MULTIPART_OVERHEAD_BYTES if is_multipart else 0)
+    ):
+        raise _too_large(f"the batch file is larger than {max_bytes} bytes")
+    if not is_multipart:
+        q = request.query_params
+        data = await _read_body(request, max_bytes)
+        return data, _options(q.get("webhook"), q.get("metadata"), q.get("completion_window_s"))
+    async with request.form(max_files=1, max_fields=8) as form:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(
+                422, ErrorCode.INVALID_REQUEST, "the multipart form needs a `file` part", field="file"
+            )
+        if upload.size is not None and upload.size > max_bytes:
+            raise _too_large(f"the batch file is larger than {max_bytes} bytes")
+        data = await upload.read()
+        fields = {name: form.get(name) for name in ("webhook", "metadata", "completion_window_s")}
+    return data, _options(*(v if isinstance(v, str) else None for v in fields.values()))
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Batch,
+    responses={422: {"model": BatchErrorResponse, "description": "bad lines: every one in error.data"}},
+)
+async def create_batch(
+    request: Request, response: Response, store: StoreDep, gw: GatewayDep
+) -> Batch | JSONResponse:
+    """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs."""
+    settings, base = gw.settings, gw.base_url(request)
+    data, options = await _input(request, settings)
+    try:
+        lines, errors = parse_batch(data, settings.batch_max_lines)
+    except BatchTooLarge as exc:
+        raise _too_large(str(exc)) from exc
+    if errors:
+        info = BatchErrorInfo(
+            code="invalid_batch",
+            message=f"{len(errors)} bad line(s); the batch was not accepted",
+            field="file",
+            data=errors,
+        )
+        return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
+    await check_webhook(options.webhook, settings)
+    window_s = options.completion_window_s or settings.batch_completion_window_s
+    batch_id = await store.create(lines, options.webhook, options.metadata, window_s)
+    batch = await _load(store, batch_id, base)
+    response.headers["Location"] = batch.urls.get
+    return batch
+
+
+async def _load(store: BatchStore, batch_id: str, base: str) -> Batch:
+    fields = await store.get(batch_id)
+    if fields is None:
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no batch {batch_id}", field="batch_id")
+    return batch_from_fields(fields, base)
+
+
+@router.get("", response_model=BatchList)
+async def list_batches(
+    request: Request,
+    store: StoreDep,
+    gw: GatewayDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(max_length=80)] = None,
+) -> BatchList:
+    """Batches, newest first; `after` = the last id of the previous page."""
+    rows, has_more = await store.page(limit, after)
+    data = [batch_from_fields(fields, gw.base_url(request)) for fields in rows]
+    return BatchList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+@router.get("/{batch_id}", response_model=Batch)
+async def get_batch(batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep) -> Batch:
+    """The batch: status, `*_at` times, live request_counts."""
+    return await _load(store, batch_id, gw.base_url(request))
+
+
+@router.get(
+    "/{batch_id}/results",
+    response_model=None,
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/jsonl": {}}, "description": "one result line per finished input"}
+    },
+)
+async def batch_results(
+    batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep
+) -> StreamingResponse:
+    """JSONL in input order: `custom_id` with `response{status_code, body}` or `error` (lines finished so far)."""
+    batch = await _load(store, batch_id, gw.base_url(request))
+    return StreamingResponse(
+        store.results(batch_id, batch.request_counts.total), media_type="application/jsonl"
+    )
+
+
+@router.post("/{batch_id}/cancel", response_model=Batch)
+async def cancel_batch(batch_id: BatchId, request: Request, store: StoreDep, gw: GatewayDep) -> Batch:
+    """Cancel: queued lines are cancelled, running ones finish; finished lines stay in the results."""
+    result = await store.cancel(batch_id)
+    if result == "missing":
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no batch {batch_id}", field="batch_id")
+    if result not in ("ok", BatchStatus.CANCELLING.value, BatchStatus.CANCELLED.value):
+        raise ApiError(409, ErrorCode.CONFLICT, f"batch {batch_id} can no longer be cancelled: {result}")
+    return await _load(store, batch_id, gw.base_url(request))

@@ -1,0 +1,109 @@
+"""The batch API's shapes (OpenAI Batch's object, with our webhook and urls) and the batch hash <-> `Batch`."""
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from shared.batch_state import BatchStatus
+from shared.schemas import MAX_METADATA_KEYS, ErrorInfo, WebhookDelivery, WebhookEvent
+from shared.webhook_status import webhook_status_from
+
+
+class BatchRequestCounts(BaseModel):
+    total: int
+    completed: int = 0  # lines whose job succeeded
+    failed: int = 0  # lines whose job failed, was cancelled or expired (or never started: cancelled batch)
+
+
+class BatchUrls(BaseModel):
+    get: str
+    results: str
+    cancel: str
+
+
+class Batch(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    status: BatchStatus
+    created_at: float  # unix seconds; the batch is `validating` from then
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    expired_at: float | None = None
+    cancelling_at: float | None = None
+    cancelled_at: float | None = None
+    expires_at: float  # lines not started by then expire
+    request_counts: BatchRequestCounts
+    metadata: dict[str, str] = Field(default_factory=dict)
+    webhook: str | None = None
+    webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None
+    urls: BatchUrls
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchLineError(BaseModel):
+    line: int  # 1-based line number in the input file
+    code: str
+    message: str
+
+
+class BatchErrorInfo(ErrorInfo):
+    data: list[BatchLineError] = Field(default_factory=list)
+
+
+class BatchErrorResponse(BaseModel):
+    """422 for a batch with bad lines: every bad line in `error.data`."""
+
+    error: BatchErrorInfo
+
+
+class BatchOptions(BaseModel):
+    """The non-file parts of `POST /v1/batches` (query parameters, or multipart form fields)."""
+
+    webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
+    completion_window_s: float | None = Field(None, gt=0)
+
+
+def batch_urls(base_url: str, batch_id: str) -> BatchUrls:
+    base = f"{base_url.rstrip('/')}/v1/batches/{batch_id}"
+    return BatchUrls(get=base, results=f"{base}/results", cancel=f"{base}/cancel")
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def batch_from_fields(fields: dict[str, str], base_url: str) -> Batch:
+    """The API view of a batch from its hash (HGETALL, decoded)."""
+    return Batch(
+        id=fields["id"],
+        status=BatchStatus(fields["status"]),
+        created_at=float(fields["created_at"]),
+        in_progress_at=_float(fields.get("in_progress_at")),
+        finalizing_at=_float(fields.get("finalizing_at")),
+        completed_at=_float(fields.get("completed_at")),
+        failed_at=_float(fields.get("failed_at")),
+        expired_at=_float(fields.get("expired_at")),
+        cancelling_at=_float(fields.get("cancelling_at")),
+        cancelled_at=_float(fields.get("cancelled_at")),
+        expires_at=float(fields["expires_at"]),
+        request_counts=BatchRequestCounts(
+            total=int(fields["total"]),
+            completed=int(fields.get("completed") or 0),
+            failed=int(fields.get("failed") or 0),
+        ),
+        metadata=json.loads(fields.get("metadata") or "{}"),
+        webhook=fields.get("webhook") or None,
+        webhook_status=webhook_status_from(fields),
+        urls=batch_urls(base_url, fields["id"]),
+    )

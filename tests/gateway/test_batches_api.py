@@ -1,0 +1,218 @@
+"""/v1/batches end to end: gateway (HTTP) -> Celery expansion -> engine worker (tiny model) -> results."""
+
+import json
+
+import httpx
+import pytest
+import redis
+
+from shared import keys
+from shared.settings import ServiceSettings
+from tests.conftest import PlayedWorker, ThreadedGateway, wait_until
+from tests.tasks_fixtures import CeleryWorker, EngineWorker, Receiver
+
+URLS = ("/v1/completions", "/v1/chat/completions", "/v1/jobs")
+
+
+@pytest.fixture
+def http(hook_settings: ServiceSettings, gateway: ThreadedGateway) -> httpx.Client:
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        yield client
+
+
+def request_line(i: int, url: str | None = None, max_tokens: int = 2) -> dict:
+    url = url or URLS[i % 3]
+    if url == "/v1/chat/completions":
+        body: dict = {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": max_tokens}
+    else:
+        body = {"prompt": f"def f{i}(", "max_tokens": max_tokens}
+    body.update(temperature=0)
+    return {"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body}
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def post_jsonl(http: httpx.Client, data: bytes, **params: str) -> httpx.Response:
+    return http.post(
+        "/v1/batches", content=data, params=params, headers={"content-type": "application/jsonl"}
+    )
+
+
+def wait_status(http: httpx.Client, batch_id: str, statuses: tuple[str, ...], timeout_s: float = 120) -> dict:
+    seen: list[dict] = []
+
+    def done() -> dict | None:
+        batch = http.get(f"/v1/batches/{batch_id}").json()
+        seen.append(batch["request_counts"])
+        return batch if batch["status"] in statuses else None
+
+    batch = wait_until(done, timeout_s, 0.05, f"batch {batch_id} to reach {statuses}")
+    for counts in seen:  # live counts never exceed the total
+        assert counts["completed"] + counts["failed"] <= counts["total"]
+    return batch
+
+
+def results(http: httpx.Client, batch_id: str) -> list[dict]:
+    response = http.get(f"/v1/batches/{batch_id}/results")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("application/jsonl")
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def test_a_200_line_batch_completes_with_one_result_per_custom_id(
+    http: httpx.Client, celery_worker: CeleryWorker, engine_worker: EngineWorker
+) -> None:
+    response = post_jsonl(http, jsonl([request_line(i) for i in range(200)]), metadata='{"run": "a"}')
+    assert response.status_code == 202, response.text
+    created = response.json()
+    assert created["status"] == "validating" and created["request_counts"] == {
+        "total": 200,
+        "completed": 0,
+        "failed": 0,
+    }
+    assert created["metadata"] == {"run": "a"} and response.headers["location"] == created["urls"]["get"]
+    batch = wait_status(http, created["id"], ("completed", "failed", "expired", "cancelled"))
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    assert batch["created_at"] <= batch["in_progress_at"] <= batch["finalizing_at"] <= batch["completed_at"]
+    lines = results(http, created["id"])
+    assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(200)]
+    shapes = {URLS[0]: "text_completion", URLS[1]: "chat.completion"}
+    for i, line in enumerate(lines):
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        if URLS[i % 3] in shapes:
+            assert body["object"] == shapes[URLS[i % 3]] and body["usage"]["completion_tokens"] == 2
+        else:
+            assert body["status"] == "succeeded" and body["metadata"]["custom_id"] == f"req-{i}"
+    job = http.get(f"/v1/jobs/{lines[0]['response']['request_id']}").json()
+    assert job["priority"] == "batch" and job["metadata"]["batch_id"] == created["id"]
+
+
+def test_bad_lines_are_all_named_and_nothing_is_created(http: httpx.Client) -> None:
+    lines = [
+        json.dumps(request_line(0)),
+        "{oops",
+        json.dumps(request_line(0)),
+        json.dumps({**request_line(3), "url": "/v1/x"}),
+    ]
+    response = post_jsonl(http, ("\n".join(lines) + "\n").encode())
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_batch" and "3 bad line" in error["message"]
+    assert [(d["line"], d["code"]) for d in error["data"]] == [
+        (2, "invalid_json"),
+        (3, "duplicate_custom_id"),
+        (4, "invalid_url"),
+    ]
+    assert http.get("/v1/batches").json()["data"] == []
+
+
+def test_size_limits_are_413(http: httpx.Client, hook_settings: ServiceSettings) -> None:
+    hook_settings.batch_max_lines = 3
+    assert post_jsonl(http, jsonl([request_line(i) for i in range(4)])).status_code == 413
+    hook_settings.batch_max_bytes = 200
+    response = post_jsonl(http, jsonl([request_line(i) for i in range(3)]))
+    assert response.status_code == 413 and response.json()["error"]["code"] == "invalid_request"
+    files = {"file": ("in.jsonl", jsonl([request_line(i) for i in range(3)]) * 30)}
+    assert http.post("/v1/batches", files=files).status_code == 413
+
+
+def test_private_batch_webhook_is_refused(http: httpx.Client) -> None:
+    response = post_jsonl(http, jsonl([request_line(0)]), webhook="http://192.168.0.10/hook")
+    assert response.status_code == 422 and response.json()["error"]["field"] == "webhook"
+
+
+def test_multipart_upload_and_the_batch_webhook(
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+) -> None:
+    files = {"file": ("in.jsonl", jsonl([request_line(i) for i in range(3)]), "application/jsonl")}
+    data = {"webhook": receiver.url + "/batch", "metadata": '{"team": "x"}'}
+    response = http.post("/v1/batches", files=files, data=data)
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+    calls = receiver.wait_for(lambda cs: len(cs) == 1, what="the batch webhook")
+    receiver.verify_all()
+    body = calls[0].json
+    assert body["id"] == batch_id and body["status"] == "completed" and body["metadata"] == {"team": "x"}
+    assert calls[0].headers["webhook-id"] == f"msg_{batch_id}_completed"
+    got = wait_until(
+        lambda: http.get(f"/v1/batches/{batch_id}").json()["webhook_status"], what="webhook_status"
+    )
+    assert got["completed"]["state"] == "delivered"
+
+
+def test_cancel_mid_batch_keeps_finished_results_and_cancels_the_rest(
+    http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, tmp_path
+) -> None:  # noqa: ANN001
+    hook_settings.queue_limits.batch = (
+        12  # expansion stalls at 12 waiting lines: some lines never become jobs
+    )
+    with CeleryWorker(hook_settings, tmp_path / "celery.log").start() as celery:
+        batch_id = post_jsonl(http, jsonl([request_line(i, "/v1/completions") for i in range(30)])).json()[
+            "id"
+        ]
+        wait_until(lambda: rclient.xlen(keys.queue_stream("batch")) >= 12, what="lines queued as jobs")
+        worker = PlayedWorker(rclient, hook_settings)
+        urgent = http.post("/v1/jobs", json={"prompt": "now", "priority": "interactive"}).json()["id"]
+        assert worker.take() == urgent  # interactive traffic overtakes the queued batch lines
+        worker.emit(urgent, [1], "x", finish_reason="length")
+        finished = [worker.take() for _ in range(3)]
+        for job_id in finished[:2]:
+            worker.emit(job_id, [7], "ok", finish_reason="length")
+        wait_status(http, batch_id, ("in_progress",))
+        cancelling = http.post(f"/v1/batches/{batch_id}/cancel").json()
+        assert cancelling["status"] == "cancelling" and cancelling["cancelling_at"] is not None
+        wait_until(
+            lambda: rclient.xlen(keys.queue_stream("batch")) == 1, what="queued lines cancelled"
+        )  # the running one
+        assert (
+            http.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelling"
+        )  # a running line still finishes
+        worker.emit(finished[2], [8], "ok", finish_reason="length")
+        batch = wait_status(http, batch_id, ("cancelled",), timeout_s=30)
+        assert celery.log()
+    assert batch["request_counts"] == {"total": 30, "completed": 3, "failed": 27}
+    assert batch["cancelled_at"] >= batch["cancelling_at"]
+    lines = results(http, batch_id)
+    assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(30)]
+    done = [line for line in lines if line["response"]]
+    assert sorted(line["response"]["request_id"] for line in done) == sorted(finished)
+    assert all(line["response"]["body"]["choices"][0]["text"] == "ok" for line in done)
+    assert {line["error"]["code"] for line in lines if not line["response"]} == {"cancelled"}
+    assert any(line["id"] is None for line in lines)  # lines the stalled expansion never submitted
+    again = http.post(f"/v1/batches/{batch_id}/cancel")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+
+
+def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client) -> None:
+    ids = [post_jsonl(http, jsonl([request_line(i)])).json()["id"] for i in range(3)]
+    first = http.get("/v1/batches", params={"limit": 2}).json()
+    assert [b["id"] for b in first["data"]] == ids[::-1][:2] and first["has_more"]
+    second = http.get("/v1/batches", params={"limit": 2, "after": first["last_id"]}).json()
+    assert [b["id"] for b in second["data"]] == [ids[0]] and not second["has_more"]
+    for method, path in [
+        ("GET", "/v1/batches/batch_nope"),
+        ("GET", "/v1/batches/batch_nope/results"),
+        ("POST", "/v1/batches/batch_nope/cancel"),
+    ]:
+        response = http.request(method, path)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_lines_whose_notices_were_lost_are_recovered(
+    http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, tmp_path
+) -> None:  # noqa: ANN001
+    with CeleryWorker(hook_settings, tmp_path / "celery-1.log").start():
+        batch_id = post_jsonl(http, jsonl([request_line(i, "/v1/jobs") for i in range(3)])).json()["id"]
+        wait_until(lambda: rclient.xlen(keys.queue_stream("batch")) == 3, what="the lines queued as jobs")
+    worker = PlayedWorker(rclient, hook_settings)  # run the jobs while no Celery worker is up ...
+    for _ in range(3):
+        worker.emit(worker.take(), [1], "x", finish_reason="length")
+    rclient.xtrim(keys.OUTBOX_STREAM, maxlen=0)  # ... and lose their notices
+    with CeleryWorker(hook_settings, tmp_path / "celery-2.log").start() as celery:
+        batch = wait_status(http, batch_id, ("completed",), timeout_s=30)
+        assert "recovered without their notice" in celery.log()
+    assert batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert len(results(http, batch_id)) == 3

@@ -1,0 +1,134 @@
+"""Batch input validation (every bad line named) and the OpenAI request/response translation."""
+
+import json
+
+import pytest
+
+from shared.batch_format import BatchLine, BatchTooLarge, parse_batch, result_line
+from shared.batch_state import TRANSITIONS, BatchStatus, can_transition
+from shared.job_record import job_urls
+from shared.job_state import JobStatus
+from shared.schemas import ErrorInfo, Job, JobOutput, Priority, Usage
+
+
+def line(custom_id: str, url: str = "/v1/completions", **body: object) -> str:
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": url, "body": body or {"prompt": "hi"}}
+    )
+
+
+def test_valid_lines_of_every_url() -> None:
+    data = "\n".join(
+        [
+            line("a", prompt="def f(", max_tokens=5, stop="\n", temperature=0),
+            line(
+                "b", "/v1/chat/completions", messages=[{"role": "user", "content": "hi"}], model="m", seed=3
+            ),
+            line("c", "/v1/jobs", prompt="x", max_tokens=2, metadata={"k": "v"}),
+            "",
+        ]
+    ).encode()
+    lines, errors = parse_batch(data, 10)
+    assert errors == []
+    a, b, c = lines
+    assert a.request.prompt == "def f(" and a.request.stop == ["\n"] and a.request.temperature == 0
+    assert (
+        b.request.messages is not None
+        and b.request.max_tokens == 256
+        and b.model == "m"
+        and b.request.seed == 3
+    )
+    assert c.request.metadata == {"k": "v"}
+    assert all(x.request.priority is Priority.BATCH for x in lines)
+    assert BatchLine.from_json(a.to_json()) == a
+    assert parse_batch(line("d").encode(), 10)[0][0].request.max_tokens == 16  # OpenAI's completions default
+
+
+def test_every_bad_line_is_reported() -> None:
+    data = "\n".join(
+        [
+            line("ok"),
+            "{not json",
+            json.dumps({"custom_id": "x", "method": "GET", "url": "/v1/completions", "body": {}}),
+            line("y", "/v1/embeddings"),
+            line("z", "/v1/completions", prompt="p", n=2),
+            line("ok"),
+            line("w", "/v1/jobs", prompt="p", webhook="https://example.com/"),
+            json.dumps([1]),
+            line("v", "/v1/chat/completions", messages=[]),
+        ]
+    ).encode()
+    lines, errors = parse_batch(data, 100)
+    assert [(e.line, e.code) for e in errors] == [
+        (2, "invalid_json"),
+        (3, "invalid_method"),
+        (4, "invalid_url"),
+        (5, "invalid_body"),
+        (6, "duplicate_custom_id"),
+        (7, "invalid_body"),
+        (8, "invalid_line"),
+        (9, "invalid_body"),
+    ]
+    assert "body.n" in errors[3].message and "line 1" in errors[4].message
+
+
+def test_limits_and_empty_file() -> None:
+    with pytest.raises(BatchTooLarge):
+        parse_batch("\n".join(line(str(i)) for i in range(4)).encode(), 3)
+    assert parse_batch(b"\n \n", 3)[1][0].code == "empty_file"
+
+
+def _job(status: JobStatus, **extra: object) -> Job:
+    return Job(
+        id="j1",
+        status=status,
+        priority=Priority.BATCH,
+        created_at=1.0,
+        urls=job_urls("http://x", "j1"),
+        **extra,
+    )
+
+
+def test_result_lines_in_openai_shapes() -> None:
+    lines, _ = parse_batch(
+        (
+            line("a", prompt="hi", max_tokens=3)
+            + "\n"
+            + line("b", "/v1/chat/completions", messages=[{"role": "user", "content": "q"}])
+        ).encode(),
+        5,
+    )
+    done = _job(
+        JobStatus.SUCCEEDED,
+        output=JobOutput(text="abc", token_ids=[1, 2, 3], finish_reason="length"),
+        usage=Usage(prompt_tokens=2, completion_tokens=3),
+    )
+    completion = result_line(lines[0], done, "tiny")
+    assert completion["custom_id"] == "a" and completion["error"] is None
+    body = completion["response"]["body"]
+    assert completion["response"]["status_code"] == 200
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "abc"
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["total_tokens"] == 5
+    chat = result_line(lines[1], done, "tiny")["response"]["body"]
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "abc",
+    }
+    failed = result_line(
+        lines[0], _job(JobStatus.FAILED, error=ErrorInfo(code="engine_error", message="boom")), "m"
+    )
+    assert failed["response"] is None and failed["error"] == {"code": "engine_error", "message": "boom"}
+
+
+def test_batch_transitions() -> None:
+    assert can_transition(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+    assert can_transition(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+    assert not can_transition(BatchStatus.FINALIZING, BatchStatus.CANCELLING)
+    assert {s for s in BatchStatus if s.is_terminal} == {
+        BatchStatus.COMPLETED,
+        BatchStatus.FAILED,
+        BatchStatus.EXPIRED,
+        BatchStatus.CANCELLED,
+    }
+    assert all(status in TRANSITIONS for status in BatchStatus)
+    assert BatchStatus.IN_PROGRESS.timestamp_field == "in_progress_at"

@@ -1,0 +1,1 @@
+"""The Celery side: webhook delivery, batch expansion/cancel/finalize, and the outbox bridge feeding them."""

@@ -1,0 +1,48 @@
+"""The Celery app (Redis broker): retried, at-least-once side tasks. Inference stays in the engine workers.
+
+    celery -A workers.tasks.celery_app worker --pool=threads --concurrency=4
+
+Every task is acks_late (a worker that dies mid-task leaves it to be redelivered) and idempotent; no
+result backend (tasks record what matters in the fleet's own keys). Celery's own Redis keys live under
+keys.CELERY_KEY_PREFIX. The worker also runs the outbox bridge (workers/tasks/outbox.py).
+"""
+
+import logging
+
+from celery import Celery
+
+from shared import keys
+from shared.settings import ServiceSettings, get_settings
+
+TASK_MODULES = ["workers.tasks.webhooks", "workers.tasks.batches"]
+# Longer than any countdown a task retries with (webhook_retry_max_s): a reserved, not yet due task is
+# redelivered after this (the Redis transport's visibility timeout).
+VISIBILITY_TIMEOUT_S = 2 * 3600
+
+
+def make_celery(settings: ServiceSettings) -> Celery:
+    app = Celery("specfleet", broker=settings.redis_url or "redis://127.0.0.1:6379/0", include=TASK_MODULES)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=keys.CELERY_QUEUE,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "global_keyprefix": keys.CELERY_KEY_PREFIX,
+            "visibility_timeout": max(VISIBILITY_TIMEOUT_S, int(settings.webhook_retry_max_s) * 2),
+        },
+    )
+    from workers.tasks.outbox import OutboxStep
+
+    app.steps["worker"].add(OutboxStep)
+    return app
+
+
+app = make_celery(get_settings())
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhook attempt is ours already

@@ -1,0 +1,205 @@
+"""The outbox bridge: notices on keys.OUTBOX_STREAM -> Celery tasks and batch bookkeeping.
+
+Runs as a thread inside every Celery worker (a worker bootstep), reading the stream through consumer group
+keys.OUTBOX_GROUP: several Celery workers share the notices. An entry is acked only after it was handled,
+so a bridge that dies leaves its entries pending; they are re-read at restart (same consumer name) or
+claimed by another bridge after PENDING_CLAIM_IDLE_MS. Handling is idempotent (webhook ids are stable,
+batch lines are counted once), which makes this at-least-once without double counting.
+
+    job start/output/completed -> webhook delivery task (if the job's webhook wants the event)
+    job completed of a batch line -> its result line + count (LINE_DONE); the last one -> finalize task
+    batch created -> expand task;  batch cancel -> cancel task
+"""
+
+import json
+import logging
+import threading
+from typing import Any
+
+import redis
+from celery import bootsteps
+from redis.exceptions import ResponseError
+
+from shared import batch_lua, keys
+from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_line
+from shared.job_record import job_from_fields
+from shared.job_state import JobStatus
+from shared.outbox import BatchEvent, Notice, NoticeKind
+from shared.schemas import Job, JobRequest, WebhookEvent
+
+log = logging.getLogger(__name__)
+
+READ_COUNT = 100
+BLOCK_MS = 1000
+PENDING_CLAIM_IDLE_MS = 60_000
+ERROR_PAUSE_S = 1.0
+
+
+class OutboxHandler:
+    """What one notice does (no Celery worker needed to test it: it only enqueues tasks)."""
+
+    def __init__(self, client: redis.Redis, base_url: str) -> None:
+        self.redis = client
+        self.base_url = base_url
+        self._line_done = client.register_script(batch_lua.LINE_DONE)
+
+    def handle(self, notice: Notice) -> None:
+        if notice.kind is NoticeKind.BATCH:
+            self._batch(notice)
+        else:
+            self._job(notice)
+
+    def _batch(self, notice: Notice) -> None:
+        from workers.tasks import batches
+
+        if notice.event == BatchEvent.CREATED:
+            batches.expand.delay(notice.id)
+        elif notice.event == BatchEvent.CANCEL:
+            batches.cancel.delay(notice.id)
+
+    def _job(self, notice: Notice) -> None:
+        fields: dict[str, str] = self.redis.hgetall(keys.job_hash(notice.id))  # type: ignore[assignment]
+        if not fields:
+            log.debug("notice for job %s that no longer exists", notice.id)
+            return
+        event = WebhookEvent(notice.event)
+        request = JobRequest.model_validate_json(fields["request"])
+        job = job_from_fields(fields, self.base_url)
+        if request.webhook and event in request.webhook_events_filter:
+            from workers.tasks import webhooks
+
+            msg_id = webhooks.job_message_id(notice.id, event, notice.entry_id)
+            webhooks.enqueue("job", notice.id, event, request.webhook, msg_id, job.model_dump_json())
+        batch_id = job.metadata.get(BATCH_ID_KEY)
+        if event is WebhookEvent.COMPLETED and batch_id and job.status.is_terminal:
+            self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
+
+    def settle_batch_line(self, batch_id: str, index: int, job_id: str) -> bool:
+        """Count a batch line from its job if that has finished (reconcile) -> whether it had."""
+        fields: dict[str, str] = self.redis.hgetall(keys.job_hash(job_id))  # type: ignore[assignment]
+        if not fields:
+            return False
+        job = job_from_fields(fields, self.base_url)
+        if not job.status.is_terminal:
+            return False
+        self._batch_line_done(batch_id, index, job)
+        return True
+
+    def _batch_line_done(self, batch_id: str, index: int, job: Job) -> None:
+        from workers.tasks import batches
+
+        raw = self.redis.lindex(keys.batch_lines(batch_id), index)
+        if raw is None:  # the batch was finalized (or expired) already
+            return
+        model = str(self.redis.hget(keys.MODEL_INFO, "model") or "specfleet")
+        line = result_line(BatchLine.from_json(str(raw)), job, model)
+        outcome = "completed" if job.status is JobStatus.SUCCEEDED else "failed"
+        res = self._line_done(
+            keys=[keys.batch_hash(batch_id), keys.batch_results(batch_id)],
+            args=[
+                index,
+                outcome,
+                json.dumps(line, separators=(",", ":")),
+                int(job.status is JobStatus.EXPIRED),
+            ],
+        )
+        if res == "finalize":
+            batches.finalize.delay(batch_id)
+
+
+class OutboxBridge:
+    def __init__(self, client: redis.Redis, handler: OutboxHandler, consumer: str) -> None:
+        self.redis = client
+        self.handler = handler
+        self.consumer = consumer
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ensure_group(self) -> None:
+        try:  # from the start of the stream: notices written before the first Celery worker are handled
+            self.redis.xgroup_create(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="outbox-bridge", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def run(self) -> None:
+        reread_own = True  # first our own pending entries (a previous run of this consumer died mid-way)
+        claim_every = max(1, PENDING_CLAIM_IDLE_MS // BLOCK_MS)
+        rounds = 0
+        while not self._stop.is_set():
+            try:
+                if rounds == 0:
+                    self.ensure_group()
+                rounds += 1
+                if rounds % claim_every == 0:
+                    self._claim_abandoned()
+                entries = self._read("0" if reread_own else ">")
+                if reread_own and not entries:
+                    reread_own = False
+                    continue
+                self._handle(entries)
+            except redis.RedisError as exc:
+                log.warning("outbox bridge: %s; retrying", exc)
+                reread_own = True
+                self._stop.wait(ERROR_PAUSE_S)
+
+    def _read(self, from_id: str) -> list[tuple[str, dict[str, str]]]:
+        block = None if from_id == "0" else BLOCK_MS
+        res = self.redis.xreadgroup(
+            keys.OUTBOX_GROUP, self.consumer, {keys.OUTBOX_STREAM: from_id}, count=READ_COUNT, block=block
+        )
+        return list(res[0][1]) if res else []  # type: ignore[index,arg-type]
+
+    def _claim_abandoned(self) -> None:
+        _, claimed, *_ = self.redis.xautoclaim(  # type: ignore[misc]
+            keys.OUTBOX_STREAM,
+            keys.OUTBOX_GROUP,
+            self.consumer,
+            PENDING_CLAIM_IDLE_MS,
+            "0-0",
+            count=READ_COUNT,
+        )
+        self._handle([(entry_id, fields) for entry_id, fields in claimed if fields])
+
+    def _handle(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        for entry_id, fields in entries:
+            if not fields:  # trimmed away while pending
+                self.redis.xack(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, entry_id)
+                continue
+            try:
+                self.handler.handle(Notice.from_entry(entry_id, fields))
+            except redis.RedisError:
+                raise  # left pending; re-read after the pause
+            except Exception:  # a notice that cannot be handled must not block the ones after it
+                log.exception("outbox notice %s %s could not be handled; dropped", entry_id, fields)
+            self.redis.xack(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, entry_id)
+
+
+class OutboxStep(bootsteps.StartStopStep):
+    """Runs the bridge inside the Celery worker process, started and stopped with it."""
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.bridge: OutboxBridge | None = None
+
+    def start(self, parent: Any) -> None:
+        from workers.tasks import runtime
+
+        client = runtime.redis_client()
+        self.bridge = OutboxBridge(client, OutboxHandler(client, runtime.base_url()), str(parent.hostname))
+        self.bridge.start()
+        log.info("outbox bridge started as %s", parent.hostname)
+
+    def stop(self, parent: Any) -> None:
+        if self.bridge is not None:
+            self.bridge.stop()
+            self.bridge = None

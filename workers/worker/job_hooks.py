@@ -1,0 +1,73 @@
+"""What the worker tells the Celery side while a job runs: `start` and throttled `output` webhook notices.
+
+Only jobs whose request has a webhook wanting the event produce a notice (one XADD to the outbox); the
+`completed` notice needs no hook: the job protocol's finish() writes it atomically (shared/lua.py).
+`output` is throttled per job: at most one per settings.webhook_output_interval_ms (the first output of a
+job goes at once; output in a step that also finishes the job is left to `completed`).
+"""
+
+import logging
+import time
+from typing import Protocol
+
+import redis
+
+from shared.outbox import OUTBOX_XADD, NoticeKind, notice_fields
+from shared.schemas import JobRequest, WebhookEvent
+from shared.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+class _Output(Protocol):
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+
+
+class JobHooks:
+    def __init__(self, client: redis.Redis, settings: ServiceSettings) -> None:
+        self.redis = client
+        self.output_interval_s = settings.webhook_output_interval_ms / 1000.0
+        self._wants_output: set[str] = set()  # job ids whose webhook wants `output`
+        self._last_output_s: dict[str, float] = {}  # job id -> monotonic time of its last `output` notice
+
+    def started(self, job_id: str, request: JobRequest) -> None:
+        """A job started running (every attempt: a resumed job's receiver dedupes on webhook-id)."""
+        if request.webhook is None:
+            return
+        if WebhookEvent.OUTPUT in request.webhook_events_filter:
+            self._wants_output.add(job_id)
+        if WebhookEvent.START in request.webhook_events_filter:
+            self._notify([job_id], WebhookEvent.START)
+
+    def emitted(self, outputs: list[_Output]) -> None:
+        """After one engine step's output was written: an `output` notice for each due job."""
+        if not self._wants_output:
+            return
+        now = time.monotonic()
+        due = []
+        for out in outputs:
+            job_id = out.request_id
+            if job_id not in self._wants_output or not out.new_token_ids or out.finished:
+                continue
+            if now - self._last_output_s.get(job_id, -float("inf")) >= self.output_interval_s:
+                self._last_output_s[job_id] = now
+                due.append(job_id)
+        self._notify(due, WebhookEvent.OUTPUT)
+
+    def forget(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._wants_output.discard(job_id)
+            self._last_output_s.pop(job_id, None)
+
+    def _notify(self, job_ids: list[str], event: WebhookEvent) -> None:
+        if not job_ids:
+            return
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.xadd(fields=notice_fields(NoticeKind.JOB, job_id, event.value), **OUTBOX_XADD)  # type: ignore[arg-type]
+            pipe.execute()
+        except redis.RedisError as exc:  # a lost start/output notice never stops the job
+            log.warning("webhook %s notice for %d jobs not written: %s", event.value, len(job_ids), exc)
