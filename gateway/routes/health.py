@@ -7,7 +7,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from gateway.deps import GatewayDep
+from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
 from shared.job_state import ErrorCode
@@ -42,8 +42,8 @@ async def readyz(gw: GatewayDep) -> Readiness:
 
 
 @router.get("/metrics", response_model=None, response_class=PlainTextResponse)
-async def metrics(gw: GatewayDep) -> Response:
-    """Prometheus text format; queue depth and live workers are read from Redis at scrape time."""
+async def metrics(gw: GatewayDep, admin: AdminDep) -> Response:
+    """Prometheus text format (admin key only); queue depth and live workers are read from Redis at scrape time."""
     for priority, depth in (await gw.store.queue_depths()).items():
         QUEUE_DEPTH.labels(priority).set(depth)
     WORKERS_ALIVE.set(await gw.store.num_workers_alive(time.time()))
