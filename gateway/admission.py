@@ -32,7 +32,8 @@ def prompt_chars(request: JobRequest) -> int:
 
 
 def check_sizes(request: JobRequest, gw: Gateway) -> None:
-    """The settings' caps on max_tokens and prompt length (before any tokenizer or Redis work)."""
+    """The settings' caps on max_tokens and prompt length, and text that can be encoded (JSON may carry a lone
+    surrogate, `\\ud800`, which no tokenizer or Redis can take), before any tokenizer or Redis work."""
     settings = gw.settings
     if request.max_tokens > settings.max_tokens_limit:
         raise ApiError(
@@ -41,6 +42,14 @@ def check_sizes(request: JobRequest, gw: Gateway) -> None:
             f"max_tokens: at most {settings.max_tokens_limit}",
             field="max_tokens",
         )
+    texts = [request.prompt or "", *(m.content for m in request.messages or []), *request.stop]
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            422, ErrorCode.INVALID_REQUEST, "the text is not valid Unicode (a lone surrogate)", field="prompt"
+        ) from exc
     if prompt_chars(request) > settings.max_prompt_chars:
         field = "prompt" if request.prompt is not None else "messages"
         raise ApiError(

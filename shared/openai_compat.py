@@ -4,7 +4,7 @@
 Request: `prompt` (a string, or a list holding one string) or `messages` (system/developer/user/assistant, string
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
 (string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), and specfleet's
-own `priority`. Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
+own `priority`, `top_k` and `ignore_eos` (as vLLM's extra parameters). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`n` > 1, a penalty, logprobs, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Chat messages go to the job as `messages`: the worker renders them
@@ -53,7 +53,10 @@ class _Common(BaseModel):
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    priority: Priority | None = None  # specfleet: the queue of the job behind the call
+    # specfleet's extensions (as vLLM's): the queue of the job behind the call, top-k, generating past EOS
+    priority: Priority | None = None
+    top_k: int | None = Field(None, ge=-1)
+    ignore_eos: bool | None = None
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
@@ -207,6 +210,10 @@ def to_job_request(
         fields["temperature"] = req.temperature
     if req.top_p is not None:
         fields["top_p"] = req.top_p
+    if req.top_k is not None:
+        fields["top_k"] = req.top_k
+    if req.ignore_eos is not None:
+        fields["ignore_eos"] = req.ignore_eos
     if isinstance(req, CompletionRequest):
         fields["prompt"] = req.prompt_text()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
