@@ -42,7 +42,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             limiter=RateLimiter(redis, settings),
         )
         if settings.env != "dev":
-            await _require_keys(redis)
+            try:
+                await _require_keys(redis)
+            except BaseException:
+                await redis.aclose()
+                raise
         try:
             await gateway.store.ensure_groups()
         except RedisError as exc:  # serve anyway: requests answer 503 until Redis is back

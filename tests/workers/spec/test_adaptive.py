@@ -45,7 +45,9 @@ def test_fallback_after_patience_steps_of_poor_acceptance() -> None:
 
 
 def test_a_good_step_resets_the_poor_streak() -> None:
-    controller = SpecLengthController(AdaptiveConfig(decay=0.0, fallback_acceptance=0.5, fallback_patience_steps=3))
+    controller = SpecLengthController(
+        AdaptiveConfig(decay=0.0, fallback_acceptance=0.5, fallback_patience_steps=3)
+    )
     for _ in range(10):
         controller.update(num_drafted=4, num_accepted=0)
         controller.update(num_drafted=4, num_accepted=0)

@@ -32,7 +32,11 @@ def exact_joint(target_dir: Path) -> dict[tuple[int, int], float]:
         firsts = p1.nonzero().flatten().tolist()
         second_inputs = torch.tensor([PROMPT + [t] for t in firsts])  # [F, len + 1]
         p2 = transform(model(second_inputs).logits[:, -1].float())  # [F, V]
-    return {(t1, t2): float(p1[t1] * p2[i, t2]) for i, t1 in enumerate(firsts) for t2 in p2[i].nonzero().flatten().tolist()}
+    return {
+        (t1, t2): float(p1[t1] * p2[i, t2])
+        for i, t1 in enumerate(firsts)
+        for t2 in p2[i].nonzero().flatten().tolist()
+    }
 
 
 def chi_square_p_value(observed: list[int], expected: list[float]) -> float:
@@ -49,18 +53,29 @@ def chi_square_p_value(observed: list[int], expected: list[float]) -> float:
         exp.append(pool_e)
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
     dof = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[str, Path]) -> None:
     cfg = EngineConfig(
-        dtype="float64", kv_cache_mb=64, block_size=4, max_num_seqs=128, speculative_method="draft",
-        is_adaptive=False, num_speculative_tokens=2,
+        dtype="float64",
+        kv_cache_mb=64,
+        block_size=4,
+        max_num_seqs=128,
+        speculative_method="draft",
+        is_adaptive=False,
+        num_speculative_tokens=2,
     )
     engine = Engine(cfg, spec_models["target"], spec_models["close_draft"])
     generated: dict[str, list[int]] = {}
     for i in range(NUM_SAMPLES):
-        params = SamplingParams(max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True
+        )
         engine.add_request(str(i), PROMPT, params)
         generated[str(i)] = []
     while engine.num_unfinished():

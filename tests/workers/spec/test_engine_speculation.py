@@ -21,7 +21,9 @@ def make_engine(models: dict[str, Path], draft: str | None = "close_draft", **ov
 def make_prompts() -> list[list[int]]:
     """Random prompts, and repetitive ones that give the n-gram proposer matches."""
     gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(1, 512, (2 + (7 * i) % 40,), generator=gen).tolist() for i in range(NUM_PROMPTS - 12)]
+    prompts = [
+        torch.randint(1, 512, (2 + (7 * i) % 40,), generator=gen).tolist() for i in range(NUM_PROMPTS - 12)
+    ]
     for i in range(12):
         motif = torch.randint(1, 512, (2 + i % 4,), generator=gen).tolist()
         prompts.append(motif * (3 + i % 5))
@@ -56,8 +58,16 @@ def plain_reference(spec_models: dict[str, Path]) -> dict[str, list[int]]:
 SPEC_CONFIGS = {
     "ngram": dict(speculative_method="ngram"),
     "draft-chain": dict(speculative_method="draft"),
-    "draft-chain-fixed-k": dict(speculative_method="draft", is_adaptive=False, spec_max_batch_size=64, spec_batch_token_budget=1024),
-    "draft-tree": dict(speculative_method="draft", tree_size=6, tree_branching=2, spec_max_batch_size=64, spec_batch_token_budget=1024),
+    "draft-chain-fixed-k": dict(
+        speculative_method="draft", is_adaptive=False, spec_max_batch_size=64, spec_batch_token_budget=1024
+    ),
+    "draft-tree": dict(
+        speculative_method="draft",
+        tree_size=6,
+        tree_branching=2,
+        spec_max_batch_size=64,
+        spec_batch_token_budget=1024,
+    ),
 }
 
 
@@ -106,7 +116,11 @@ def test_stops_inside_an_accepted_run_emit_nothing_past_them(spec_models, plain_
             continue
         spec = run(engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
         plain = run(text_engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
-        assert "".join(o.new_text for o in spec) == "".join(o.new_text for o in plain) == full_text[: full_text.index(stop)]
+        assert (
+            "".join(o.new_text for o in spec)
+            == "".join(o.new_text for o in plain)
+            == full_text[: full_text.index(stop)]
+        )
         assert tokens(spec) == tokens(plain)
 
 
@@ -137,7 +151,9 @@ def test_poisoned_draft_falls_back_without_losing_jobs(spec_models, plain_refere
 
 
 def test_useless_draft_falls_back_after_patience(spec_models, plain_reference) -> None:
-    engine = make_engine(spec_models, draft="random_draft", spec_fallback_patience_steps=4, spec_fallback_acceptance=0.3)
+    engine = make_engine(
+        spec_models, draft="random_draft", spec_fallback_patience_steps=4, spec_fallback_acceptance=0.3
+    )
     outs = run(engine, {"0": (make_prompts()[0], greedy(24))})
     assert tokens(outs["0"]) == plain_reference["0"]
     assert outs["0"][-1].metrics["spec_fallback"] == 1.0
@@ -150,7 +166,13 @@ def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
     out = run(engine, {"a": (make_prompts()[1], greedy(21))})["a"]
     metrics = out[-1].metrics
     assert metrics["acceptance_rate"] == 1.0 and metrics["mean_accepted_tokens"] == 5.0
-    assert [len(o.new_token_ids) for o in out] == [1, 5, 5, 5, 5]  # prefill's token, then 4 accepted + 1 bonus
+    assert [len(o.new_token_ids) for o in out] == [
+        1,
+        5,
+        5,
+        5,
+        5,
+    ]  # prefill's token, then 4 accepted + 1 bonus
 
 
 def test_large_batches_switch_speculation_off(spec_models) -> None:

@@ -77,7 +77,9 @@ def test_greedy_builder_skips_impossible_tokens_and_respects_max_width() -> None
 
 def test_sampling_builder_draws_distinct_children_within_budget() -> None:
     q = torch.randn(VOCAB, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)  # [V]
-    builder = TreeBuilder(tree_size=7, branching=3, is_greedy=False, generator=torch.Generator().manual_seed(1))
+    builder = TreeBuilder(
+        tree_size=7, branching=3, is_greedy=False, generator=torch.Generator().manual_seed(1)
+    )
     while not builder.is_done:
         builder.expand(q.expand(len(builder.frontier), VOCAB))
     tree, draft_probs = builder.build()

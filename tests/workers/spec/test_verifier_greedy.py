@@ -19,7 +19,9 @@ def target_probs_with_argmax(tokens: list[int]) -> torch.Tensor:  # [len(tokens)
 
 
 def chain(draft: list[int], target_argmax: list[int]) -> tuple[int, list[int]]:
-    result = verify_chain(torch.tensor(draft), None, target_probs_with_argmax(target_argmax), None, is_greedy=True)
+    result = verify_chain(
+        torch.tensor(draft), None, target_probs_with_argmax(target_argmax), None, is_greedy=True
+    )
     return result.num_accepted, result.tokens
 
 
@@ -50,7 +52,9 @@ def test_greedy_ignores_draft_probs_and_generator() -> None:
     draft_probs = torch.full((3, VOCAB), 1.0 / VOCAB)  # [3, V]
     gen = torch.Generator().manual_seed(0)
     state = gen.get_state()
-    result = verify_chain(torch.tensor([1, 2, 3]), draft_probs, target_probs_with_argmax([1, 2, 0, 4]), gen, True)
+    result = verify_chain(
+        torch.tensor([1, 2, 3]), draft_probs, target_probs_with_argmax([1, 2, 0, 4]), gen, True
+    )
     assert result.tokens == [1, 2, 0]
     assert torch.equal(gen.get_state(), state)  # greedy draws nothing
 
@@ -66,7 +70,9 @@ def test_batched_greedy_matches_per_sequence() -> None:
         [None] * 4,
         [True] * 4,
     )
-    assert [(r.num_accepted, r.tokens) for r in results] == [chain(d, a) for d, a in zip(drafts, argmaxes, strict=True)]
+    assert [(r.num_accepted, r.tokens) for r in results] == [
+        chain(d, a) for d, a in zip(drafts, argmaxes, strict=True)
+    ]
     assert [r.tokens for r in results] == [[1, 2, 3, 4], [6], [4, 5], [8]]
 
 
@@ -93,7 +99,9 @@ def test_tree_greedy_recovers_where_no_child_matches() -> None:
 
 
 def test_tree_greedy_rejects_at_the_root() -> None:
-    result = verify_tree(sample_tree(), None, target_probs_with_argmax([4, 6, 8, 1, 2, 9]), None, is_greedy=True)
+    result = verify_tree(
+        sample_tree(), None, target_probs_with_argmax([4, 6, 8, 1, 2, 9]), None, is_greedy=True
+    )
     assert (result.accepted_nodes, result.tokens) == ([], [4])
 
 

@@ -21,7 +21,9 @@ MIN_P_VALUE = 1e-4
 PROCESSED = {"temperature": 0.8, "top_k": 4, "top_p": 0.9}  # top-k and top-p zero some tokens out
 
 
-def simulate_chains(target: MarkovModel, draft: MarkovModel, k: int, n: int, is_one_hot: bool) -> torch.Tensor:
+def simulate_chains(
+    target: MarkovModel, draft: MarkovModel, k: int, n: int, is_one_hot: bool
+) -> torch.Tensor:
     """First two tokens emitted by n sequences decoded with chains of k; [n, 2] long."""
     emitted: list[list[int]] = [[] for _ in range(n)]
     last = [START] * n

@@ -10,7 +10,11 @@ VOCAB = 7
 
 def random_case(gen: torch.Generator, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     draft_probs = torch.randn(k, VOCAB, generator=gen).softmax(dim=-1)  # [k, V]
-    draft_tokens = torch.stack([torch.multinomial(q, 1, generator=gen)[0] for q in draft_probs]) if k else torch.zeros(0, dtype=torch.long)  # [k]
+    draft_tokens = (
+        torch.stack([torch.multinomial(q, 1, generator=gen)[0] for q in draft_probs])
+        if k
+        else torch.zeros(0, dtype=torch.long)
+    )  # [k]
     target_probs = (torch.randn(k + 1, VOCAB, generator=gen) * 0.5).softmax(dim=-1)  # [k + 1, V]
     return draft_tokens, draft_probs, target_probs
 
@@ -23,7 +27,10 @@ def test_same_seed_same_chain_tokens() -> None:
     draft_tokens, draft_probs, target_probs = random_case(seeded(0), k=4)
     runs = [verify_chain(draft_tokens, draft_probs, target_probs, seeded(42), False) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
-    outcomes = {tuple(verify_chain(draft_tokens, draft_probs, target_probs, seeded(s), False).tokens) for s in range(40)}
+    outcomes = {
+        tuple(verify_chain(draft_tokens, draft_probs, target_probs, seeded(s), False).tokens)
+        for s in range(40)
+    }
     assert len(outcomes) > 1  # the seed matters
 
 
@@ -32,7 +39,9 @@ def test_seeded_sequence_is_independent_of_batch_company() -> None:
     cases = [random_case(gen, k) for k in (3, 0, 5, 2, 4)]
     seeds: list[int | None] = [11, None, 12, None, 13]
     is_greedy = [False, False, False, True, False]
-    alone = [verify_chain(*case, seeded(s), False) for case, s in zip(cases, seeds, strict=True) if s is not None]
+    alone = [
+        verify_chain(*case, seeded(s), False) for case, s in zip(cases, seeds, strict=True) if s is not None
+    ]
 
     def run_batch(order: list[int]) -> list[ChainResult]:
         results = verify_chains(
@@ -56,7 +65,9 @@ def test_sampling_tree_on_a_chain_equals_verify_chain() -> None:
     for trial in range(100):
         k = trial % 5
         draft_tokens, draft_probs, target_probs = random_case(gen, k)
-        tree_draft_probs = torch.cat([draft_probs, torch.zeros(1, VOCAB)])  # [k + 1, V]: the leaf row is unused
+        tree_draft_probs = torch.cat(
+            [draft_probs, torch.zeros(1, VOCAB)]
+        )  # [k + 1, V]: the leaf row is unused
         for chain_q, tree_q in ((draft_probs, tree_draft_probs), (None, None)):
             by_chain = verify_chain(draft_tokens, chain_q, target_probs, seeded(trial), False)
             by_tree = verify_tree(TokenTree.chain(draft_tokens), tree_q, target_probs, seeded(trial), False)
@@ -88,7 +99,9 @@ def test_acceptance_rule_extremes() -> None:
         result = verify_chain(torch.tensor([0]), q.unsqueeze(0), torch.stack([p, p]), seeded(seed), False)
         assert result.num_accepted == 0 and result.tokens[0] in (1, 2)
         # p(x) >= q(x): always accepted, and the bonus token comes from p
-        result = verify_chain(torch.tensor([1, 2]), torch.stack([q, q]), torch.stack([p, p, p]), seeded(seed), False)
+        result = verify_chain(
+            torch.tensor([1, 2]), torch.stack([q, q]), torch.stack([p, p, p]), seeded(seed), False
+        )
         assert result.num_accepted == 2 and result.tokens[2] in (1, 2)
 
 
@@ -99,7 +112,9 @@ def test_one_hot_draft_rows_equal_no_draft_probs() -> None:
     target_probs = torch.cat([c[2] for c in cases])  # [T + B, V]
     one_hot = torch.nn.functional.one_hot(draft_tokens, VOCAB).float()  # [T, V]
     runs = [
-        verify_chains(draft_tokens, [4, 2, 3], q, target_probs, [seeded(7), seeded(8), seeded(9)], [False] * 3)
+        verify_chains(
+            draft_tokens, [4, 2, 3], q, target_probs, [seeded(7), seeded(8), seeded(9)], [False] * 3
+        )
         for q in (None, one_hot)
     ]
     assert runs[0] == runs[1]
