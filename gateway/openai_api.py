@@ -100,7 +100,11 @@ class OpenAIRoute(APIRoute):
                 return validation_error(exc)
             except ApiError as exc:  # OpenAI answers 400 where specfleet's own routes answer 422
                 return openai_error(
-                    400 if exc.status_code == 422 else exc.status_code, exc.info.message, exc.info.code, exc.info.field, exc.headers
+                    400 if exc.status_code == 422 else exc.status_code,
+                    exc.info.message,
+                    exc.info.code,
+                    exc.info.field,
+                    exc.headers,
                 )
             except StarletteHTTPException as exc:
                 return openai_error(exc.status_code, str(exc.detail), None, None, dict(exc.headers or {}))

@@ -7,7 +7,8 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 own `priority`, `top_k` and `ignore_eos` (as vLLM's extra parameters). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`n` > 1, a penalty, logprobs, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
-refused (it would silently change nothing). Chat messages go to the job as `messages`: the worker renders them
+refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
+sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
 with the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
 (workers/worker/prompts.py). Defaults follow OpenAI: `max_tokens` 16 for completions, 256 (ours) for chat;
 temperature 1, top_p 1.
@@ -17,7 +18,17 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared.schemas import Job, JobRequest, Message, Priority
 
@@ -38,37 +49,37 @@ def _valid_text(value: str) -> str:
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, max_length=256)
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    n: int | None = None
-    stream: bool | None = None
+    seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64)
+    n: StrictInt | None = None
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     # specfleet's extensions (as vLLM's): the queue of the job behind the call, top-k, generating past EOS
     priority: Priority | None = None
-    top_k: int | None = Field(None, ge=-1)
-    ignore_eos: bool | None = None
+    top_k: StrictInt | None = Field(None, ge=-1)
+    ignore_eos: StrictBool | None = None
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = Field(None, max_length=64)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
+    def _one_choice(cls, value: StrictInt | None) -> int | None:
         if value is not None and value != 1:
             raise ValueError("only n=1 is supported")
         return value
@@ -87,14 +98,14 @@ class _Common(BaseModel):
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
+    def _no_penalty(cls, value: StrictFloat | None) -> float | None:
         if value:
             raise ValueError("penalties are not supported (only 0)")
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+    def _no_bias(cls, value: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
         if value:
             raise ValueError("logit_bias is not supported (only an empty one)")
         return value
@@ -121,9 +132,9 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str]
     # accepted at their neutral values only
-    echo: bool | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    logprobs: StrictInt | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -178,11 +189,11 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
     # accepted at their neutral values only
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    parallel_tool_calls: bool | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    parallel_tool_calls: StrictBool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none"] | None = None
     response_format: dict[str, Any] | None = None

@@ -92,3 +92,19 @@ def test_cors_for_configured_origins(settings: ServiceSettings) -> None:
         assert ok.headers["access-control-allow-origin"] == "https://app.example"
         other = client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [  # found by schemathesis (negative_data_rejection): lax coercion accepted wrongly typed values
+        ("/v1/completions", {"logprobs": False}),
+        ("/v1/chat/completions", {"parallel_tool_calls": 0}),
+        ("/v1/completions", {"max_tokens": "5"}),
+        ("/v1/chat/completions", {"stream": "yes"}),
+        ("/v1/completions", {"temperature": True}),
+    ],
+)
+def test_openai_fields_are_strictly_typed(http: httpx.Client, path: str, extra: dict[str, object]) -> None:
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    response = http.post(path, json={**body, **extra})
+    assert response.status_code == 400 and response.json()["error"]["param"] == next(iter(extra))

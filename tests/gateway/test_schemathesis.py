@@ -19,6 +19,7 @@ CHECKS = (
     "status_code_conformance",
     "content_type_conformance",
     "response_schema_conformance",
+    "negative_data_rejection",
 )
 EXAMPLES_PER_OPERATION = int(os.environ.get("SPECFLEET_SCHEMATHESIS_EXAMPLES", "25"))
 
