@@ -43,19 +43,29 @@ class _Channel:
 
 
 class EventHub:
-    def __init__(self, redis: Redis, keepalive_s: float) -> None:
+    def __init__(self, redis: Redis, keepalive_s: float, linger_s: float = CHANNEL_LINGER_S) -> None:
         self.redis = redis
         self.keepalive_s = keepalive_s
+        self.linger_s = linger_s
         self._pubsub = redis.pubsub()
         self._channels: dict[str, _Channel] = {}
         self._task: asyncio.Task[None] | None = None
+        self._subscribe_lock = asyncio.Lock()
 
     @property
     def num_followers(self) -> int:
         return sum(len(ch.waiters) for ch in self._channels.values())
 
     async def start(self) -> None:
+        try:  # connect now, before any follower: concurrent first SUBSCRIBEs could open two connections
+            await self._subscribe(keys.HUB_CHANNEL)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("pub/sub unavailable at start (%s); retrying in the background", exc)
         self._task = asyncio.create_task(self._read_loop(), name="event-hub")
+
+    async def _subscribe(self, *channels: str) -> None:
+        async with self._subscribe_lock:  # one (re)connect at a time on the shared connection
+            await self._pubsub.subscribe(*channels)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -67,10 +77,11 @@ class EventHub:
         await self._pubsub.aclose()
 
     async def _read_loop(self) -> None:
+        next_sweep_s = time.monotonic() + self.linger_s
         while True:
             try:
                 if not self._pubsub.subscribed:  # first, or after failures at startup
-                    await self._pubsub.subscribe(keys.HUB_CHANNEL)
+                    await self._subscribe(keys.HUB_CHANNEL)
                 message = await self._pubsub.get_message(timeout=1.0)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("pub/sub connection lost (%s); waking every follower to re-read", exc)
@@ -81,7 +92,9 @@ class EventHub:
                 continue
             if message is not None:
                 self._dispatch(message)
-            await self._drop_idle_channels()
+            if time.monotonic() >= next_sweep_s:  # not per message: a sweep visits every channel
+                next_sweep_s = time.monotonic() + self.linger_s
+                await self._drop_idle_channels()
 
     def _dispatch(self, message: dict[str, object]) -> None:
         channel = self._channels.get(str(message["channel"]))
@@ -94,11 +107,13 @@ class EventHub:
                 waiter.set()
 
     async def _drop_idle_channels(self) -> None:
+        """Unsubscribe channels nobody followed for linger_s (lingering avoids subscribe churn and the
+        race of a SUBSCRIBE confirmation arriving for an older subscription of the same channel)."""
         now = time.monotonic()
         idle = [
             name
             for name, ch in self._channels.items()
-            if not ch.waiters and ch.idle_since is not None and now - ch.idle_since > CHANNEL_LINGER_S
+            if not ch.waiters and ch.idle_since is not None and now - ch.idle_since > self.linger_s
         ]
         for name in idle:
             del self._channels[name]
@@ -112,7 +127,7 @@ class EventHub:
         channel = self._channels.get(name)
         if channel is None:
             channel = self._channels[name] = _Channel()
-            await self._pubsub.subscribe(name)
+            await self._subscribe(name)
         waiter = asyncio.Event()
         channel.waiters.add(waiter)
         channel.idle_since = None

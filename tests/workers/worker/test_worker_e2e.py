@@ -133,14 +133,22 @@ def test_submit_poll_and_stream_match(fleet: FleetClient) -> None:
     ]
     assert events[-1].event == "done" and job["usage"]["completion_tokens"] == len(job["output"]["token_ids"])
     assert job["usage"]["prompt_tokens"] > 0 and job["metrics"]["ttft_ms"] > 0
+    assert (
+        job["metrics"]["acceptance_rate"] is not None
+    )  # speculative by default (configs/engine.yaml: draft)
     assert job["started_at"] >= job["created_at"] and job["completed_at"] >= job["started_at"]
     ready = fleet.http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["workers_alive"] == 2
 
 
-def test_prefer_wait_and_engine_refusal(fleet: FleetClient) -> None:
-    done = fleet.submit(SHORT, wait_s=30)
-    assert done["status"] == "succeeded"
+def test_prefer_wait_plain_decoding_and_413(fleet: FleetClient) -> None:
+    plain = fleet.submit({**SHORT, "speculative": False}, wait_s=30)
+    speculative = fleet.submit(SHORT, wait_s=30)
+    assert plain["status"] == speculative["status"] == "succeeded"
+    assert (
+        plain["metrics"]["acceptance_rate"] is None and speculative["metrics"]["acceptance_rate"] is not None
+    )
+    assert plain["output"]["token_ids"] == speculative["output"]["token_ids"]  # greedy: the target's output
     too_long = fleet.http.post("/v1/jobs", json={"prompt": "x" * 600, "max_tokens": 4})
     assert too_long.status_code == 413  # the workers published max_model_len 512 and their tokenizer
 

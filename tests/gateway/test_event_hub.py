@@ -1,0 +1,34 @@
+"""The one pub/sub connection: followers share a channel's subscription; idle channels are unsubscribed."""
+
+import asyncio
+
+from redis.asyncio import Redis
+
+from gateway.streaming import EventHub
+from shared import keys
+
+
+def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
+    async def scenario() -> tuple[int, int, bool, int]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        hub = EventHub(redis, keepalive_s=1.0, linger_s=0.1)
+        await hub.start()
+        try:
+            channel = keys.job_channel("j1")
+            async with hub.watch("j1") as first, hub.watch("j1") as second:
+                subscribers = dict(await redis.pubsub_numsub(channel))[channel]
+                await redis.publish(channel, "1")
+                await asyncio.wait_for(asyncio.gather(first.wait(), second.wait()), 5)
+                followers = hub.num_followers
+                woken = first.is_set() and second.is_set()
+            for _ in range(100):  # the sweep runs every linger_s; poll its visible effect with a deadline
+                if not dict(await redis.pubsub_numsub(channel))[channel]:
+                    break
+                await asyncio.sleep(0.05)
+            return subscribers, followers, woken, dict(await redis.pubsub_numsub(channel))[channel]
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    subscribers, followers, woken, after = asyncio.run(scenario())
+    assert (subscribers, followers, woken, after) == (1, 2, True, 0)
