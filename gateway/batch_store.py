@@ -2,14 +2,12 @@
 read, list, results, cancel. The Celery side does the rest (workers/tasks/batches.py)."""
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
 from shared import batch_lua, keys
-from shared.batch_format import BatchLine
 from shared.batch_state import BatchStatus
 from shared.outbox import BatchEvent, NoticeKind, notice_fields
 
@@ -22,10 +20,15 @@ class BatchStore:
         self.redis = redis
 
     async def create(
-        self, lines: list[BatchLine], webhook: str | None, metadata: dict[str, str], window_s: float
+        self,
+        lines: list[str],  # BatchLine.to_json() of each validated line, in input order
+        webhook: str | None,
+        metadata: dict[str, str],
+        window_s: float,
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
-        created_s = time.time()
+        seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
+        created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(
             keys.batch_hash(batch_id),
@@ -47,7 +50,7 @@ class BatchStore:
         for start in range(0, len(lines), LINES_PER_PUSH):
             pipe.rpush(
                 keys.batch_lines(batch_id),
-                *[line.to_json() for line in lines[start : start + LINES_PER_PUSH]],
+                *lines[start : start + LINES_PER_PUSH],
             )
         pipe.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
         pipe.xadd(

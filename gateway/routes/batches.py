@@ -1,5 +1,6 @@
 """/v1/batches: submit a JSONL file (OpenAI Batch lines), read, list, results (JSONL), cancel."""
 
+import asyncio
 import json
 from typing import Annotated
 
@@ -12,7 +13,7 @@ from gateway.batch_store import BatchStore
 from gateway.deps import GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.webhook_guard import check_webhook
-from shared.batch_format import BatchTooLarge, parse_batch
+from shared.batch_format import BatchLine, BatchLineError, BatchTooLarge, parse_batch
 from shared.batch_schemas import (
     Batch,
     BatchErrorInfo,
@@ -93,6 +94,12 @@ async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, Ba
     return data, _options(*(v if isinstance(v, str) else None for v in fields.values()))
 
 
+def _parse(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[BatchLineError], list[str]]:
+    """Validate and encode the lines (CPU work: run off the event loop)."""
+    lines, errors = parse_batch(data, max_lines)
+    return lines, errors, [] if errors else [line.to_json() for line in lines]
+
+
 @router.post(
     "",
     status_code=202,
@@ -106,7 +113,7 @@ async def create_batch(
     settings, base = gw.settings, gw.base_url(request)
     data, options = await _input(request, settings)
     try:
-        lines, errors = parse_batch(data, settings.batch_max_lines)
+        lines, errors, encoded = await asyncio.to_thread(_parse, data, settings.batch_max_lines)
     except BatchTooLarge as exc:
         raise _too_large(str(exc)) from exc
     if errors:
@@ -119,7 +126,7 @@ async def create_batch(
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
     window_s = options.completion_window_s or settings.batch_completion_window_s
-    batch_id = await store.create(lines, options.webhook, options.metadata, window_s)
+    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s)
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch

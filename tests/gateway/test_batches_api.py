@@ -1,6 +1,7 @@
 """/v1/batches end to end: gateway (HTTP) -> Celery expansion -> engine worker (tiny model) -> results."""
 
 import json
+import time
 
 import httpx
 import pytest
@@ -216,3 +217,21 @@ def test_lines_whose_notices_were_lost_are_recovered(
         assert "recovered without their notice" in celery.log()
     assert batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
     assert len(results(http, batch_id)) == 3
+
+
+def test_lines_not_started_within_the_window_expire_the_batch(
+    http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, celery_worker: CeleryWorker
+) -> None:
+    created = post_jsonl(
+        http, jsonl([request_line(i, "/v1/jobs") for i in range(2)]), completion_window_s="0.2"
+    )
+    batch_id = created.json()["id"]
+    wait_until(lambda: rclient.xlen(keys.queue_stream("batch")) == 2, what="the lines queued as jobs")
+    wait_until(
+        lambda: time.time() > created.json()["expires_at"] + 0.01, what="the completion window to pass"
+    )
+    assert PlayedWorker(rclient, hook_settings).reader.pull(5) == []  # a worker finds them expired
+    batch = wait_status(http, batch_id, ("expired",), timeout_s=30)
+    assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
+    assert batch["expired_at"] is not None and batch["finalizing_at"] is not None
+    assert {line["error"]["code"] for line in results(http, batch_id)} == {"expired"}

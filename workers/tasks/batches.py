@@ -69,7 +69,7 @@ def expand(self: object, batch_id: str) -> str:
     raw_lines = runtime.lrange(
         keys.batch_lines(batch_id), start, min(total, start + settings.batch_chunk_lines) - 1
     )
-    ttl_s = max(1.0, float(fields["expires_at"]) - time.time())
+    ttl_s = max(0.001, float(fields["expires_at"]) - time.time())  # past the window: the job expires
     submit = r.register_script(lua.SUBMIT)
     ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
     pipe = r.pipeline(transaction=False)
