@@ -117,4 +117,9 @@ def inflight_jobs(key_id: str) -> str:
     return f"{NAMESPACE}:inflight:{key_id}"
 
 
+def batches_of(key_id: str) -> str:
+    """Sorted set: the key's batch ids -> created_at (GET /v1/batches of a tenant, newest first)."""
+    return f"{NAMESPACE}:batches:of:{key_id}"
+
+
 INFLIGHT_TTL_S = 8 * 24 * 3600  # an idle key's in-flight hash outlives any job (max_ttl_s + a run)

@@ -15,9 +15,10 @@ import pytest
 import redis
 
 from gateway.main import create_app
+from shared import keys
 from shared.api_keys import KeyRegistry, digest
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, create_key
+from tests.conftest import ThreadedGateway, create_key, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,3 +172,56 @@ def test_no_key_material_in_logs(
     assert "revoked key " + revoked.id in logged  # the id is logged (so the log above was captured) ...
     for material in (secret, revoked_secret, digest(secret), digest(revoked_secret), secret[3:20]):
         assert material not in logged  # ... never a secret or its hash
+
+
+def test_a_tenant_sees_and_cancels_only_its_own_batches(
+    bare: ThreadedGateway, redis_url: str, rclient: redis.Redis
+) -> None:
+    alice_key, alice = create_key(redis_url, "alice")
+    bob = create_key(redis_url, "bob")[1]
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"prompt": "x", "max_tokens": 2},
+    }
+    with httpx.Client(base_url=bare.url) as http:
+        created = http.post(
+            "/v1/batches",
+            content=json.dumps(line).encode(),
+            headers={**_as(alice), "content-type": "application/jsonl"},
+        )
+        assert created.status_code == 202
+        batch_id = created.json()["id"]
+        for method, path in [
+            ("GET", f"/v1/batches/{batch_id}"),
+            ("GET", f"/v1/batches/{batch_id}/results"),
+            ("POST", f"/v1/batches/{batch_id}/cancel"),
+        ]:
+            assert http.request(method, path, headers=_as(bob)).status_code == 404
+        assert http.get("/v1/batches", headers=_as(bob)).json()["data"] == []
+        assert [b["id"] for b in http.get("/v1/batches", headers=_as(alice)).json()["data"]] == [batch_id]
+        assert http.get(f"/v1/batches/{batch_id}", headers=_as(alice)).status_code == 200
+    # the batch's line jobs are submitted (by the Celery side) as the batch's owner's
+    assert rclient.hget(keys.batch_hash(batch_id), keys.OWNER_FIELD) == alice_key.id
+
+
+def test_a_batch_lines_jobs_belong_to_its_owner(
+    hook_settings: ServiceSettings, celery_worker: object, redis_url: str, rclient: redis.Redis
+) -> None:
+    owner, secret = create_key(redis_url, "batcher")
+    other = create_key(redis_url, "other")[1]
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/jobs", "body": {"prompt": "x", "max_tokens": 2}}
+    with (
+        ThreadedGateway(hook_settings, default_key=False).start() as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
+        batch_id = http.post(
+            "/v1/batches",
+            content=json.dumps(line).encode(),
+            headers={**_as(secret), "content-type": "application/jsonl"},
+        ).json()["id"]
+        job_id = wait_until(lambda: rclient.hget(keys.batch_jobs(batch_id), "0"), what="the line's job")
+        assert rclient.hget(keys.job_hash(job_id), keys.OWNER_FIELD) == owner.id
+        assert http.get(f"/v1/jobs/{job_id}", headers=_as(secret)).status_code == 200
+        assert http.get(f"/v1/jobs/{job_id}", headers=_as(other)).status_code == 404
