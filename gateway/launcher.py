@@ -157,6 +157,7 @@ class Fleet:
                 tokens_per_min=self.settings.default_tokens_per_min,
                 max_concurrent_jobs=self.settings.default_max_concurrent_jobs,
                 is_admin=True,
+                webhook_secret=self.settings.webhook_secret.get_secret_value(),
             )
         finally:
             client.close()

@@ -147,3 +147,15 @@ class KeyRegistry:
 
     def num_active(self) -> int:
         return sum(1 for key in self.list() if key.is_active)
+
+
+def webhook_secret_of(client: redis.Redis, resource_key: str) -> str | None:
+    """The webhook signing secret of the key that owns a job or batch (its hash key), if it has an owner."""
+    owner = client.hget(resource_key, keys.OWNER_FIELD)
+    if not owner:
+        return None
+    hashed = client.hget(keys.API_KEYS_INDEX, str(owner))
+    if not hashed:
+        return None
+    secret = client.hget(keys.api_key_record(str(hashed)), "webhook_secret")
+    return str(secret) if secret else None

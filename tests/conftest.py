@@ -108,7 +108,12 @@ class ThreadedGateway:
         if default_key:
             assert settings.redis_url is not None
             try:
-                self.api_key = create_key(settings.redis_url, "tests-admin", is_admin=True)[1]
+                self.api_key = create_key(
+                    settings.redis_url,
+                    "tests-admin",
+                    is_admin=True,
+                    webhook_secret=settings.webhook_secret.get_secret_value(),  # the service's: tests verify it
+                )[1]
             except redis.ConnectionError:  # the tests of a gateway whose Redis is down
                 self.api_key = "sf-no-redis"
             app = _DefaultKey(app, self.api_key)

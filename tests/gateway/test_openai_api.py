@@ -6,7 +6,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import redis
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.conftest import ThreadedGateway, create_key, wait_until
 from tests.gateway.fleet_fixtures import ThreadWorker, engine_thread  # noqa: F401
@@ -156,5 +158,20 @@ def test_closing_a_stream_cancels_its_job(
     stream.close()  # the client goes away mid-generation
     job = wait_until(
         lambda: (j := _job(served, secret, job_id))["status"] != "running" and j, what="the job to stop"
+    )
+    assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
+
+
+def test_a_dropped_call_cancels_its_job(served: ThreadedGateway, secret: str, rclient: redis.Redis) -> None:
+    body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {secret}"}) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while the job runs
+            http.post("/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    # the job id header never reached the client: find the job in Redis
+    job_key = wait_until(lambda: next(rclient.scan_iter(keys.job_hash("*[0-9a-f]")), None), what="the job")
+    job_id = job_key.removeprefix(keys.JOB_PREFIX)
+    job = wait_until(
+        lambda: (j := _job(served, secret, job_id))["status"] not in ("queued", "running") and j,
+        what="the dropped call's job to stop",
     )
     assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
