@@ -7,9 +7,10 @@ The secret never reaches a log line: only the key id does.
 """
 
 import logging
+from typing import Annotated
 
-from fastapi import Request
-from fastapi.security.utils import get_authorization_scheme_param
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
 from gateway.errors import ApiError
@@ -26,31 +27,32 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, ErrorCode.UNAUTHORIZED, message, headers=BEARER_HEADERS)
 
 
-async def api_key(request: Request) -> ApiKey:
+BEARER = HTTPBearer(auto_error=False, description="An API key (`specfleet keys create NAME`)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+
+
+async def api_key(request: Request, credentials: Credentials) -> ApiKey:
     """The calling key, or 401 (missing, malformed, unknown or revoked key)."""
-    cached = getattr(request.state, "api_key", None)
-    if isinstance(cached, ApiKey):
-        return cached
-    scheme, secret = get_authorization_scheme_param(request.headers.get("authorization"))
-    if not secret or scheme.lower() != "bearer":
+    if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
+    secret = credentials.credentials
     if not api_keys.looks_like_key(secret):
         raise _unauthorized("invalid API key")
-    hashed = api_keys.digest(secret)
     redis = request.app.state.gateway.redis
-    raw: dict[str, str] = await redis.hgetall(keys.api_key_record(hashed))
+    raw: dict[str, str] = await redis.hgetall(keys.api_key_record(api_keys.digest(secret)))
     if not raw:
         raise _unauthorized("invalid API key")
     key = ApiKey.from_fields(raw)
     if not key.is_active:
         log.info("refused revoked key %s", key.id)
         raise _unauthorized("this API key was revoked")
-    request.state.api_key = key
     return key
 
 
-async def require_admin(request: Request) -> ApiKey:
-    key = await api_key(request)
+CallerDep = Annotated[ApiKey, Depends(api_key)]
+
+
+async def require_admin(key: CallerDep) -> ApiKey:
     if not key.is_admin:
         raise ApiError(403, ErrorCode.FORBIDDEN, "an admin key is needed for fleet stats")
     return key
@@ -60,9 +62,8 @@ def may_access(key: ApiKey, owner: str | None) -> bool:
     return key.is_admin or (owner is not None and owner == key.id)
 
 
-async def owned_resources(request: Request) -> ApiKey:
+async def owned_resources(request: Request, key: CallerDep) -> ApiKey:
     """The calling key, after checking that the job or batch named in the path (if any) is its own: 404 if not."""
-    key = await api_key(request)
     redis = request.app.state.gateway.redis
     for param, hash_of, what in (
         ("job_id", keys.job_hash, "job"),

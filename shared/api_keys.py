@@ -12,7 +12,6 @@ with the synchronous client here.
 
 import base64
 import hashlib
-import hmac
 import secrets
 import time
 from dataclasses import dataclass, fields
@@ -88,10 +87,6 @@ def digest(secret: str) -> str:
 
 def looks_like_key(secret: str) -> bool:
     return secret.startswith(KEY_PREFIX) and len(secret) <= MAX_KEY_CHARS and secret.isascii()
-
-
-def same_digest(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 class KeyRegistry:

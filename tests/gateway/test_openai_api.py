@@ -175,3 +175,28 @@ def test_a_dropped_call_cancels_its_job(served: ThreadedGateway, secret: str, rc
         what="the dropped call's job to stop",
     )
     assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
+
+
+def test_jobs_outlive_their_client_when_configured(
+    engine_thread: ThreadWorker,  # noqa: F811
+    settings: ServiceSettings,
+    secret: str,
+) -> None:
+    settings.cancel_on_disconnect = False
+    with ThreadedGateway(settings, default_key=False).start() as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key=secret, max_retries=0) as client:
+            raw = client.completions.with_raw_response.create(
+                prompt="x",
+                stream=True,
+                model=MODEL,
+                temperature=0,
+                max_tokens=40,
+                extra_body={"ignore_eos": True},
+            )
+            raw.parse().close()  # gone before the first token
+        job_id = raw.headers["x-specfleet-job-id"]
+        job = wait_until(
+            lambda: (j := _job(server, secret, job_id))["status"] not in ("queued", "running") and j,
+            what="the job to finish",
+        )
+    assert job["status"] == "succeeded" and job["usage"]["completion_tokens"] == 40
