@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.telemetry import TelemetryConfig
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from gateway.auth import num_active_keys, owned_resources
@@ -32,7 +32,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(redis_url, decode_responses=True, health_check_interval=30)
+        pool = BlockingConnectionPool.from_url(
+            redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=10,
+            decode_responses=True,
+            health_check_interval=30,
+        )
+        redis = Redis.from_pool(pool)  # owns the pool: aclose() closes it
         gateway = app.state.gateway = Gateway(
             settings=settings,
             redis=redis,

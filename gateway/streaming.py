@@ -1,12 +1,17 @@
 """The token path on the gateway side: ONE pub/sub connection per process, fanned out to every follower.
 
-A follower (an SSE client, or a `Prefer: wait` submit) subscribes first, then reads the job's event stream
-after the last entry id it has, then sleeps until a wake-up; every wake-up (or a keepalive tick, which also
-re-reads, covering a lost wake-up or a pub/sub reconnect) re-reads from that id. The event stream is the
-truth and pub/sub only says "look again", so nothing is lost, repeated or reordered whatever the timing.
+Per job followed in this process there is one feed: a pub/sub subscription (shared by the job's followers)
+and the job's events read so far (one list, shared). A follower (an SSE client, or a `Prefer: wait` submit)
+subscribes first, then asks the feed to catch up with the job's event stream, yields what it has not sent,
+and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wake-up or a pub/sub reconnect
+costs latency, never an event). When a wake-up reaches 500 followers of one job, ONE of them reads Redis:
+a catch-up is skipped when another one began after this follower's wake-up (so it already saw every event
+published before it). The event stream is the truth and pub/sub only says "look again": nothing is lost,
+repeated or reordered, whatever the timing of connects and reconnects.
 """
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -25,7 +30,13 @@ log = logging.getLogger(__name__)
 
 READ_BATCH = 512  # event-stream entries per XRANGE
 SUBSCRIBE_WAIT_S = 2.0  # how long a new follower waits for its SUBSCRIBE to be confirmed
-CHANNEL_LINGER_S = 10.0  # a channel without followers is unsubscribed after this
+CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped (its channel unsubscribed) after this
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id `<ms>-<seq>` as a sortable key."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 @dataclass
@@ -33,13 +44,41 @@ class Event:
     id: str  # entry id in the job's event stream: the SSE `id:`
     type: EventType
     data: str  # json
+    key: tuple[int, int] = (0, 0)  # entry_key(id)
 
 
 @dataclass
-class _Channel:
-    waiters: set[asyncio.Event] = field(default_factory=set)
-    subscribed: asyncio.Event = field(default_factory=asyncio.Event)
-    idle_since: float | None = None
+class _Feed:
+    """One job as followed in this process."""
+
+    waiters: set[asyncio.Event] = field(default_factory=set)  # one per follower, set on each wake-up
+    subscribed: asyncio.Event = field(default_factory=asyncio.Event)  # SUBSCRIBE confirmed
+    idle_since: float | None = None  # when its last follower left
+    events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
+    num_reads_started: int = 0
+    read_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def is_complete(self) -> bool:
+        return bool(self.events) and self.events[-1].type.is_final
+
+    async def catch_up(self, redis: Redis, job_id: str, num_reads_seen: int) -> None:
+        """Read the events not read yet, unless a read began after the caller's wake-up (it saw them all)."""
+        async with self.read_lock:
+            if self.num_reads_started > num_reads_seen or self.is_complete:
+                return
+            self.num_reads_started += 1
+            while True:
+                after = self.events[-1].id if self.events else "0-0"
+                entries: list[tuple[str, dict[str, str]]] = await redis.xrange(  # type: ignore[assignment]
+                    keys.job_events(job_id), min=f"({after}", max="+", count=READ_BATCH
+                )
+                self.events.extend(
+                    Event(id=i, type=EventType(f["type"]), data=f["data"], key=entry_key(i))
+                    for i, f in entries
+                )
+                if len(entries) < READ_BATCH:
+                    return
 
 
 class EventHub:
@@ -48,13 +87,13 @@ class EventHub:
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
         self._pubsub = redis.pubsub()
-        self._channels: dict[str, _Channel] = {}
+        self._feeds: dict[str, _Feed] = {}  # pub/sub channel -> feed
         self._task: asyncio.Task[None] | None = None
         self._subscribe_lock = asyncio.Lock()
 
     @property
     def num_followers(self) -> int:
-        return sum(len(ch.waiters) for ch in self._channels.values())
+        return sum(len(feed.waiters) for feed in self._feeds.values())
 
     async def start(self) -> None:
         try:  # connect now, before any follower: concurrent first SUBSCRIBEs could open two connections
@@ -85,84 +124,81 @@ class EventHub:
                 message = await self._pubsub.get_message(timeout=1.0)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("pub/sub connection lost (%s); waking every follower to re-read", exc)
-                for channel in self._channels.values():
-                    for waiter in channel.waiters:
+                for feed in self._feeds.values():
+                    for waiter in feed.waiters:
                         waiter.set()
                 await asyncio.sleep(0.5)
                 continue
             if message is not None:
                 self._dispatch(message)
-            if time.monotonic() >= next_sweep_s:  # not per message: a sweep visits every channel
+            if time.monotonic() >= next_sweep_s:  # not per message: a sweep visits every feed
                 next_sweep_s = time.monotonic() + self.linger_s
-                await self._drop_idle_channels()
+                await self._drop_idle_feeds()
 
     def _dispatch(self, message: dict[str, object]) -> None:
-        channel = self._channels.get(str(message["channel"]))
-        if channel is None:
+        feed = self._feeds.get(str(message["channel"]))
+        if feed is None:
             return
         if message["type"] == "subscribe":
-            channel.subscribed.set()
+            feed.subscribed.set()
         elif message["type"] == "message":
-            for waiter in channel.waiters:
+            for waiter in feed.waiters:
                 waiter.set()
 
-    async def _drop_idle_channels(self) -> None:
-        """Unsubscribe channels nobody followed for linger_s (lingering avoids subscribe churn and the
-        race of a SUBSCRIBE confirmation arriving for an older subscription of the same channel)."""
+    async def _drop_idle_feeds(self) -> None:
+        """Drop feeds nobody followed for linger_s and unsubscribe their channels (lingering avoids subscribe
+        churn and the race of a SUBSCRIBE confirmation arriving for an older subscription of the channel)."""
         now = time.monotonic()
         idle = [
             name
-            for name, ch in self._channels.items()
-            if not ch.waiters and ch.idle_since is not None and now - ch.idle_since > self.linger_s
+            for name, feed in self._feeds.items()
+            if not feed.waiters and feed.idle_since is not None and now - feed.idle_since > self.linger_s
         ]
         for name in idle:
-            del self._channels[name]
+            del self._feeds[name]
         if idle:
             await self._pubsub.unsubscribe(*idle)
 
     @asynccontextmanager
-    async def watch(self, job_id: str) -> AsyncIterator[asyncio.Event]:
-        """An event set on every wake-up of the job's channel; subscribed (confirmed) before it is yielded."""
+    async def watch(self, job_id: str) -> AsyncIterator[tuple[asyncio.Event, _Feed]]:
+        """(this follower's wake-up event, the job's feed); subscribed (confirmed) before it is yielded."""
         name = keys.job_channel(job_id)
-        channel = self._channels.get(name)
-        if channel is None:
-            channel = self._channels[name] = _Channel()
+        feed = self._feeds.get(name)
+        if feed is None:
+            feed = self._feeds[name] = _Feed()
             await self._subscribe(name)
         waiter = asyncio.Event()
-        channel.waiters.add(waiter)
-        channel.idle_since = None
+        feed.waiters.add(waiter)
+        feed.idle_since = None
         try:
             try:
-                await asyncio.wait_for(channel.subscribed.wait(), SUBSCRIBE_WAIT_S)
+                await asyncio.wait_for(feed.subscribed.wait(), SUBSCRIBE_WAIT_S)
             except TimeoutError:
                 log.warning("no SUBSCRIBE confirmation for %s; relying on keepalive re-reads", name)
-            yield waiter
+            yield waiter, feed
         finally:
-            channel.waiters.discard(waiter)
-            if not channel.waiters:
-                channel.idle_since = time.monotonic()
+            feed.waiters.discard(waiter)
+            if not feed.waiters:
+                feed.idle_since = time.monotonic()
 
     async def follow(self, job_id: str, after_id: str = "0-0") -> AsyncGenerator[Event | None, None]:
         """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick."""
-        events_key = keys.job_events(job_id)
-        check_finished = True  # on the first read and after each tick: a resume after the final event ends
-        async with self.watch(job_id) as wake:
+        after_key = entry_key(after_id)
+        check_finished = True  # on the first pass and after each tick: a resume after the final event ends
+        async with self.watch(job_id) as (wake, feed):
             while True:
+                num_reads_seen = feed.num_reads_started
                 wake.clear()
-                entries: list[tuple[str, dict[str, str]]] = await self.redis.xrange(  # type: ignore[assignment]
-                    events_key, min=f"({after_id}", max="+", count=READ_BATCH
-                )
-                if not entries and check_finished and await self._is_finished(job_id):
+                await feed.catch_up(self.redis, job_id, num_reads_seen)
+                new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
+                if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     return
                 check_finished = False
-                for entry_id, fields in entries:
-                    after_id = entry_id
-                    event = Event(id=entry_id, type=EventType(fields["type"]), data=fields["data"])
+                for event in new:
+                    after_key = event.key
                     yield event
                     if event.type.is_final:
                         return
-                if len(entries) == READ_BATCH:
-                    continue
                 try:
                     await asyncio.wait_for(wake.wait(), self.keepalive_s)
                 except TimeoutError:

@@ -57,6 +57,8 @@ class ServiceSettings(BaseSettings):
 
     # gateway
     host: str = "127.0.0.1"
+    # Redis connections per gateway process (+1 pub/sub); requests beyond it wait for a free one
+    redis_max_connections: int = Field(default=64, ge=2)
     port: int = Field(default=8000, ge=0, le=65535)
     public_url: str | None = None  # base of `urls{}`; None: taken from each request
     queue_limits: QueueLimits = QueueLimits()

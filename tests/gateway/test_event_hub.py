@@ -15,7 +15,8 @@ def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
         await hub.start()
         try:
             channel = keys.job_channel("j1")
-            async with hub.watch("j1") as first, hub.watch("j1") as second:
+            async with hub.watch("j1") as (first, feed), hub.watch("j1") as (second, same_feed):
+                assert feed is same_feed
                 subscribers = dict(await redis.pubsub_numsub(channel))[channel]
                 await redis.publish(channel, "1")
                 await asyncio.wait_for(asyncio.gather(first.wait(), second.wait()), 5)

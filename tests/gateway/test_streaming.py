@@ -140,12 +140,16 @@ def test_many_followers_racing_the_producer(
             producer.start()
             return await asyncio.gather(*tasks)
 
+    xrange_before = rclient.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0)
     results = asyncio.run(main())
     producer.join()
     expected = [f"<{i}>" for i in range(num_steps)]
     for events in results:
         assert [e.data["text"] for e in events if e.event == "token"] == expected
         assert events[-1].event == "done"
+    num_reads = rclient.info("commandstats")["cmdstat_xrange"]["calls"] - xrange_before
+    # followers of one job share reads: far fewer than one XRANGE per follower per event
+    assert num_reads < num_clients * num_steps / 10
 
 
 async def _lines_until(response: httpx.Response, max_events: int | None):  # noqa: ANN202

@@ -52,14 +52,12 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
 
     batch, max_q = len(items), max(q_lens)
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
-    tables = torch.zeros(batch, num_blocks_max, dtype=torch.long)  # [B, NB]
-    for b, it in enumerate(items):
-        used = it.block_table[:num_blocks_max]
-        tables[b, : len(used)] = torch.tensor(used, dtype=torch.long)
+    padded_tables = [it.block_table[:num_blocks_max] for it in items]
+    tables = torch.tensor([t + [0] * (num_blocks_max - len(t)) for t in padded_tables], dtype=torch.long)  # [B, NB]
 
+    is_uniform = all(n == max_q for n in q_lens)  # e.g. a pure decode step: no padded queries
     q_len_t = torch.tensor(q_lens)  # [B]
     q_idx = torch.arange(max_q).unsqueeze(0)  # [1, Q]
-    is_real_query = q_idx < q_len_t.unsqueeze(1)  # [B, Q]
     q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] slot positions
     key_pos = torch.arange(num_blocks_max * block_size).view(1, 1, -1)  # [1, 1, L]
     mask = key_pos <= q_pos.unsqueeze(2)  # [B, Q, L] causal; keys past the sequence are never <= its queries
@@ -69,10 +67,12 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
         if it.tree_mask is not None:
             n, m = it.tree_mask.shape
             mask[b, :n, it.tree_start : it.tree_start + m] = it.tree_mask
-    mask &= is_real_query.unsqueeze(2)
-    mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
+    is_real_query = q_idx < q_len_t.unsqueeze(1)  # [B, Q]
+    if not is_uniform:
+        mask &= is_real_query.unsqueeze(2)
+        mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
 
-    if all(n == max_q for n in q_lens):
+    if is_uniform:
         query_index = flat_index = None
     else:
         starts = torch.tensor([0, *q_lens[:-1]]).cumsum(0).unsqueeze(1)  # [B, 1]
