@@ -11,8 +11,15 @@ from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
 from shared.job_state import ErrorCode
+from shared.schemas import ErrorResponse
 
 router = APIRouter(tags=["health"])
+
+# /metrics answers text/plain, its errors JSON (the route's response_class would document them as text/plain)
+METRICS_ERROR: dict[str, object] = {
+    "description": "the error",
+    "content": {"application/json": {"schema": ErrorResponse.model_json_schema()}},
+}
 
 
 class Health(BaseModel):
@@ -41,7 +48,12 @@ async def readyz(gw: GatewayDep) -> Readiness:
     return Readiness(status="ready", workers_alive=num_workers, queue_depth=await gw.store.queue_depths())
 
 
-@router.get("/metrics", response_model=None, response_class=PlainTextResponse)
+@router.get(
+    "/metrics",
+    response_model=None,
+    response_class=PlainTextResponse,
+    responses={code: METRICS_ERROR for code in (401, 403, 503)},
+)
 async def metrics(gw: GatewayDep, admin: AdminDep) -> Response:
     """Prometheus text format (admin key only); queue depth and live workers are read from Redis at scrape time."""
     for priority, depth in (await gw.store.queue_depths()).items():
