@@ -126,12 +126,7 @@ class Worker:
             while not self._should_exit():
                 try:
                     self.step()
-                    if (
-                        not self.leases
-                        and self.num_pulled_last == 0
-                        and not self.is_stopping
-                        and not self.burst
-                    ):
+                    if self._is_idle():
                         self.reader.wait_for_jobs(self.settings.idle_block_ms)
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
@@ -147,6 +142,10 @@ class Worker:
         )
         self._drop(list(self.leases))
         time.sleep(REDIS_RETRY_S)
+
+    def _is_idle(self) -> bool:
+        """Nothing held and the last pull found nothing: block on the queues instead of spinning."""
+        return not self.leases and self.num_pulled_last == 0 and not self.is_stopping and not self.burst
 
     def _should_exit(self) -> bool:
         if self.is_stopping:

@@ -1,5 +1,6 @@
 """End to end: real worker processes (tiny model pair) + a real gateway over HTTP + a real Redis."""
 
+import json
 import os
 import signal
 import subprocess
@@ -245,3 +246,28 @@ def test_killed_worker_job_is_reclaimed(fleet: FleetClient, rclient: redis.Redis
     assert job["status"] == "succeeded" and finisher != holder
     assert rclient.hget(keys.job_hash(job["id"]), "attempt") == "2"
     assert len(job["output"]["token_ids"]) == LONG["max_tokens"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_submit_status_stream_cancel(fleet: FleetClient) -> None:
+    url = str(fleet.http.base_url).rstrip("/")
+    submitted = _cli("submit", "def f(x):", "--max-tokens", "8", "--url", url)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    job = _finished(fleet, job_id)
+    status = _cli("status", job_id, "--url", url)
+    assert status.returncode == 0 and json.loads(status.stdout)["output"] == job["output"]
+    streamed = _cli("stream", job_id, "--url", url)
+    assert streamed.returncode == 0 and streamed.stdout == job["output"]["text"]
+    assert "succeeded" in streamed.stderr
+    live = _cli("submit", "import os", "--max-tokens", "8", "--stream", "--url", url)
+    assert live.returncode == 0 and "8 tokens" in live.stderr
+    refused = _cli("cancel", job_id, "--url", url)
+    assert refused.returncode == 1 and "409" in refused.stderr
+    missing = _cli("status", "nope", "--url", url)
+    assert missing.returncode == 1 and "404" in missing.stderr
