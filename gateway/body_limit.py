@@ -7,7 +7,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response
-from gateway.openai_api import openai_error
+from gateway.openai_errors import openai_error
 from shared.job_state import ErrorCode
 from shared.schemas import ErrorInfo
 from shared.settings import ServiceSettings

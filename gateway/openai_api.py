@@ -1,8 +1,7 @@
-"""The OpenAI-compatible side of the gateway: its error shape, the served model's name, and one call (submit a
+"""The OpenAI-compatible side of the gateway: the served model's name, and one call (submit a
 job through the queue, then answer when it finishes or stream its tokens as OpenAI chunks).
 
-Errors on these routes are OpenAI's `{"error": {"message", "type", "param", "code"}}` (OpenAIRoute converts
-every error raised in a handler or a dependency); validation errors are 400, as OpenAI's.
+Errors on these routes are OpenAI's (gateway/openai_errors.py).
 A client that goes away before its job finished (a closed stream, or a dropped non-streaming call) cancels the
 job when settings.cancel_on_disconnect, so abandoned requests free the GPU. The job's id is in the
 `x-specfleet-job-id` header of every answer: GET /v1/jobs/{id} shows the job behind a call.
@@ -11,25 +10,22 @@ job when settings.cancel_on_disconnect, so abandoned requests free the GPU. The 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import anyio
 from fastapi import Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import admission
 from gateway.deps import Gateway
 from gateway.errors import ApiError
+from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from shared import keys
 from shared import openai_compat as oa
 from shared.api_keys import ApiKey
@@ -42,86 +38,6 @@ log = logging.getLogger(__name__)
 JOB_ID_HEADER = "x-specfleet-job-id"
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming call checks that its client is still there
 DONE_FRAME = b"data: [DONE]\n\n"
-
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-
-
-class OpenAIErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIError(BaseModel):
-    error: OpenAIErrorBody
-
-
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": OpenAIError} for code in (400, 401, 404, 409, 413, 429, 500, 503)
-}
-
-
-def openai_error(
-    status_code: int,
-    message: str,
-    code: str | None,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    kind = _ERROR_TYPES.get(status_code, "server_error" if status_code >= 500 else "invalid_request_error")
-    body = OpenAIError(error=OpenAIErrorBody(message=message, type=kind, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
-
-
-def _param_of(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc[1:]] if loc and loc[0] == "body" else [str(p) for p in loc]
-    return ".".join(parts) or None
-
-
-def validation_error(exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    param = _param_of(tuple(first.get("loc", ())))
-    message = str(first.get("msg", "invalid request"))
-    return openai_error(400, f"{param}: {message}" if param else message, "invalid_request", param)
-
-
-class OpenAIRoute(APIRoute):
-    """A route whose every error (its handler's and its dependencies') comes out in OpenAI's shape."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def openai_handler(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                return validation_error(exc)
-            except ApiError as exc:  # OpenAI answers 400 where specfleet's own routes answer 422
-                return openai_error(
-                    400 if exc.status_code == 422 else exc.status_code,
-                    exc.info.message,
-                    exc.info.code,
-                    exc.info.field,
-                    exc.headers,
-                )
-            except StarletteHTTPException as exc:
-                return openai_error(exc.status_code, str(exc.detail), None, None, dict(exc.headers or {}))
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                log.warning("redis unavailable: %s", exc)
-                return openai_error(
-                    503,
-                    "the job store is unavailable; retry shortly",
-                    "unavailable",
-                    None,
-                    {"Retry-After": "1"},
-                )
-            except Exception:
-                log.exception("unhandled error on %s %s", request.method, request.url.path)
-                return openai_error(500, "internal error", "internal_error")
-
-        return openai_handler
 
 
 # -- the served model ------------------------------------------------------------------------------------------

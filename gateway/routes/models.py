@@ -7,7 +7,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
-from gateway.openai_api import OPENAI_ERRORS, SERVED_MODEL, OpenAIRoute
+from gateway.openai_api import SERVED_MODEL
+from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
 

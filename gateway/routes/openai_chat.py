@@ -7,7 +7,8 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
-from gateway.openai_api import OPENAI_ERRORS, Call, OpenAIRoute
+from gateway.openai_api import Call
+from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from gateway.routes.openai_completions import STREAM_RESPONSE
 from shared.openai_compat import ChatCompletion, ChatCompletionRequest
 

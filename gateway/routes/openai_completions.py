@@ -6,7 +6,8 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
-from gateway.openai_api import OPENAI_ERRORS, Call, OpenAIRoute
+from gateway.openai_api import Call
+from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from shared.openai_compat import Completion, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
