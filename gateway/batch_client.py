@@ -1,11 +1,13 @@
 """A small synchronous client of `/v1/batches` (the `specfleet batch` commands, tests)."""
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gateway.client import API_KEY_ENV
 from gateway.client import FleetApiError as ApiError
 
 
@@ -18,8 +20,10 @@ class BatchApiError(ApiError):
 
 
 class BatchClient:
-    def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None) -> None:
+        api_key = api_key or os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()

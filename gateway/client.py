@@ -1,11 +1,14 @@
 """A small synchronous client of the gateway's HTTP API (the CLI's submit/status/stream/cancel, tests, bench)."""
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+API_KEY_ENV = "SPECFLEET_API_KEY"  # the key the CLI's client sends (`specfleet up` prints one in dev mode)
 
 
 @dataclass
@@ -45,8 +48,10 @@ class FleetApiError(Exception):
 
 
 class FleetClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
+        api_key = api_key or os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()
