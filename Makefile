@@ -1,4 +1,4 @@
-# Two entry points on a fresh machine: `make demo` and `make test`.
+# Two entry points on a fresh machine: `make up` (the fleet) and `make test`.
 # Both create the venv on first use; torch is pinned first so pip takes the local CPU wheel.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+up: install
+	$(VENV)/bin/specfleet up $(UP_ARGS)
 
 demo: install
 	$(VENV)/bin/specfleet generate "$(PROMPT)" --max-tokens 128

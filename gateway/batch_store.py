@@ -25,6 +25,7 @@ class BatchStore:
         webhook: str | None,
         metadata: dict[str, str],
         window_s: float,
+        owner: str = "",  # the API key id the batch (and every job of its lines) belongs to
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
@@ -45,6 +46,7 @@ class BatchStore:
                 "expansion": "running",
                 "webhook": webhook or "",
                 "metadata": json.dumps(metadata),
+                keys.OWNER_FIELD: owner,
             },
         )
         for start in range(0, len(lines), LINES_PER_PUSH):
@@ -53,6 +55,8 @@ class BatchStore:
                 *lines[start : start + LINES_PER_PUSH],
             )
         pipe.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
+        if owner:
+            pipe.zadd(keys.batches_of(owner), {batch_id: created_s})
         pipe.xadd(
             keys.OUTBOX_STREAM,
             notice_fields(NoticeKind.BATCH, batch_id, BatchEvent.CREATED.value),  # type: ignore[arg-type]
@@ -73,15 +77,18 @@ class BatchStore:
         )
         return str(result)
 
-    async def page(self, limit: int, after: str | None) -> tuple[list[dict[str, str]], bool]:
-        """Up to `limit` batches, newest first, after batch `after` -> (batches, has_more)."""
+    async def page(
+        self, limit: int, after: str | None, index: str = keys.BATCHES_ZSET
+    ) -> tuple[list[dict[str, str]], bool]:
+        """Up to `limit` batches of `index` (all, or one key's: keys.batches_of), newest first, after batch
+        `after` -> (batches, has_more)."""
         start = 0
         if after is not None:
-            rank: int | None = await self.redis.zrevrank(keys.BATCHES_ZSET, after)  # type: ignore[assignment]
+            rank: int | None = await self.redis.zrevrank(index, after)  # type: ignore[assignment]
             start = 0 if rank is None else rank + 1
         found: list[dict[str, str]] = []
         while len(found) <= limit:
-            ids: list[str] = await self.redis.zrevrange(keys.BATCHES_ZSET, start, start + limit)  # type: ignore[assignment]
+            ids: list[str] = await self.redis.zrevrange(index, start, start + limit)  # type: ignore[assignment]
             if not ids:
                 break
             start += len(ids)
@@ -92,7 +99,7 @@ class BatchStore:
                 if fields:
                     found.append(fields)
                 else:  # expired after its result TTL
-                    await self.redis.zrem(keys.BATCHES_ZSET, batch_id)
+                    await self.redis.zrem(index, batch_id)
         return found[:limit], len(found) > limit
 
     async def results(self, batch_id: str, total: int) -> AsyncIterator[bytes]:

@@ -213,3 +213,6 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
     for command in (up, gateway, worker, submit, status, stream, cancel):
         app.command()(command)
+    from gateway import keys_cli
+
+    keys_cli.register(app)

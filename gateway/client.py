@@ -2,12 +2,15 @@
 batches (`specfleet batch ...`)."""
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+API_KEY_ENV = "SPECFLEET_API_KEY"  # the key the CLI's client sends (`specfleet up` prints one in dev mode)
 
 
 @dataclass
@@ -50,8 +53,10 @@ class FleetApiError(Exception):
 
 
 class FleetClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
+        api_key = api_key or os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()

@@ -2,7 +2,8 @@
 
 One object, `Gateway`, holds what handlers use (built once per process in gateway/main.py's lifespan), so a
 request solves one dependency, not five: the submit path is measured in microseconds.
-Authentication (a later issue) becomes one more alias here (`ApiKeyDep`), added to the jobs router.
+Authentication: `ApiKeyDep` (the calling key), `OwnerDep` (the path's job or batch must be the key's) and
+`AdminDep` (fleet stats), see gateway/auth.py.
 """
 
 from dataclasses import dataclass
@@ -11,9 +12,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from redis.asyncio import Redis
 
+from gateway.auth import api_key, owned_resources, require_admin
 from gateway.prompt_limit import PromptLimit
+from gateway.rate_limit import RateLimiter
 from gateway.store import JobStore
 from gateway.streaming import EventHub
+from shared.api_keys import ApiKey
 from shared.settings import ServiceSettings
 
 
@@ -24,6 +28,7 @@ class Gateway:
     store: JobStore
     hub: EventHub
     prompt_limit: PromptLimit
+    limiter: RateLimiter
 
     def base_url(self, request: Request) -> str:
         """Where `urls{}` point: settings.public_url, else the URL the client used."""
@@ -35,3 +40,7 @@ async def _gateway(request: Request) -> Gateway:
 
 
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
+
+ApiKeyDep = Annotated[ApiKey, Depends(api_key)]  # the calling key (401 without a valid one)
+OwnerDep = Annotated[ApiKey, Depends(owned_resources)]  # ... and the path's job/batch is its own (else 404)
+AdminDep = Annotated[ApiKey, Depends(require_admin)]  # ... and it is an admin key (else 403)

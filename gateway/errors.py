@@ -37,7 +37,7 @@ def error_response(status_code: int, info: ErrorInfo, headers: dict[str, str] | 
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (404, 409, 413, 422, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
 
 

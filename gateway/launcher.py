@@ -61,7 +61,8 @@ class Fleet:
             self._spawn("gateway", ["gateway", "--port", str(self.port)], env)
             url = f"http://{self.settings.host}:{self.port}"
             self._wait_for_gateway(url)
-            self._announce(url)
+            api_key = self._dev_key(redis_url) if self.settings.env == "dev" else None
+            self._announce(url, api_key)
             return self._supervise()
         except KeyboardInterrupt:
             return 0
@@ -144,17 +145,41 @@ class Fleet:
                 raise RuntimeError(f"the gateway did not answer at {url}")
             time.sleep(0.1)
 
-    def _announce(self, url: str) -> None:
+    def _dev_key(self, redis_url: str) -> str:
+        """Dev mode: a fresh admin key for this run (printed; stored hashed like any other)."""
+        from shared.api_keys import KeyRegistry
+
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            _, secret = KeyRegistry(client).create(
+                "dev",
+                requests_per_min=self.settings.default_requests_per_min,
+                tokens_per_min=self.settings.default_tokens_per_min,
+                max_concurrent_jobs=self.settings.default_max_concurrent_jobs,
+                is_admin=True,
+                webhook_secret=self.settings.webhook_secret.get_secret_value(),
+            )
+        finally:
+            client.close()
+        return secret
+
+    def _announce(self, url: str, api_key: str | None) -> None:
+        if api_key:  # before the URL: whoever waits for the URL line has the key too
+            typer.echo(f"specfleet: api key {api_key}")
         typer.echo(f"specfleet: gateway at {url}")
         typer.echo(
             f"specfleet: redis at {self.redis_server.url if self.redis_server else self.settings.redis_url}"
         )
         typer.echo(
             "specfleet: try  curl -s -X POST "
-            f"{url}/v1/jobs -H 'Content-Type: application/json' -H 'Prefer: wait=30' "
+            f"{url}/v1/jobs -H 'Authorization: Bearer {api_key or '$SPECFLEET_API_KEY'}' "
+            "-H 'Content-Type: application/json' -H 'Prefer: wait=30' "
             """-d '{"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'"""
         )
-        typer.echo(f"specfleet: or   python -m shared.cli submit 'def fib(n):' --stream --url {url}")
+        typer.echo(
+            f"specfleet: or   SPECFLEET_API_KEY={api_key or '...'} "
+            f"python -m shared.cli submit 'def fib(n):' --stream --url {url}"
+        )
         typer.echo("specfleet: Ctrl-C stops everything")
 
     def _supervise(self) -> int:

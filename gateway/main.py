@@ -4,15 +4,19 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.telemetry import TelemetryConfig
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
+from gateway.auth import num_active_keys, owned_resources
+from gateway.body_limit import BodyLimit
 from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
 from gateway.prompt_limit import PromptLimit
-from gateway.routes import batches, health, jobs
+from gateway.rate_limit import RateLimiter
+from gateway.routes import batches, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
 from shared.settings import ServiceSettings, get_settings
@@ -42,7 +46,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             store=JobStore(redis, settings),
             hub=EventHub(redis, settings.sse_keepalive_s),
             prompt_limit=PromptLimit(redis, settings.model_info_refresh_s),
+            limiter=RateLimiter(redis, settings),
         )
+        if settings.env != "dev":
+            try:
+                await _require_keys(redis)
+            except BaseException:
+                await redis.aclose()
+                raise
         try:
             await gateway.store.ensure_groups()
         except RedisError as exc:  # serve anyway: requests answer 503 until Redis is back
@@ -58,7 +69,34 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     telemetry: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(title="specfleet", version="0.1.0", lifespan=lifespan, telemetry=telemetry)
     install_error_handlers(app)
-    app.include_router(jobs.router)
-    app.include_router(batches.router)
+    # every route but health needs a key; a job or batch id in the path must be the key's own (else 404)
+    tenant = [Depends(owned_resources)]
+    app.include_router(jobs.router, dependencies=tenant)
+    app.include_router(batches.router, dependencies=tenant)
+    for router in (openai_completions.router, openai_chat.router, models.router):
+        app.include_router(router)
     app.include_router(health.router)
+    app.add_middleware(BodyLimit, settings=settings)
+    if settings.cors_allow_origins:  # off by default
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Prefer"],
+            expose_headers=["x-specfleet-job-id", "Retry-After", "Location"],
+        )
     return app
+
+
+async def _require_keys(redis: Redis) -> None:
+    """Outside dev the gateway does not start without an active API key (`specfleet keys create`)."""
+    try:
+        num_keys = await num_active_keys(redis)
+    except RedisError as exc:
+        raise RuntimeError(
+            f"cannot check the API keys (Redis unavailable: {exc}); refusing to start"
+        ) from exc
+    if num_keys == 0:
+        raise RuntimeError(
+            "no active API key: create one with `specfleet keys create NAME`; refusing to start"
+        )

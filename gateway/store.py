@@ -32,8 +32,9 @@ def submit_call(
     idempotency_key: str | None,
     settings: ServiceSettings,
     ctx: str | None = None,
+    owner: str = "",
 ) -> tuple[list[str], list[str | int]]:
-    """KEYS and ARGV of the SUBMIT script for one request."""
+    """KEYS and ARGV of the SUBMIT script for one request (`owner`: the API key id the job belongs to)."""
     ttl_s = min(request.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
     stored = request.model_dump_json(exclude={"metadata", "priority", "ttl_s"})
     return (
@@ -48,6 +49,7 @@ def submit_call(
             settings.queue_limits.for_priority(request.priority),
             settings.idempotency_ttl_s,
             "1" if idempotency_key else "0",
+            owner,
         ],
     )
 
@@ -76,8 +78,12 @@ class JobStore:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def submit(self, request: JobRequest, idempotency_key: str | None) -> Submitted:
-        keys_, args = submit_call(request, uuid.uuid4().hex, idempotency_key, self.settings, self._ctx)
+    async def submit(
+        self, request: JobRequest, idempotency_key: str | None, *, job_id: str | None = None, owner: str = ""
+    ) -> Submitted:
+        keys_, args = submit_call(
+            request, job_id or uuid.uuid4().hex, idempotency_key, self.settings, self._ctx, owner
+        )
         result = await self._submit(keys=keys_, args=args)
         if result[0] == "full":
             raise QueueFull(request.priority, int(result[1]))

@@ -61,3 +61,8 @@ class ErrorCode(StrEnum):
     EXPIRED = "expired"
     MAX_DELIVERIES = "max_deliveries_exceeded"
     ENGINE_ERROR = "engine_error"
+    # authentication, limits and request hardening (gateway/auth.py, rate_limit.py, body_limit.py)
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    RATE_LIMITED = "rate_limit_exceeded"
+    TOO_LARGE = "request_too_large"

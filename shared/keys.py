@@ -92,3 +92,34 @@ def batch_line_idempotency(batch_id: str, line: int) -> str:
 
 
 BATCH_RESULT_TTL_S = 7 * 24 * 3600  # a finished batch (status, results) is kept this long
+
+
+# -- API keys, tenants and per-key limits (shared/api_keys.py, gateway/auth.py, gateway/rate_limit.py) -------
+# A key is found by the SHA-256 of its secret (the secret itself is never stored); the index maps key ids to
+# those digests for listing and revoking. Jobs and batches carry their owner's key id in an `owner` field.
+API_KEY_PREFIX = f"{NAMESPACE}:apikey:"  # + sha256 hex of the secret -> hash: the key's record
+API_KEYS_INDEX = f"{NAMESPACE}:apikeys"  # hash: key id -> sha256 hex of its secret
+OWNER_FIELD = "owner"  # job / batch hash field: the id of the API key that created it
+
+
+def api_key_record(digest: str) -> str:
+    """The record (id name created_at revoked_at is_admin limits webhook_secret) of the key with this digest."""
+    return API_KEY_PREFIX + digest
+
+
+def rate_limit_state(key_id: str) -> str:
+    """Hash: `requests_tat` and `tokens_tat`, the GCRA theoretical arrival times (unix s) of one key."""
+    return f"{NAMESPACE}:ratelimit:{key_id}"
+
+
+def inflight_jobs(key_id: str) -> str:
+    """Hash: job id -> tokens reserved for it, for every job of the key not yet seen finished."""
+    return f"{NAMESPACE}:inflight:{key_id}"
+
+
+def batches_of(key_id: str) -> str:
+    """Sorted set: the key's batch ids -> created_at (GET /v1/batches of a tenant, newest first)."""
+    return f"{NAMESPACE}:batches:of:{key_id}"
+
+
+INFLIGHT_TTL_S = 8 * 24 * 3600  # an idle key's in-flight hash outlives any job (max_ttl_s + a run)

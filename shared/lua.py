@@ -95,7 +95,7 @@ def context(maxlen: int, ttl_s: int) -> str:
 
 
 # KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
-# max_depth idem_ttl_s use_idem(0/1).  -> {'dup', job_id} | {'full', depth} | {'ok', job_id, created_at}
+# max_depth idem_ttl_s use_idem(0/1) [owner: the API key id that owns the job; '' or absent: none].  -> {'dup', job_id} | {'full', depth} | {'ok', job_id, created_at}
 SUBMIT = (
     PRELUDE
     + """
@@ -114,6 +114,7 @@ local entry = redis.call('XADD', KEYS[2], '*', 'id', ARGV[2])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', S_QUEUED, 'priority', ARGV[3], 'created_at', created,
   'expires_at', string.format('%.6f', tonumber(created) + tonumber(ARGV[4])), 'request', ARGV[5],
   'metadata', ARGV[6], 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
+if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[10]) end
 if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[8]) end
 return {'ok', ARGV[2], created}
 """

@@ -1,84 +1,254 @@
-"""OpenAI `/v1/completions` and `/v1/chat/completions` <-> our jobs, in one place.
+"""OpenAI `/v1/completions` and `/v1/chat/completions` <-> our jobs, in one place: the HTTP endpoints
+(gateway/routes/openai_*.py) and batch lines (shared/batch_format.py) both translate through it.
 
-Batch lines use it now; the HTTP endpoints (a later issue) reuse it unchanged.
-
-Request: `prompt` (a string, or a list holding one string) or `messages` (role + string content), with
-`max_tokens`, `temperature`, `top_p`, `stop` (string or list), `seed`; `model`, `user`, `n` (1 only) and
-`stream` (false only) are accepted. Chat messages go to the job as `messages`: the worker renders them with
-the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
+Request: `prompt` (a string, or a list holding one string) or `messages` (system/developer/user/assistant, string
+content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
+(string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), and specfleet's
+own `priority`, `top_k` and `ignore_eos` (as vLLM's extra parameters). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
+an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
+(`n` > 1, a penalty, logprobs, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
+refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
+sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
+with the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
 (workers/worker/prompts.py). Defaults follow OpenAI: `max_tokens` 16 for completions, 256 (ours) for chat;
-temperature 1, top_p 1. Unknown fields are refused (they would silently change nothing).
+temperature 1, top_p 1.
 
-Response: the OpenAI `text_completion` / `chat.completion` object built from a finished job.
+Response: the `text_completion` / `chat.completion` object of a finished job, and the chunks of a stream.
 """
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared.schemas import Job, JobRequest, Message, Priority
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_SEQUENCES = 4  # as OpenAI
+
+
+def _valid_text(value: str) -> str:
+    """Refuse lone surrogates (JSON `\\ud800`): they cannot be encoded, tokenized or stored."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("the text is not valid Unicode (a lone surrogate)") from exc
+    return value
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool | None = None
 
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    model: str | None = Field(None, max_length=256)
+    max_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
-    stream: Literal[False] = False
-    user: str | None = None
+    seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64)
+    n: StrictInt | None = None
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    # specfleet's extensions (as vLLM's): the queue of the job behind the call, top-k, generating past EOS
+    priority: Priority | None = None
+    top_k: StrictInt | None = Field(None, ge=-1)
+    ignore_eos: StrictBool | None = None
+    # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
+    user: str | None = Field(None, max_length=256)
+    metadata: dict[str, str] | None = None
+    store: StrictBool | None = None
+    service_tier: str | None = Field(None, max_length=64)
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: StrictInt | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        for s in stops:
+            _valid_text(s)
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: StrictFloat | None) -> float | None:
+        if value:
+            raise ValueError("penalties are not supported (only 0)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
+        if value:
+            raise ValueError("logit_bias is not supported (only an empty one)")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> "_Common":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    # accepted at their neutral values only
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    logprobs: StrictInt | None = None
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and len(value) != 1:
             raise ValueError("give one prompt (a string, or a list holding one string)")
+        for text in [value] if isinstance(value, str) else value:
+            _valid_text(text)
         return value
+
+    @model_validator(mode="after")
+    def _neutral_extras(self) -> "CompletionRequest":
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: only 1 is supported")
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A message as OpenAI clients send it; tool calls and non-text parts are not supported."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = Field(None, max_length=256)
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: str | list[TextPart]) -> str | list[TextPart]:
+        _valid_text(value if isinstance(value, str) else "".join(p.text for p in value))
+        return value
+
+    def to_message(self) -> Message:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return Message(role="system" if self.role == "developer" else self.role, content=text)
+
+
 class ChatCompletionRequest(_Common):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
+    # accepted at their neutral values only
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    parallel_tool_calls: StrictBool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none"] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _neutral_extras(self) -> "ChatCompletionRequest":
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.response_format not in (None, {"type": "text"}):
+            raise ValueError("response_format: only {'type': 'text'} is supported")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
-def _job(req: _Common, default_max_tokens: int | None, priority: Priority, **inputs: Any) -> JobRequest:
-    fields: dict[str, Any] = dict(
-        temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed, priority=priority
-    )
-    max_tokens = req.max_tokens or default_max_tokens
+def to_job_request(
+    req: CompletionRequest | ChatCompletionRequest, priority: Priority, default_max_tokens: int | None = None
+) -> JobRequest:
+    """The job of a validated OpenAI request (`priority` unless the request names one)."""
+    fields: dict[str, Any] = dict(stop=req.stop_list(), seed=req.seed, priority=req.priority or priority)
+    if req.temperature is not None:
+        fields["temperature"] = req.temperature
+    if req.top_p is not None:
+        fields["top_p"] = req.top_p
+    if req.top_k is not None:
+        fields["top_k"] = req.top_k
+    if req.ignore_eos is not None:
+        fields["ignore_eos"] = req.ignore_eos
+    if isinstance(req, CompletionRequest):
+        fields["prompt"] = req.prompt_text()
+        default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    else:
+        fields["messages"] = [m.to_message() for m in req.messages]
+    max_tokens = req.requested_max_tokens() or default_max_tokens
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
-    return JobRequest(**inputs, **fields)
+    return JobRequest(**fields)
 
 
 def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priority.DEFAULT) -> JobRequest:
-    """The job for an OpenAI-style request body at `url`; raises pydantic's ValidationError or ValueError."""
+    """The job for an OpenAI-style batch line body at `url` (no streaming; the batch's priority);
+    raises pydantic's ValidationError or ValueError."""
+    req: CompletionRequest | ChatCompletionRequest
     if url == COMPLETIONS_URL:
-        completion = CompletionRequest.model_validate(body)
-        return _job(completion, COMPLETIONS_DEFAULT_MAX_TOKENS, priority, prompt=completion.prompt_text())
-    if url == CHAT_COMPLETIONS_URL:
-        chat = ChatCompletionRequest.model_validate(body)
-        return _job(chat, None, priority, messages=chat.messages)
-    raise ValueError(f"no OpenAI translation for {url}")
+        req = CompletionRequest.model_validate(body)
+    elif url == CHAT_COMPLETIONS_URL:
+        req = ChatCompletionRequest.model_validate(body)
+    else:
+        raise ValueError(f"no OpenAI translation for {url}")
+    if req.stream:
+        raise ValueError("a batch line cannot stream (stream must be false)")
+    return to_job_request(req.model_copy(update={"priority": None}), priority)
 
 
 def model_of(body: dict[str, Any]) -> str | None:
@@ -86,56 +256,137 @@ def model_of(body: dict[str, Any]) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def _finish_reason(job: Job) -> str | None:
-    reason = job.output.finish_reason if job.output else None
-    return "length" if reason == "length" else ("stop" if reason else None)
+# -- responses ------------------------------------------------------------------------------------------------
+FinishReason = Literal["stop", "length"]
 
 
-def _usage(job: Job) -> dict[str, int]:
-    prompt = job.usage.prompt_tokens or 0
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": job.usage.completion_tokens,
-        "total_tokens": prompt + job.usage.completion_tokens,
-    }
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None  # on a stream: only on the usage chunk
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+def finish_reason(engine_reason: str | None) -> FinishReason | None:
+    """The engine's `stop` | `length` | `abort` -> OpenAI's (an eos token or a stop string is `stop`)."""
+    if engine_reason is None:
+        return None
+    return "length" if engine_reason == "length" else "stop"
+
+
+def usage_of(prompt_tokens: int | None, completion_tokens: int) -> CompletionUsage:
+    prompt = prompt_tokens or 0
+    return CompletionUsage(
+        prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens
+    )
+
+
+def completion_id(job_id: str) -> str:
+    return f"cmpl-{job_id}"
+
+
+def chat_completion_id(job_id: str) -> str:
+    return f"chatcmpl-{job_id}"
+
+
+def completion_of(job: Job, model: str) -> Completion:
+    """The `text_completion` object of a finished job."""
+    return Completion(
+        id=completion_id(job.id),
+        created=int(job.created_at),
+        model=model,
+        choices=[
+            CompletionChoice(
+                text=job.output.text if job.output else "",
+                finish_reason=finish_reason(job.output.finish_reason if job.output else None),
+            )
+        ],
+        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
+    )
+
+
+def chat_completion_of(job: Job, model: str) -> ChatCompletion:
+    """The `chat.completion` object of a finished job."""
+    return ChatCompletion(
+        id=chat_completion_id(job.id),
+        created=int(job.created_at),
+        model=model,
+        choices=[
+            ChatChoice(
+                message=AssistantMessage(content=job.output.text if job.output else ""),
+                finish_reason=finish_reason(job.output.finish_reason if job.output else None),
+            )
+        ],
+        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
+    )
 
 
 def completion_response(job: Job, model: str) -> dict[str, Any]:
-    """The `text_completion` object of a finished job."""
-    return {
-        "id": f"cmpl-{job.id}",
-        "object": "text_completion",
-        "created": int(job.created_at),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": job.output.text if job.output else "",
-                "logprobs": None,
-                "finish_reason": _finish_reason(job),
-            }
-        ],
-        "usage": _usage(job),
-    }
+    return completion_of(job, model).model_dump(mode="json")
 
 
 def chat_completion_response(job: Job, model: str) -> dict[str, Any]:
-    """The `chat.completion` object of a finished job."""
-    return {
-        "id": f"chatcmpl-{job.id}",
-        "object": "chat.completion",
-        "created": int(job.created_at),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": job.output.text if job.output else ""},
-                "logprobs": None,
-                "finish_reason": _finish_reason(job),
-            }
-        ],
-        "usage": _usage(job),
-    }
+    return chat_completion_of(job, model).model_dump(mode="json")
 
 
 def response_body(url: str, job: Job, model: str) -> dict[str, Any]:

@@ -112,7 +112,25 @@ class ServiceSettings(BaseSettings):
     batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
 
-    @field_validator("webhook_allow_hosts", mode="before")
+    # API keys and per-key limits (gateway/auth.py, gateway/rate_limit.py); keys live hashed in Redis
+    # (`specfleet keys create`). env prod: the gateway refuses to start while no active key exists.
+    rate_limit_period_s: float = Field(default=60.0, gt=0)  # the "minute" of requests/tokens per minute
+    default_requests_per_min: int = Field(default=600, ge=0)  # of a new key; 0 = unlimited
+    default_tokens_per_min: int = Field(default=1_000_000, ge=0)
+    default_max_concurrent_jobs: int = Field(default=64, ge=0)
+
+    # request hardening (gateway/body_limit.py, gateway/openai_api.py)
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)  # any body but a batch file; larger -> 413
+    max_prompt_chars: int = Field(default=200_000, ge=1)  # prompt, or all messages' content together
+    max_tokens_limit: int = Field(default=32_768, ge=1)  # the largest max_tokens a request may ask
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty: CORS off
+
+    # OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models)
+    openai_priority: Priority = Priority.INTERACTIVE  # of their jobs unless the body says `priority`
+    cancel_on_disconnect: bool = True  # a client that goes away cancels its job (frees the GPU)
+    served_model_name: str | None = None  # `model` of /v1/models; None: the workers' model dir name
+
+    @field_validator("webhook_allow_hosts", "cors_allow_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.main import create_app
 from gateway.store import submit_call
 from shared import lua
+from shared.api_keys import ApiKey, KeyRegistry
 from shared.redis_server import RedisServer, free_port
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
@@ -68,14 +70,55 @@ def settings(redis_url: str, tmp_path: Path) -> ServiceSettings:
     return ServiceSettings(redis_url=redis_url, redis_dir=tmp_path / "redis", **FAST_TIMINGS)  # type: ignore[arg-type]
 
 
-class ThreadedGateway:
-    """The real gateway app served by uvicorn on a free port, in a background thread."""
+def create_key(redis_url: str, name: str = "test", **limits: object) -> tuple[ApiKey, str]:
+    """A new API key in the test Redis (unlimited unless limits are given) -> (its record, its secret)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        options = {"requests_per_min": 0, "tokens_per_min": 0, "max_concurrent_jobs": 0, **limits}
+        return KeyRegistry(client).create(name, **options)  # type: ignore[arg-type]
+    finally:
+        client.close()
 
-    def __init__(self, settings: ServiceSettings) -> None:
+
+class _DefaultKey:
+    """ASGI shim of the tests that are not about authentication: a request without an Authorization header
+    gets the test's admin key (the gateway itself always requires one)."""
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        self.app = app
+        self.header = (b"authorization", f"Bearer {secret}".encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not any(k == b"authorization" for k, _ in scope["headers"]):
+            scope = {**scope, "headers": [*scope["headers"], self.header]}
+        await self.app(scope, receive, send)
+
+
+class ThreadedGateway:
+    """The real gateway app served by uvicorn on a free port, in a background thread.
+
+    default_key: requests without an Authorization header are sent with a fresh admin key (`self.api_key`),
+    for the tests of everything but authentication. False: the gateway exactly as deployed."""
+
+    def __init__(self, settings: ServiceSettings, default_key: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        app: ASGIApp = create_app(settings)
+        self.api_key = ""
+        if default_key:
+            assert settings.redis_url is not None
+            try:
+                self.api_key = create_key(
+                    settings.redis_url,
+                    "tests-admin",
+                    is_admin=True,
+                    webhook_secret=settings.webhook_secret.get_secret_value(),  # the service's: tests verify it
+                )[1]
+            except redis.ConnectionError:  # the tests of a gateway whose Redis is down
+                self.api_key = "sf-no-redis"
+            app = _DefaultKey(app, self.api_key)
         config = uvicorn.Config(
-            create_app(settings),
+            app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

@@ -10,9 +10,10 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from gateway.batch_store import BatchStore
-from gateway.deps import GatewayDep
+from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.webhook_guard import check_webhook
+from shared import keys
 from shared.batch_format import BatchLine, BatchLineError, BatchTooLarge, parse_batch
 from shared.batch_schemas import (
     Batch,
@@ -107,7 +108,7 @@ def _parse(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[BatchLine
     responses={422: {"model": BatchErrorResponse, "description": "bad lines: every one in error.data"}},
 )
 async def create_batch(
-    request: Request, response: Response, store: StoreDep, gw: GatewayDep
+    request: Request, response: Response, store: StoreDep, gw: GatewayDep, key: ApiKeyDep
 ) -> Batch | JSONResponse:
     """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs."""
     settings, base = gw.settings, gw.base_url(request)
@@ -126,7 +127,7 @@ async def create_batch(
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
     window_s = options.completion_window_s or settings.batch_completion_window_s
-    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s)
+    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id)
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch
@@ -144,11 +145,13 @@ async def list_batches(
     request: Request,
     store: StoreDep,
     gw: GatewayDep,
+    key: ApiKeyDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=80)] = None,
 ) -> BatchList:
     """Batches, newest first; `after` = the last id of the previous page."""
-    rows, has_more = await store.page(limit, after)
+    index = keys.BATCHES_ZSET if key.is_admin else keys.batches_of(key.id)  # a tenant lists its own
+    rows, has_more = await store.page(limit, after, index)
     data = [batch_from_fields(fields, gw.base_url(request)) for fields in rows]
     return BatchList(
         data=data,

@@ -7,12 +7,19 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from gateway.deps import GatewayDep
+from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
 from shared.job_state import ErrorCode
+from shared.schemas import ErrorResponse
 
 router = APIRouter(tags=["health"])
+
+# /metrics answers text/plain, its errors JSON (the route's response_class would document them as text/plain)
+METRICS_ERROR: dict[str, object] = {
+    "description": "the error",
+    "content": {"application/json": {"schema": ErrorResponse.model_json_schema()}},
+}
 
 
 class Health(BaseModel):
@@ -41,9 +48,14 @@ async def readyz(gw: GatewayDep) -> Readiness:
     return Readiness(status="ready", workers_alive=num_workers, queue_depth=await gw.store.queue_depths())
 
 
-@router.get("/metrics", response_model=None, response_class=PlainTextResponse)
-async def metrics(gw: GatewayDep) -> Response:
-    """Prometheus text format; queue depth and live workers are read from Redis at scrape time."""
+@router.get(
+    "/metrics",
+    response_model=None,
+    response_class=PlainTextResponse,
+    responses={code: METRICS_ERROR for code in (401, 403, 503)},
+)
+async def metrics(gw: GatewayDep, admin: AdminDep) -> Response:
+    """Prometheus text format (admin key only); queue depth and live workers are read from Redis at scrape time."""
     for priority, depth in (await gw.store.queue_depths()).items():
         QUEUE_DEPTH.labels(priority).set(depth)
     WORKERS_ALIVE.set(await gw.store.num_workers_alive(time.time()))

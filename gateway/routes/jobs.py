@@ -10,17 +10,17 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
-from gateway.deps import GatewayDep
+from gateway import admission
+from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import (
     JOBS_CANCELLED,
-    JOBS_REJECTED,
     JOBS_SUBMITTED,
     SSE_EVENTS,
     SSE_STREAMS,
     SUBMIT_SECONDS,
 )
-from gateway.store import JobStore, QueueFull
+from gateway.store import JobStore
 from gateway.streaming import EventHub, sse_frame
 from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
@@ -65,20 +65,17 @@ async def create_job(
     request: Request,
     response: Response,
     gw: GatewayDep,
+    key: ApiKeyDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
     prefer: Annotated[str | None, Header()] = None,
 ) -> Job:
     """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish."""
     started = time.perf_counter()
     store, settings, base = gw.store, gw.settings, gw.base_url(request)
-    await gw.prompt_limit.check(body)
     await check_webhook(body.webhook, settings)
-    try:
-        submitted = await store.submit(body, idempotency_key)
-    except QueueFull as exc:
-        JOBS_REJECTED.labels("queue_full").inc()
-        headers = {"Retry-After": str(settings.retry_after_s)}
-        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
+    admitted = await admission.submit(gw, key, body, idempotency_key)
+    submitted = admitted.submitted
+    response.headers.update(admitted.headers)
     wait_s = prefer_wait_s(prefer, settings.max_wait_s)
     if submitted.is_new:
         JOBS_SUBMITTED.labels(body.priority.value).inc()

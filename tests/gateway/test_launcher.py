@@ -66,12 +66,16 @@ def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path
         while not any(line.startswith("specfleet: gateway at ") for line in printed):
             printed.append(lines.get(timeout=180))
         url = printed[-1].removeprefix("specfleet: gateway at ").strip()
+        key_lines = [line for line in printed if line.startswith("specfleet: api key ")]
+        assert len(key_lines) == 1  # dev mode prints a fresh key, before the URL
+        api_key = key_lines[0].removeprefix("specfleet: api key ").strip()
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401  # every route needs a key
         children = _children(up.pid)
         assert len(children) == 4  # redis-server, celery, worker, gateway
         job = httpx.post(
             f"{url}/v1/jobs",
             json={"prompt": "def f(x):", "max_tokens": 6, "temperature": 0},
-            headers={"Prefer": "wait=60"},
+            headers={"Prefer": "wait=60", "Authorization": f"Bearer {api_key}"},
             timeout=90,
         ).json()
         assert job["status"] == "succeeded" and len(job["output"]["token_ids"]) == 6

@@ -14,7 +14,7 @@ import redis
 import yaml
 
 from shared.redis_server import find_redis_server, free_port
-from tests.conftest import wait_until
+from tests.conftest import create_key, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,9 +118,10 @@ def test_each_service_command_starts(
         wait_until(
             lambda: _healthy(services["worker"], env), timeout_s=120, interval_s=0.2, what="worker health"
         )
+        secret = create_key(compose_redis)[1]  # an operator's `specfleet keys create`
         job = httpx.post(
             f"http://127.0.0.1:{port}/v1/jobs",
-            headers={"Prefer": "wait=60"},
+            headers={"Prefer": "wait=60", "Authorization": f"Bearer {secret}"},
             json={"prompt": "def f(x):", "max_tokens": 8, "temperature": 0},
             timeout=90,
         ).json()

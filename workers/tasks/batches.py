@@ -77,7 +77,12 @@ def expand(self: object, batch_id: str) -> str:
         index = start + offset
         request = _job_request(BatchLine.from_json(raw), batch_id, index, ttl_s)
         keys_, args = submit_call(
-            request, uuid.uuid4().hex, keys.batch_line_idempotency(batch_id, index), settings, ctx
+            request,
+            uuid.uuid4().hex,
+            keys.batch_line_idempotency(batch_id, index),
+            settings,
+            ctx,
+            owner=fields.get(keys.OWNER_FIELD, ""),  # the batch's owner owns its lines' jobs
         )
         submit(keys=keys_, args=args, client=pipe)
     pairs: list[str] = []

@@ -12,7 +12,7 @@ from typing import Literal
 
 from celery import Task
 
-from shared import batch_lua, keys
+from shared import api_keys, batch_lua, keys
 from shared.schemas import WebhookDelivery, WebhookEvent
 from shared.webhook_status import webhook_field
 from workers.tasks import delivery, runtime
@@ -38,11 +38,13 @@ def job_message_id(job_id: str, event: WebhookEvent, notice_id: str) -> str:
 def deliver(self: Task, target: Target, target_id: str, event: str, url: str, msg_id: str, body: str) -> str:
     settings = runtime.settings()
     attempt_no = int(self.request.retries) + 1
+    # signed with the owning API key's webhook secret (`specfleet keys create`), else the service's
+    owner_secret = api_keys.webhook_secret_of(runtime.redis_client(), _target_key(target, target_id))
     result = delivery.attempt(
         url,
         msg_id,
         body.encode(),
-        settings.webhook_secret.get_secret_value(),
+        owner_secret or settings.webhook_secret.get_secret_value(),
         runtime.allowlist(),
         settings.webhook_timeout_s,
         event,

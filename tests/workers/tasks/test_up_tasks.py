@@ -33,6 +33,8 @@ def test_up_starts_celery_and_a_batch_completes(tiny_target: Path, tmp_path: Pat
         line = ""
         while not line.startswith("specfleet: gateway at "):
             line = lines.get(timeout=180)
+            if line.startswith("specfleet: api key "):  # dev mode prints a key before the URL
+                env["SPECFLEET_API_KEY"] = line.removeprefix("specfleet: api key ").strip()
         url = line.removeprefix("specfleet: gateway at ").strip()
         children = _children(up.pid)
         source = tmp_path / "in.jsonl"

@@ -152,3 +152,24 @@ def test_loopback_is_refused_without_the_allowlist(
         assert (
             client.post("/v1/jobs", json={"prompt": "x", "webhook": "ftp://example.com/"}).status_code == 422
         )
+
+
+def test_a_keys_own_webhook_secret_signs_its_jobs_webhooks(
+    hook_settings: ServiceSettings,
+    receiver: Receiver,
+    celery_worker: CeleryWorker,
+    engine_worker: EngineWorker,
+) -> None:
+    from shared.webhook_signing import InvalidSignature, verify
+    from tests.conftest import create_key
+
+    assert hook_settings.redis_url is not None
+    key, secret = create_key(hook_settings.redis_url, "tenant")
+    assert key.webhook_secret.startswith("whsec_") and key.webhook_secret != receiver.secret
+    with ThreadedGateway(hook_settings, default_key=False).start() as server:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {secret}"}) as http:
+            submit(http, receiver.url + "/tenant", ["completed"])
+    call = receiver.wait_for(lambda cs: len(cs) == 1, what="the completed webhook")[0]
+    verify(key.webhook_secret, call.headers, call.body)  # the tenant's secret signed it ...
+    with pytest.raises(InvalidSignature):
+        verify(receiver.secret, call.headers, call.body)  # ... not the service's

@@ -1,0 +1,99 @@
+"""One way in for every job an API call creates (POST /v1/jobs, /v1/completions, /v1/chat/completions):
+
+    size limits (settings) -> model context (413) -> the key's limits (429) -> SUBMIT with the key as owner
+
+The Idempotency-Key is scoped to the key (one tenant's key never finds another tenant's job). A job admitted by
+the limiter but not created (queue full, idempotent replay, Redis error) gives its reservation back at once.
+"""
+
+import uuid
+from dataclasses import dataclass
+
+from gateway.deps import Gateway
+from gateway.errors import ApiError
+from gateway.metrics import JOBS_REJECTED
+from gateway.rate_limit import estimate_tokens
+from gateway.store import QueueFull, Submitted
+from shared.api_keys import ApiKey
+from shared.job_state import ErrorCode
+from shared.schemas import JobRequest
+
+
+@dataclass
+class Admitted:
+    submitted: Submitted
+    headers: dict[str, str]  # x-ratelimit-* for the response
+
+
+def prompt_chars(request: JobRequest) -> int:
+    if request.prompt is not None:
+        return len(request.prompt)
+    return sum(len(m.content) for m in request.messages or [])
+
+
+def check_sizes(request: JobRequest, gw: Gateway) -> None:
+    """The settings' caps on max_tokens and prompt length, and text that can be encoded (JSON may carry a lone
+    surrogate, `\\ud800`, which no tokenizer or Redis can take), before any tokenizer or Redis work."""
+    settings = gw.settings
+    if request.max_tokens > settings.max_tokens_limit:
+        raise ApiError(
+            422,
+            ErrorCode.INVALID_REQUEST,
+            f"max_tokens: at most {settings.max_tokens_limit}",
+            field="max_tokens",
+        )
+    texts = [request.prompt or "", *(m.content for m in request.messages or []), *request.stop]
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            422, ErrorCode.INVALID_REQUEST, "the text is not valid Unicode (a lone surrogate)", field="prompt"
+        ) from exc
+    if prompt_chars(request) > settings.max_prompt_chars:
+        field = "prompt" if request.prompt is not None else "messages"
+        raise ApiError(
+            413,
+            ErrorCode.PROMPT_TOO_LONG,
+            f"{field}: at most {settings.max_prompt_chars} characters",
+            field=field,
+        )
+
+
+async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key: str | None) -> Admitted:
+    """Check, admit and queue one job for `key` -> the job (or the earlier one of the same Idempotency-Key)."""
+    check_sizes(request, gw)
+    await gw.prompt_limit.check(request)
+    cost = estimate_tokens(prompt_chars(request), request.max_tokens)
+    if key.tokens_per_min and cost > key.tokens_per_min:
+        raise ApiError(
+            413,
+            ErrorCode.TOO_LARGE,
+            f"this request may use {cost} tokens (prompt estimate + max_tokens), more than this key's "
+            f"limit of {key.tokens_per_min} tokens per {gw.settings.rate_limit_period_s:g}s",
+            field="max_tokens",
+        )
+    job_id = uuid.uuid4().hex
+    decision = await gw.limiter.admit(key, job_id, cost)
+    if not decision.admitted:
+        JOBS_REJECTED.labels(f"rate_limit_{decision.refused_by}").inc()
+        raise ApiError(
+            429,
+            ErrorCode.RATE_LIMITED,
+            f"rate limit reached ({decision.refused_by}); retry after {decision.retry_after_s}s",
+            headers=decision.headers,
+        )
+    scoped_key = f"{key.id}:{idempotency_key}" if idempotency_key else None
+    try:
+        submitted = await gw.store.submit(request, scoped_key, job_id=job_id, owner=key.id)
+    except QueueFull as exc:
+        await gw.limiter.release(key, job_id)
+        JOBS_REJECTED.labels("queue_full").inc()
+        headers = {"Retry-After": str(gw.settings.retry_after_s)}
+        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
+    except BaseException:
+        await gw.limiter.release(key, job_id)
+        raise
+    if not submitted.is_new:
+        await gw.limiter.release(key, job_id)
+    return Admitted(submitted, decision.headers)

@@ -1,0 +1,80 @@
+"""Request bodies larger than settings.max_request_bytes (batch files: batch_max_bytes) get 413 before the app
+reads them: a declared Content-Length is checked first, a chunked body is counted as it arrives."""
+
+from collections.abc import Callable
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import error_response
+from gateway.openai_errors import openai_error
+from shared.job_state import ErrorCode
+from shared.schemas import ErrorInfo
+from shared.settings import ServiceSettings
+
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+BATCH_PATH = "/v1/batches"
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from `receive` once a body passes the limit; FastAPI re-raises HTTPExceptions met while reading
+    a body, so the route's error handling turns it into a 413 in the route's error shape."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, settings: ServiceSettings) -> None:
+        self.app = app
+        self.settings = settings
+
+    def limit_for(self, path: str) -> int:
+        if path.startswith(BATCH_PATH):
+            return max(
+                self.settings.max_request_bytes, int(getattr(self.settings, "batch_max_bytes", 0)) + 65536
+            )
+        return self.settings.max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        limit = self.limit_for(path)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, path, limit)
+            return
+        received = 0
+        response_started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if not response_started:
+                await self._refuse(scope, receive, send, path, limit)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, path: str, limit: int) -> None:
+        message = f"the request body is larger than {limit} bytes"
+        response: Callable[[Scope, Receive, Send], object]
+        if path.startswith(OPENAI_PATHS):
+            response = openai_error(413, message, ErrorCode.TOO_LARGE.value)
+        else:
+            response = error_response(413, ErrorInfo(code=ErrorCode.TOO_LARGE, message=message))
+        await response(scope, receive, send)  # type: ignore[misc]

@@ -1,0 +1,250 @@
+"""The OpenAI-compatible side of the gateway: the served model's name, and one call (submit a
+job through the queue, then answer when it finishes or stream its tokens as OpenAI chunks).
+
+Errors on these routes are OpenAI's (gateway/openai_errors.py).
+A client that goes away before its job finished (a closed stream, or a dropped non-streaming call) cancels the
+job when settings.cancel_on_disconnect, so abandoned requests free the GPU. The job's id is in the
+`x-specfleet-job-id` header of every answer: GET /v1/jobs/{id} shows the job behind a call.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+import anyio
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.background import BackgroundTask
+
+from gateway import admission
+from gateway.deps import Gateway
+from gateway.errors import ApiError
+from gateway.openai_errors import OpenAIError, OpenAIErrorBody
+from shared import keys
+from shared import openai_compat as oa
+from shared.api_keys import ApiKey
+from shared.job_record import job_from_fields
+from shared.job_state import ErrorCode, JobStatus
+from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, EventType, Job, TokenEvent
+
+log = logging.getLogger(__name__)
+
+JOB_ID_HEADER = "x-specfleet-job-id"
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming call checks that its client is still there
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+# -- the served model ------------------------------------------------------------------------------------------
+class ServedModel:
+    """The model name clients see (settings.served_model_name, else the workers' model dir name), refreshed from
+    keys.MODEL_INFO every model_info_refresh_s; None while no worker has said what it serves."""
+
+    def __init__(self) -> None:
+        self._name: str | None = None
+        self._fetched_at = -float("inf")
+
+    async def name(self, gw: Gateway) -> str | None:
+        if gw.settings.served_model_name:
+            return gw.settings.served_model_name
+        if time.monotonic() - self._fetched_at >= gw.settings.model_info_refresh_s:
+            self._fetched_at = time.monotonic()
+            model: str | None = await gw.redis.hget(keys.MODEL_INFO, "model")  # type: ignore[misc,assignment]
+            self._name = (Path(model).name or model) if model else None
+        return self._name
+
+    async def check(self, gw: Gateway, requested: str | None) -> str:
+        """The model to answer with; 404 when the request names another one."""
+        served = await self.name(gw)
+        if requested and served and requested != served:
+            raise ApiError(
+                404,
+                ErrorCode.NOT_FOUND,
+                f"the model `{requested}` does not exist; this fleet serves `{served}`",
+                field="model",
+            )
+        return served or requested or "specfleet"
+
+
+SERVED_MODEL = ServedModel()
+
+
+# -- one call ------------------------------------------------------------------------------------------------------
+def _job_failure(job: Job) -> ApiError:
+    """The HTTP error of a job that did not succeed."""
+    info = job.error or ErrorInfo(code=job.status.value, message=f"the job {job.status.value}")
+    if job.status is JobStatus.EXPIRED:
+        return ApiError(503, ErrorCode.EXPIRED, info.message, headers={"Retry-After": "1"})
+    if job.status is JobStatus.CANCELLED:
+        return ApiError(409, ErrorCode.CANCELLED, info.message)
+    if info.code in (ErrorCode.PROMPT_TOO_LONG, ErrorCode.INVALID_REQUEST):
+        return ApiError(400, ErrorCode(info.code), info.message, field=info.field)
+    return ApiError(500, ErrorCode.ENGINE_ERROR, info.message)
+
+
+class Call:
+    """One OpenAI call: its job, and how the answer is written (a whole object, or chunks)."""
+
+    def __init__(
+        self,
+        gw: Gateway,
+        request: Request,
+        body: oa.CompletionRequest | oa.ChatCompletionRequest,
+        is_chat: bool,
+    ) -> None:
+        self.gw = gw
+        self.request = request
+        self.body = body
+        self.is_chat = is_chat
+        self.job_id = ""
+        self.model = ""
+        self.is_finished = False
+
+    async def run(self, key: ApiKey, idempotency_key: str | None) -> Response | BaseModel:
+        self.model = await SERVED_MODEL.check(self.gw, self.body.model)
+        job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
+        admitted = await admission.submit(self.gw, key, job_request, idempotency_key)
+        self.job_id = admitted.submitted.job_id
+        headers = {**admitted.headers, JOB_ID_HEADER: self.job_id}
+        if self.body.stream:
+            return StreamingResponse(
+                self._frames(),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                background=BackgroundTask(self._cancel_if_abandoned),
+            )
+        job = await self._wait()
+        if job.status is not JobStatus.SUCCEEDED:
+            error = _job_failure(job)
+            error.headers = {**(error.headers or {}), JOB_ID_HEADER: self.job_id}
+            raise error
+        answer = oa.chat_completion_of(job, self.model) if self.is_chat else oa.completion_of(job, self.model)
+        return JSONResponse(answer.model_dump(mode="json"), headers=headers)
+
+    async def _wait(self) -> Job:
+        """Block until the job is final; a client that leaves meanwhile cancels it."""
+
+        async def final_event() -> None:
+            async with aclosing(self.gw.hub.follow(self.job_id)) as events:
+                async for event in events:
+                    if event is not None and event.type.is_final:
+                        return
+
+        follower = asyncio.create_task(final_event())
+        try:
+            while not follower.done():
+                await asyncio.wait({follower}, timeout=DISCONNECT_POLL_S)
+                if not follower.done() and await self.request.is_disconnected():
+                    await self._cancel_if_abandoned()
+                    break
+            if follower.done():
+                follower.result()
+                self.is_finished = True
+        finally:
+            if not follower.done():
+                follower.cancel()
+                try:
+                    await follower
+                except asyncio.CancelledError:
+                    pass
+        fields = await self.gw.store.get(self.job_id)
+        if fields is None:
+            raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
+        return job_from_fields(fields, self.gw.base_url(self.request))
+
+    async def _frames(self) -> AsyncIterator[bytes]:
+        try:
+            if self.is_chat:
+                yield self._chunk(oa.ChatDelta(role="assistant", content=""))
+            async with aclosing(self.gw.hub.follow(self.job_id)) as events:
+                async for event in events:
+                    if event is None:
+                        yield b": keepalive\n\n"
+                    elif event.type is EventType.TOKEN:
+                        text = TokenEvent.model_validate_json(event.data).text
+                        if text:
+                            yield self._chunk(oa.ChatDelta(content=text) if self.is_chat else text)
+                    elif event.type is EventType.DONE:
+                        done = DoneEvent.model_validate_json(event.data)
+                        self.is_finished = True
+                        yield self._chunk(
+                            oa.ChatDelta() if self.is_chat else "", oa.finish_reason(done.finish_reason)
+                        )
+                        if self.body.include_usage:
+                            usage = oa.usage_of(done.usage.prompt_tokens, done.usage.completion_tokens)
+                            yield self._usage_chunk(usage)
+                    elif event.type is EventType.ERROR:
+                        failed = ErrorEvent.model_validate_json(event.data)
+                        self.is_finished = True
+                        yield self._error_frame(failed)
+            yield DONE_FRAME
+        finally:
+            if not self.is_finished:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_if_abandoned()
+
+    def _chunk(self, delta: oa.ChatDelta | str, finish: oa.FinishReason | None = None) -> bytes:
+        created = int(time.time())
+        chunk: BaseModel
+        if isinstance(delta, oa.ChatDelta):
+            chunk = oa.ChatCompletionChunk(
+                id=oa.chat_completion_id(self.job_id),
+                created=created,
+                model=self.model,
+                choices=[oa.ChatChunkChoice(delta=delta, finish_reason=finish)],
+            )
+        else:
+            chunk = oa.Completion(
+                id=oa.completion_id(self.job_id),
+                created=created,
+                model=self.model,
+                choices=[oa.CompletionChoice(text=delta, finish_reason=finish)],
+            )
+        return b"data: " + chunk.model_dump_json(exclude={"usage"}).encode() + b"\n\n"
+
+    def _usage_chunk(self, usage: oa.CompletionUsage) -> bytes:
+        chunk: BaseModel
+        if self.is_chat:
+            chunk = oa.ChatCompletionChunk(
+                id=oa.chat_completion_id(self.job_id),
+                created=int(time.time()),
+                model=self.model,
+                choices=[],
+                usage=usage,
+            )
+        else:
+            chunk = oa.Completion(
+                id=oa.completion_id(self.job_id),
+                created=int(time.time()),
+                model=self.model,
+                choices=[],
+                usage=usage,
+            )
+        return b"data: " + chunk.model_dump_json().encode() + b"\n\n"
+
+    def _error_frame(self, failed: ErrorEvent) -> bytes:
+        status = 500 if failed.error.code in (ErrorCode.ENGINE_ERROR, ErrorCode.MAX_DELIVERIES) else 400
+        kind = "server_error" if status == 500 else "invalid_request_error"
+        body = OpenAIError(
+            error=OpenAIErrorBody(
+                message=failed.error.message, type=kind, param=failed.error.field, code=failed.error.code
+            )
+        )
+        return b"data: " + body.model_dump_json().encode() + b"\n\n"
+
+    async def _cancel_if_abandoned(self) -> None:
+        """The client left before the job finished: cancel it (once), when settings say so."""
+        if self.is_finished or not self.gw.settings.cancel_on_disconnect:
+            return
+        self.is_finished = True
+        try:
+            result = await self.gw.store.cancel(self.job_id)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            log.warning("could not cancel abandoned job %s: %s", self.job_id, exc)
+            return
+        log.info("client left: job %s cancelled (%s)", self.job_id, result)

@@ -1,0 +1,34 @@
+"""GET /v1/models: the model this fleet serves (OpenAI's list shape)."""
+
+import time
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from gateway.deps import ApiKeyDep, GatewayDep
+from gateway.openai_api import SERVED_MODEL
+from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
+
+STARTED_AT = int(time.time())
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specfleet"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(gw: GatewayDep, key: ApiKeyDep) -> ModelList:
+    """The served target model (empty until a worker has announced it)."""
+    name = await SERVED_MODEL.name(gw)
+    return ModelList(data=[Model(id=name, created=STARTED_AT)] if name else [])

@@ -1,0 +1,156 @@
+"""API keys: what a key is, how it is made and stored (hashed), and its management (create, list, revoke).
+
+A key is `sf-` + 43 url-safe characters (256 random bits). Only its SHA-256 is stored (a key is a random secret,
+not a password: a fast hash is enough and makes a lookup one HGETALL); the secret is shown once, at creation.
+Each key has an id (`key_<hex>`, safe to log), a name, limits (requests and tokens per rate_limit_period_s,
+concurrent jobs; 0 = unlimited), an admin flag (fleet stats, every tenant's jobs) and a webhook signing secret
+(`whsec_...`) for its jobs' webhooks. Revoking sets `revoked_at`: the next request with the key gets 401.
+
+The gateway reads records with redis.asyncio (gateway/auth.py); the command line and `specfleet up` manage them
+with the synchronous client here.
+"""
+
+import base64
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import redis
+
+from shared import keys
+
+KEY_PREFIX = "sf-"
+WEBHOOK_SECRET_PREFIX = "whsec_"
+MAX_KEY_CHARS = 200  # a longer Authorization value is refused before it is hashed
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One key's record (never its secret)."""
+
+    id: str
+    name: str
+    created_at: float  # unix s
+    requests_per_min: int  # per settings.rate_limit_period_s; 0 = unlimited
+    tokens_per_min: int
+    max_concurrent_jobs: int
+    is_admin: bool = False
+    revoked_at: float | None = None
+    webhook_secret: str = ""  # whsec_<base64>: signs the webhooks of this key's jobs and batches
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+    def to_fields(self) -> dict[str, str]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            out[f.name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+    @classmethod
+    def from_fields(cls, raw: dict[str, str]) -> "ApiKey":
+        return cls(
+            id=raw["id"],
+            name=raw.get("name", ""),
+            created_at=float(raw.get("created_at") or 0),
+            requests_per_min=int(raw.get("requests_per_min") or 0),
+            tokens_per_min=int(raw.get("tokens_per_min") or 0),
+            max_concurrent_jobs=int(raw.get("max_concurrent_jobs") or 0),
+            is_admin=raw.get("is_admin") == "1",
+            revoked_at=float(raw["revoked_at"]) if raw.get("revoked_at") else None,
+            webhook_secret=raw.get("webhook_secret", ""),
+        )
+
+    def public(self) -> dict[str, Any]:
+        """What `keys list` shows: everything but the webhook secret."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "webhook_secret"}
+
+
+def new_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_webhook_secret() -> str:
+    return WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def digest(secret: str) -> str:
+    """The stored form of a key: SHA-256 hex of its secret."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def looks_like_key(secret: str) -> bool:
+    return secret.startswith(KEY_PREFIX) and len(secret) <= MAX_KEY_CHARS and secret.isascii()
+
+
+class KeyRegistry:
+    """Create, list, revoke keys in Redis (synchronous client, decode_responses=True)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def create(
+        self,
+        name: str,
+        *,
+        requests_per_min: int,
+        tokens_per_min: int,
+        max_concurrent_jobs: int,
+        is_admin: bool = False,
+        webhook_secret: str | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new key -> (its record, its secret). The secret is not stored: show it once."""
+        secret = new_secret()
+        key = ApiKey(
+            id="key_" + secrets.token_hex(8),
+            name=name,
+            created_at=time.time(),
+            requests_per_min=requests_per_min,
+            tokens_per_min=tokens_per_min,
+            max_concurrent_jobs=max_concurrent_jobs,
+            is_admin=is_admin,
+            webhook_secret=webhook_secret or new_webhook_secret(),
+        )
+        hashed = digest(secret)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.api_key_record(hashed), mapping=key.to_fields())  # type: ignore[arg-type]
+        pipe.hset(keys.API_KEYS_INDEX, key.id, hashed)
+        pipe.execute()
+        return key, secret
+
+    def list(self) -> list[ApiKey]:
+        index: dict[str, str] = self.redis.hgetall(keys.API_KEYS_INDEX)  # type: ignore[assignment]
+        pipe = self.redis.pipeline(transaction=False)
+        for hashed in index.values():
+            pipe.hgetall(keys.api_key_record(hashed))
+        records = [ApiKey.from_fields(raw) for raw in pipe.execute() if raw]
+        return sorted(records, key=lambda k: k.created_at)
+
+    def revoke(self, key_id: str) -> bool:
+        """Revoke a key by id -> False when there is no such key."""
+        hashed = self.redis.hget(keys.API_KEYS_INDEX, key_id)
+        if not hashed:
+            return False
+        self.redis.hset(keys.api_key_record(str(hashed)), "revoked_at", str(time.time()))
+        return True
+
+    def num_active(self) -> int:
+        return sum(1 for key in self.list() if key.is_active)
+
+
+def webhook_secret_of(client: redis.Redis, resource_key: str) -> str | None:
+    """The webhook signing secret of the key that owns a job or batch (its hash key), if it has an owner."""
+    owner = client.hget(resource_key, keys.OWNER_FIELD)
+    if not owner:
+        return None
+    hashed = client.hget(keys.API_KEYS_INDEX, str(owner))
+    if not hashed:
+        return None
+    secret = client.hget(keys.api_key_record(str(hashed)), "webhook_secret")
+    return str(secret) if secret else None

@@ -1,0 +1,202 @@
+"""The OpenAI-compatible API with the real `openai` client over HTTP: a real gateway (uvicorn), Redis and worker
+(tiny random model pair), every call going through the queue."""
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import redis
+
+from shared import keys
+from shared.settings import ServiceSettings
+from tests.conftest import ThreadedGateway, create_key, wait_until
+from tests.gateway.fleet_fixtures import ThreadWorker, engine_thread  # noqa: F401
+
+MODEL = "target"  # the tiny pair's target directory name
+GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture
+def served(engine_thread: ThreadWorker, settings: ServiceSettings) -> Iterator[ThreadedGateway]:  # noqa: F811
+    with ThreadedGateway(settings, default_key=False).start() as server:
+        wait_until(
+            lambda: engine_thread.client.hget("specfleet:model", "model"), what="the worker's model info"
+        )
+        yield server
+
+
+@pytest.fixture
+def secret(settings: ServiceSettings) -> str:
+    assert settings.redis_url is not None
+    return create_key(settings.redis_url, "tenant", requests_per_min=1000, tokens_per_min=10**6)[1]
+
+
+@pytest.fixture
+def client(served: ThreadedGateway, secret: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key=secret, max_retries=0, timeout=60) as oai:
+        yield oai
+
+
+def _job(served: ThreadedGateway, secret: str, job_id: str) -> dict:
+    response = httpx.get(f"{served.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_models_lists_the_served_target(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_completion_is_a_job_and_matches_its_stream(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str
+) -> None:
+    raw = client.completions.with_raw_response.create(
+        prompt="def f(x):", extra_body={"ignore_eos": True}, **GREEDY
+    )
+    completion = raw.parse()
+    job = _job(served, secret, raw.headers["x-specfleet-job-id"])
+    choice = completion.choices[0]
+    assert completion.object == "text_completion" and completion.model == MODEL
+    assert choice.finish_reason == "length" and choice.text == job["output"]["text"]
+    assert completion.usage is not None and completion.usage.completion_tokens == 12
+    assert completion.usage.prompt_tokens == job["usage"]["prompt_tokens"] > 0
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + 12
+    assert job["priority"] == "interactive" and raw.headers["x-ratelimit-limit-requests"] == "1000"
+
+    stream = client.completions.create(
+        prompt="def f(x):",
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text  # greedy: the same text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_chat_sync_and_stream(client: openai.OpenAI) -> None:
+    messages = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": [{"type": "text", "text": "a function"}]},
+    ]
+    chat = client.chat.completions.create(
+        messages=messages, max_completion_tokens=10, **{**GREEDY, "max_tokens": None}
+    )  # type: ignore[arg-type]
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage is not None
+    assert chat.usage.completion_tokens <= 10
+    stream = client.chat.completions.create(
+        messages=messages, stream=True, max_completion_tokens=10, **{**GREEDY, "max_tokens": None}
+    )  # type: ignore[arg-type]
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == chat.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == chat.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)  # no include_usage, no usage chunk
+
+
+def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) -> None:
+    with pytest.raises(openai.BadRequestError) as bad_n:
+        client.completions.create(prompt="x", n=2, **GREEDY)
+    assert bad_n.value.body["param"] == "n" and "n=1" in bad_n.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as no_model:
+        client.completions.create(prompt="x", model="gpt-4", max_tokens=2)
+    assert no_model.value.body["param"] == "model"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "x"}], extra_body={"bogus": 1}, **GREEDY
+        )
+    assert unknown.value.body["param"] == "bogus"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "x"}], presence_penalty=0.5, **GREEDY
+        )
+    ignored = client.chat.completions.create(
+        messages=[{"role": "user", "content": "x"}], user="u1", presence_penalty=0, logit_bias={}, **GREEDY
+    )
+    assert ignored.choices[0].finish_reason in (
+        "stop",
+        "length",
+    )  # neutral OpenAI fields are accepted, ignored
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="sf-wrong", max_retries=0) as stranger:
+        with pytest.raises(openai.AuthenticationError) as denied:
+            stranger.models.list()
+    assert denied.value.body["type"] == "authentication_error"  # type: ignore[index]
+    malformed = httpx.post(
+        f"{served.url}/v1/completions",
+        content=b'{"prompt": ',
+        headers={"Authorization": f"Bearer {client.api_key}", "content-type": "application/json"},
+    )
+    assert malformed.status_code == 400 and set(malformed.json()["error"]) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
+
+
+def test_closing_a_stream_cancels_its_job(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str
+) -> None:
+    raw = client.completions.with_raw_response.create(  # type: ignore[call-overload]
+        prompt="def f(x):",
+        stream=True,
+        model=MODEL,
+        temperature=0,
+        max_tokens=480,
+        extra_body={"ignore_eos": True},
+    )
+    job_id = raw.headers["x-specfleet-job-id"]
+    stream = raw.parse()
+    first = next(iter(stream))
+    assert first.choices[0].text is not None
+    stream.close()  # the client goes away mid-generation
+    job = wait_until(
+        lambda: (j := _job(served, secret, job_id))["status"] != "running" and j, what="the job to stop"
+    )
+    assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
+
+
+def test_a_dropped_call_cancels_its_job(served: ThreadedGateway, secret: str, rclient: redis.Redis) -> None:
+    body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {secret}"}) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while the job runs
+            http.post("/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    # the job id header never reached the client: find the job in Redis
+    job_key = wait_until(lambda: next(rclient.scan_iter(keys.job_hash("*[0-9a-f]")), None), what="the job")
+    job_id = job_key.removeprefix(keys.JOB_PREFIX)
+    job = wait_until(
+        lambda: (j := _job(served, secret, job_id))["status"] not in ("queued", "running") and j,
+        what="the dropped call's job to stop",
+    )
+    assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
+
+
+def test_jobs_outlive_their_client_when_configured(
+    engine_thread: ThreadWorker,  # noqa: F811
+    settings: ServiceSettings,
+    secret: str,
+) -> None:
+    settings.cancel_on_disconnect = False
+    with ThreadedGateway(settings, default_key=False).start() as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key=secret, max_retries=0) as client:
+            raw = client.completions.with_raw_response.create(
+                prompt="x",
+                stream=True,
+                model=MODEL,
+                temperature=0,
+                max_tokens=40,
+                extra_body={"ignore_eos": True},
+            )
+            raw.parse().close()  # gone before the first token
+        job_id = raw.headers["x-specfleet-job-id"]
+        job = wait_until(
+            lambda: (j := _job(server, secret, job_id))["status"] not in ("queued", "running") and j,
+            what="the job to finish",
+        )
+    assert job["status"] == "succeeded" and job["usage"]["completion_tokens"] == 40
