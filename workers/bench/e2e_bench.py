@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
 import torch
 
 from shared.settings import ServiceSettings
@@ -28,9 +27,6 @@ from workers.bench.e2e_latency import request_mix, run_engine, run_fleet, summar
 from workers.bench.e2e_load import hold_streams, submit_rate, submit_script_ceiling, xadd_ceiling
 
 log = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
-
 
 @dataclass(frozen=True)
 class E2EBenchPlan:
@@ -44,7 +40,7 @@ class E2EBenchPlan:
     num_sse_streams: int = 500
     sse_max_tokens: int = 16
     num_engine_threads: int = 1  # torch threads of the worker and of the in-process engine
-    num_gateway_procs: int = 2
+    num_gateway_procs: int = 2  # the submit rate is measured with 1 and with this many; the rest with 1
     max_num_seqs: int = 32
 
     @classmethod
@@ -63,7 +59,7 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan) -> list[di
     rows = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
-        fleet_t = asyncio.run(run_fleet(HOST, fleet.port, bodies, c))  # fleet first, engine right after:
+        fleet_t = asyncio.run(run_fleet(fleet.endpoint, bodies, c))  # fleet first, engine right after:
         engine_t = run_engine(engine, bodies, c)  # the same minute of machine noise
         for system, t in (("fleet", fleet_t), ("engine", engine_t)):
             rows.append({"phase": "latency", "system": system, "concurrency": c, **summary(t)})
@@ -96,7 +92,7 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
-        fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=plan.num_gateway_procs,
+        fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
                            num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
         with fleet:
             # 1-2: no worker yet
@@ -105,7 +101,7 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
                 fleet.start_gateway(procs)
                 rows.append(_submit_row(fleet, plan))
             ratios.update(_submit_ratios(rows))
-            fleet.start_gateway(plan.num_gateway_procs)
+            fleet.start_gateway(1)  # as `specfleet up` runs it
 
             # 3: latency, fleet vs engine
             fleet.start_worker()
@@ -115,16 +111,15 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
                                     num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
             engine = Engine(cfg, target_dir, draft_dir)
             warm = request_mix(2, 4)
-            asyncio.run(run_fleet(HOST, fleet.port, warm, 1))  # first-call allocations on both sides
+            asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
             run_engine(engine, warm, 1)
             latency = _latency_rows(fleet, engine, plan)
             rows.extend(latency)
             ratios.update(_overheads(latency))
 
             # 4: many SSE streams, ONE gateway process
-            fleet.start_gateway(1)
             body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
-            streams = asyncio.run(hold_streams(HOST, fleet.port, plan.num_sse_streams, body))
+            streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
             rows.append({"phase": "sse", "system": "gateway_x1",
                          "concurrency": streams.num_streams, "peak_open": streams.peak_open,
                          "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
@@ -147,17 +142,17 @@ def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettin
         redis_cpu_s = fleet.cpu_seconds()["redis"] - cpu0
         rows.append({"phase": "ceiling", "system": system, "ops_per_s": rate,
                      "redis_cpu_ms_per_job": redis_cpu_s / plan.num_ceiling_ops * 1e3})
-        _flush(fleet.redis_url)
+        fleet.reset_data()
     return rows
 
 
 def _submit_row(fleet: BenchFleet, plan: E2EBenchPlan) -> dict[str, Any]:
     """POST /v1/jobs at full speed, no worker running; then the queue is flushed."""
-    asyncio.run(submit_rate(HOST, fleet.port, min(200, plan.num_submit_jobs), plan.num_submit_clients))  # warm-up
+    asyncio.run(submit_rate(fleet.endpoint, min(200, plan.num_submit_jobs), plan.num_submit_clients))  # warm-up
     cpu0 = fleet.cpu_seconds()
-    sub = asyncio.run(submit_rate(HOST, fleet.port, plan.num_submit_jobs, plan.num_submit_clients))
+    sub = asyncio.run(submit_rate(fleet.endpoint, plan.num_submit_jobs, plan.num_submit_clients))
     cpu1 = fleet.cpu_seconds()
-    _flush(fleet.redis_url)
+    fleet.reset_data()
     log.info("submit, %d gateway processes: %.0f jobs/s", fleet.num_gateway_procs, sub.jobs_per_s)
     return {
         "phase": "submit", "system": f"gateway_x{fleet.num_gateway_procs}", "concurrency": plan.num_submit_clients,
@@ -189,20 +184,14 @@ def _submit_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     return ratios
 
 
-def _flush(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
-
-
 def _engine_info(cfg: Any, plan: E2EBenchPlan) -> dict[str, Any]:
     return {
         "engine_torch_threads": plan.num_engine_threads,
         "speculative_method": cfg.speculative_method,
         "max_num_seqs": cfg.max_num_seqs,
-        "gateway_procs": plan.num_gateway_procs,
+        "client": "raw asyncio HTTP/1.1 keep-alive connections, one per simulated client, in the bench process",
+        "fleet": "private redis-server (AOF everysec), gateway (uvicorn subprocess, access log off), one worker "
+                 "subprocess; all on this machine",
         "max_tokens": plan.max_tokens,
         **{k: v for k, v in dataclasses.asdict(plan).items() if k.startswith("num_")},
     }

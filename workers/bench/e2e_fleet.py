@@ -13,9 +13,10 @@ import httpx
 import redis
 
 from shared import keys
+from shared.api_keys import KeyRegistry
 from shared.procs import die_with_parent
 from shared.redis_server import RedisServer, free_port
-from workers.bench.http_client import cpu_seconds
+from workers.bench.http_client import Endpoint, cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,28 @@ class BenchFleet:
         self.url = f"http://127.0.0.1:{self.port}"
         self.gateway: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
+        self.api_key = ""
 
     @property
     def redis_url(self) -> str:
         return self.redis_server.url
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The gateway, with this run's API key on every request."""
+        return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {self.api_key}"),))
+
+    def reset_data(self) -> None:
+        """Empty Redis between phases (jobs, queues, keys), then a fresh API key without limits: the benchmark
+        measures the fleet, not a tenant's rate limit."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            client.flushall()
+            _, self.api_key = KeyRegistry(client).create(
+                "bench", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0
+            )
+        finally:
+            client.close()
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, **FLEET_ENV, "REDIS_URL": self.redis_url}
@@ -70,6 +89,7 @@ class BenchFleet:
 
     def start(self) -> "BenchFleet":
         self.redis_server.start()
+        self.reset_data()
         self.start_gateway(self.num_gateway_procs)
         return self
 

@@ -10,13 +10,14 @@
 
 import asyncio
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.schemas import EventType, JobRequest
-from workers.bench.http_client import Connection, get_request, post_request
+from workers.bench.http_client import Endpoint
 from workers.worker.prompts import engine_prompt, sampling_params
 
 PROMPTS = ("def parse(argv):", "import os\n", "class Queue:", "for i in range(", "The quick brown fox")
@@ -49,7 +50,7 @@ def percentile_ms(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
+    index = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
     return ordered[index] * 1e3
 
 
@@ -66,20 +67,19 @@ def summary(t: Timings) -> dict[str, float]:
 
 
 # -- fleet -------------------------------------------------------------------------------------------------
-async def _fleet_client(host: str, port: int, bodies: list[dict[str, Any]], timings: Timings) -> None:
+async def _fleet_client(endpoint: Endpoint, bodies: list[dict[str, Any]], timings: Timings) -> None:
     """One keep-alive connection: POST, then GET the job's stream to its end, then the next request."""
-    hostport = f"{host}:{port}"
-    conn = await Connection(host, port).open()
+    conn = await endpoint.connect()
     try:
         for body in bodies:
             start = time.perf_counter()
-            status, raw = await conn.request(post_request(hostport, "/v1/jobs", body))
+            status, raw = await conn.request(endpoint.post("/v1/jobs", body))
             if status != 202:
                 raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
             job_id = json.loads(raw)["id"]
             first = last = 0.0
             num_tokens = 0
-            async for frame in conn.sse(get_request(hostport, f"/v1/jobs/{job_id}/stream")):
+            async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):
                 if frame.event == EventType.TOKEN.value:
                     last = time.perf_counter()
                     first = first or last
@@ -91,11 +91,11 @@ async def _fleet_client(host: str, port: int, bodies: list[dict[str, Any]], timi
         await conn.close()
 
 
-async def run_fleet(host: str, port: int, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
+async def run_fleet(endpoint: Endpoint, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
     """`bodies` split over `num_clients` closed-loop clients (client i takes bodies i, i+N, ...)."""
     timings = Timings()
     start = time.perf_counter()
-    await asyncio.gather(*(_fleet_client(host, port, bodies[i::num_clients], timings) for i in range(num_clients)))
+    await asyncio.gather(*(_fleet_client(endpoint, bodies[i::num_clients], timings) for i in range(num_clients)))
     timings.elapsed_s = time.perf_counter() - start
     return timings
 
@@ -105,6 +105,7 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
     """The same closed loop against an in-process Engine (workers.engine.engine.Engine)."""
     queues = [bodies[i::num_clients] for i in range(num_clients)]
     live: dict[str, list[float]] = {}  # request id -> [start, first, last, num_tokens]
+    client_of: dict[str, int] = {}  # request id -> its client
     timings = Timings()
     num_started = 0
 
@@ -116,6 +117,7 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
         request_id = f"c{client}-{num_started}"
         num_started += 1
         live[request_id] = [time.perf_counter(), 0.0, 0.0, 0.0]
+        client_of[request_id] = client
         engine.add_request(request_id, engine_prompt(request, engine.tokenizer, []),
                            sampling_params(request, request.max_tokens))
 
@@ -134,6 +136,6 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
             if out.finished:
                 timings.add(entry[0], entry[1], entry[2], int(entry[3]))
                 del live[out.request_id]
-                add_next(int(out.request_id[1:].split("-")[0]))
+                add_next(client_of.pop(out.request_id))
     timings.elapsed_s = time.perf_counter() - start
     return timings

@@ -16,7 +16,7 @@ from gateway.store import submit_call
 from shared import lua
 from shared.schemas import EventType, JobRequest
 from shared.settings import ServiceSettings
-from workers.bench.http_client import Connection, cpu_seconds, get_request, post_request
+from workers.bench.http_client import Endpoint, cpu_seconds
 
 REDIS_PIPELINE = 16  # commands per pipeline in the ceiling loops (as NOTES-CPU.md's redis-benchmark -P 16)
 SUBMIT_BODY = {"prompt": "def parse(argv):", "max_tokens": 16, "temperature": 0, "priority": "batch"}
@@ -33,8 +33,8 @@ class SubmitResult:
         return self.num_jobs / self.elapsed_s
 
 
-async def _submitter(host: str, port: int, raw: bytes, remaining: list[int]) -> None:
-    conn = await Connection(host, port).open()
+async def _submitter(endpoint: Endpoint, raw: bytes, remaining: list[int]) -> None:
+    conn = await endpoint.connect()
     try:
         while remaining[0] > 0:
             remaining[0] -= 1
@@ -45,12 +45,12 @@ async def _submitter(host: str, port: int, raw: bytes, remaining: list[int]) -> 
         await conn.close()
 
 
-async def submit_rate(host: str, port: int, num_jobs: int, num_clients: int) -> SubmitResult:
+async def submit_rate(endpoint: Endpoint, num_jobs: int, num_clients: int) -> SubmitResult:
     """`num_clients` keep-alive connections POST /v1/jobs, one request in flight each, `num_jobs` in all."""
-    raw = post_request(f"{host}:{port}", "/v1/jobs", SUBMIT_BODY)
+    raw = endpoint.post("/v1/jobs", SUBMIT_BODY)
     remaining = [num_jobs]
     cpu0, start = cpu_seconds(), time.perf_counter()
-    await asyncio.gather(*(_submitter(host, port, raw, remaining) for _ in range(num_clients)))
+    await asyncio.gather(*(_submitter(endpoint, raw, remaining) for _ in range(num_clients)))
     return SubmitResult(num_jobs, time.perf_counter() - start, cpu_seconds() - cpu0)
 
 
@@ -115,13 +115,13 @@ class StreamCount:
     num_failed: int = 0
 
 
-async def _follow(host: str, port: int, job_id: str, count: StreamCount) -> None:
-    conn = await Connection(host, port).open()
+async def _follow(endpoint: Endpoint, job_id: str, count: StreamCount) -> None:
+    conn = await endpoint.connect()
     streamed = 0
     try:
         count.num_open += 1
         count.peak_open = max(count.peak_open, count.num_open)
-        async for frame in conn.sse(get_request(f"{host}:{port}", f"/v1/jobs/{job_id}/stream")):
+        async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):
             if frame.event == EventType.TOKEN.value:
                 count.num_token_events += 1
                 streamed += len(json.loads(frame.data)["token_ids"])
@@ -134,10 +134,10 @@ async def _follow(host: str, port: int, job_id: str, count: StreamCount) -> None
         await conn.close()
 
 
-async def hold_streams(host: str, port: int, num_streams: int, body: dict[str, Any]) -> StreamCount:
+async def hold_streams(endpoint: Endpoint, num_streams: int, body: dict[str, Any]) -> StreamCount:
     """Submit `num_streams` jobs, follow each on its own SSE connection (all opened at once), count tokens."""
-    raw = post_request(f"{host}:{port}", "/v1/jobs", body)
-    conn = await Connection(host, port).open()
+    raw = endpoint.post("/v1/jobs", body)
+    conn = await endpoint.connect()
     job_ids = []
     try:
         for _ in range(num_streams):
@@ -148,5 +148,5 @@ async def hold_streams(host: str, port: int, num_streams: int, body: dict[str, A
     finally:
         await conn.close()
     count = StreamCount(num_streams=num_streams)
-    await asyncio.gather(*(_follow(host, port, job_id, count) for job_id in job_ids))
+    await asyncio.gather(*(_follow(endpoint, job_id, count) for job_id in job_ids))
     return count

@@ -37,6 +37,24 @@ def get_request(host: str, path: str, headers: dict[str, str] | None = None) -> 
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode()
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the benchmark clients go, and the headers every request carries (the API key)."""
+
+    host: str
+    port: int
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def post(self, path: str, body: dict[str, Any]) -> bytes:
+        return post_request(f"{self.host}:{self.port}", path, body, dict(self.headers))
+
+    def get(self, path: str) -> bytes:
+        return get_request(f"{self.host}:{self.port}", path, dict(self.headers))
+
+    async def connect(self) -> "Connection":
+        return await Connection(self.host, self.port).open()
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection."""
 
