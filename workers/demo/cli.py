@@ -1,7 +1,81 @@
-"""Commands of this side of the project, registered on the root `specfleet` app (shared/cli.py)."""
+"""Commands of this side of the project, registered on the root `specfleet` app (shared/cli.py).
+
+`specfleet models build-demo [--force] [--home DIR]`, `specfleet models path [--home DIR]` and
+`specfleet models measure-demo [--home DIR]`. torch and transformers are imported inside the commands.
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
+
+models_app = typer.Typer(no_args_is_help=True, help="Model pairs: the offline, deterministic demo pair.")
+
+HomeOption = Annotated[
+    Path | None, typer.Option("--home", help="Cache root (default: $SPECFLEET_HOME or ~/.cache/specfleet).")
+]
+
+
+@models_app.command("build-demo")
+def build_demo(
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even if the pair is already built.")
+    ] = False,
+    home: HomeOption = None,
+) -> None:
+    """Build the demo target/draft pair (skipped when already built) and print its directories."""
+    from workers.demo.build import build_record, ensure_demo_pair, find_demo_pair
+
+    was_built = not force and find_demo_pair(home) is not None
+    pair = ensure_demo_pair(home, force=force)
+    record = build_record(pair)
+    typer.echo(f"target: {pair.target_dir}")
+    typer.echo(f"draft: {pair.draft_dir}")
+    suffix = " (already built; nothing to do)" if was_built else ""
+    typer.echo(f"build_time_s: {record['build_time_s']}{suffix}")
+
+
+@models_app.command("path")
+def path(home: HomeOption = None) -> None:
+    """Print the demo pair's directories; exit 1 if it is not built."""
+    from workers.demo.build import find_demo_pair, pair_dir
+
+    pair = find_demo_pair(home)
+    if pair is None:
+        typer.echo(
+            f"demo pair not built (expected at {pair_dir(home)}); run `specfleet models build-demo`", err=True
+        )
+        raise typer.Exit(code=1)
+    typer.echo(f"target: {pair.target_dir}")
+    typer.echo(f"draft: {pair.draft_dir}")
+
+
+@models_app.command("measure-demo")
+def measure_demo(
+    home: HomeOption = None,
+    num_prompts: Annotated[int, typer.Option(help="Held-out prompts for the agreement figure.")] = 24,
+    max_new_tokens: Annotated[int, typer.Option(help="Target greedy tokens per prompt.")] = 64,
+    num_threads: Annotated[int, typer.Option(help="torch threads while measuring.")] = 2,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures here.")] = None,
+) -> None:
+    """Measure the built pair: sizes, forward cost (ms) of target vs draft, greedy agreement."""
+    from workers.demo.build import find_demo_pair
+    from workers.demo.measure import measure_pair
+
+    pair = find_demo_pair(home)
+    if pair is None:
+        typer.echo("demo pair not built; run `specfleet models build-demo`", err=True)
+        raise typer.Exit(code=1)
+    figures = measure_pair(
+        pair, num_prompts=num_prompts, max_new_tokens=max_new_tokens, num_threads=num_threads
+    )
+    for key, value in figures.items():
+        typer.echo(f"{key}: {value}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+    app.add_typer(models_app, name="models")

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.workers.engine_runs import greedy, run_all, tokens
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
-from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 
 
@@ -20,26 +20,6 @@ def make_engine(model_dir: Path, **overrides) -> Engine:
 def prompts(n: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(7)
     return [torch.randint(1, 512, (int(3 + 9 * i) % 61 + 1,), generator=gen).tolist() for i in range(n)]
-
-
-def run_all(
-    engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]
-) -> dict[str, list[StepOutput]]:
-    for rid, (prompt, params) in requests.items():
-        engine.add_request(rid, prompt, params)
-    outputs: dict[str, list[StepOutput]] = {rid: [] for rid in requests}
-    while engine.num_unfinished():
-        for out in engine.step():
-            outputs[out.request_id].append(out)
-    return outputs
-
-
-def tokens(outs: list[StepOutput]) -> list[int]:
-    return [t for o in outs for t in o.new_token_ids]
-
-
-def greedy(max_tokens: int = 32) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 def test_batched_output_equals_unbatched(tiny_models: dict[str, Path]) -> None:

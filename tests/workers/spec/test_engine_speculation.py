@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.workers.engine_runs import greedy, run_all, tokens
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 
 NUM_PROMPTS = 52
@@ -30,28 +30,10 @@ def make_prompts() -> list[list[int]]:
     return prompts
 
 
-def run(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:
-    for rid, (prompt, params) in requests.items():
-        engine.add_request(rid, prompt, params)
-    outputs: dict[str, list[StepOutput]] = {rid: [] for rid in requests}
-    while engine.num_unfinished():
-        for out in engine.step():
-            outputs[out.request_id].append(out)
-    return outputs
-
-
-def tokens(outs: list[StepOutput]) -> list[int]:
-    return [t for o in outs for t in o.new_token_ids]
-
-
-def greedy(max_tokens: int = 24, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
-
-
 @pytest.fixture(scope="module")
 def plain_reference(spec_models: dict[str, Path]) -> dict[str, list[int]]:
     engine = make_engine(spec_models, draft=None, speculative_method="none")
-    outs = run(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
+    outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
     return {rid: tokens(o) for rid, o in outs.items()}
 
 
@@ -74,7 +56,7 @@ SPEC_CONFIGS = {
 @pytest.mark.parametrize("name", SPEC_CONFIGS)
 def test_greedy_speculation_equals_plain_decoding_in_a_batch(spec_models, plain_reference, name) -> None:
     engine = make_engine(spec_models, **SPEC_CONFIGS[name])
-    outs = run(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
+    outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
     assert {rid: tokens(o) for rid, o in outs.items()} == plain_reference
     assert engine.speculator.stats.counts.num_accepted > 0  # speculation really happened and was accepted
 
@@ -84,7 +66,7 @@ def test_greedy_speculation_equals_plain_decoding_alone(spec_models, plain_refer
     engine = make_engine(spec_models, **SPEC_CONFIGS[name])
     for i, p in enumerate(make_prompts()[::6]):
         rid = str(i * 6)
-        assert tokens(run(engine, {rid: (p, greedy(24 + (i * 6) % 9))})[rid]) == plain_reference[rid]
+        assert tokens(run_all(engine, {rid: (p, greedy(24 + (i * 6) % 9))})[rid]) == plain_reference[rid]
 
 
 def test_mixed_batch_some_speculate_some_do_not(spec_models, plain_reference) -> None:
@@ -93,7 +75,7 @@ def test_mixed_batch_some_speculate_some_do_not(spec_models, plain_reference) ->
     requests = {
         str(i): (p, greedy(24 + i % 9, speculative=choices[i % 4])) for i, p in enumerate(make_prompts())
     }
-    outs = run(engine, requests)
+    outs = run_all(engine, requests)
     assert {rid: tokens(o) for rid, o in outs.items()} == plain_reference
     for rid, o in outs.items():
         has_spec = requests[rid][1].speculative != "none"
@@ -107,15 +89,15 @@ def test_stops_inside_an_accepted_run_emit_nothing_past_them(spec_models, plain_
     for i, p in enumerate(make_prompts()[:20]):
         ref = plain_reference[str(i)]
         stop_token = ref[7]
-        out = tokens(run(engine, {"t": (p, greedy(40, stop_token_ids=[stop_token]))})["t"])
+        out = tokens(run_all(engine, {"t": (p, greedy(40, stop_token_ids=[stop_token]))})["t"])
         assert out == ref[: ref.index(stop_token) + 1]
-        assert tokens(run(engine, {"m": (p, greedy(5))})["m"]) == ref[:5]
-        full_text = "".join(o.new_text for o in run(text_engine, {"x": (p, greedy(24 + i % 9))})["x"])
+        assert tokens(run_all(engine, {"m": (p, greedy(5))})["m"]) == ref[:5]
+        full_text = "".join(o.new_text for o in run_all(text_engine, {"x": (p, greedy(24 + i % 9))})["x"])
         stop = full_text[12:15]
         if not stop or "\ufffd" in stop:
             continue
-        spec = run(engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
-        plain = run(text_engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
+        spec = run_all(engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
+        plain = run_all(text_engine, {"s": (p, greedy(24 + i % 9, stop=[stop]))})["s"]
         assert (
             "".join(o.new_text for o in spec)
             == "".join(o.new_text for o in plain)
@@ -128,7 +110,7 @@ def test_eos_inside_an_accepted_run_stops_there(spec_models, plain_reference) ->
     engine = make_engine(spec_models, is_adaptive=False, num_speculative_tokens=6)
     p, ref = make_prompts()[3], plain_reference["3"]
     engine.eos_token_ids = frozenset({ref[9]})
-    out = run(engine, {"e": (p, SamplingParams(max_tokens=40, temperature=0.0))})["e"]
+    out = run_all(engine, {"e": (p, SamplingParams(max_tokens=40, temperature=0.0))})["e"]
     assert out[-1].finish_reason == "stop" and tokens(out) == ref[: ref.index(ref[9]) + 1]
 
 
@@ -138,13 +120,13 @@ def test_seeded_sampling_with_speculation_is_reproducible(spec_models, tree_size
     runs = []
     for _ in range(2):
         engine = make_engine(spec_models, tree_size=tree_size)
-        runs.append(tokens(run(engine, {"s": (make_prompts()[4], params)})["s"]))
+        runs.append(tokens(run_all(engine, {"s": (make_prompts()[4], params)})["s"]))
     assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
 def test_poisoned_draft_falls_back_without_losing_jobs(spec_models, plain_reference) -> None:
     engine = make_engine(spec_models, draft="poisoned_draft")
-    outs = run(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts()[:8])})
+    outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts()[:8])})
     assert {rid: tokens(o) for rid, o in outs.items()} == {str(i): plain_reference[str(i)] for i in range(8)}
     assert engine.speculator.stats.num_fallbacks == 8
     assert all(o[-1].metrics["spec_fallback"] == 1.0 for o in outs.values())
@@ -154,7 +136,7 @@ def test_useless_draft_falls_back_after_patience(spec_models, plain_reference) -
     engine = make_engine(
         spec_models, draft="random_draft", spec_fallback_patience_steps=4, spec_fallback_acceptance=0.3
     )
-    outs = run(engine, {"0": (make_prompts()[0], greedy(24))})
+    outs = run_all(engine, {"0": (make_prompts()[0], greedy(24))})
     assert tokens(outs["0"]) == plain_reference["0"]
     assert outs["0"][-1].metrics["spec_fallback"] == 1.0
     assert engine.speculator.stats.num_fallbacks == 1
@@ -163,7 +145,7 @@ def test_useless_draft_falls_back_after_patience(spec_models, plain_reference) -
 def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
     engine = make_engine(models, draft="same", is_adaptive=False, num_speculative_tokens=4)
-    out = run(engine, {"a": (make_prompts()[1], greedy(21))})["a"]
+    out = run_all(engine, {"a": (make_prompts()[1], greedy(21))})["a"]
     metrics = out[-1].metrics
     assert metrics["acceptance_rate"] == 1.0 and metrics["mean_accepted_tokens"] == 5.0
     assert [len(o.new_token_ids) for o in out] == [
@@ -177,15 +159,15 @@ def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
 
 def test_large_batches_switch_speculation_off(spec_models) -> None:
     engine = make_engine(spec_models, spec_max_batch_size=4)
-    run(engine, {str(i): (p, greedy(10)) for i, p in enumerate(make_prompts()[:12])})
+    run_all(engine, {str(i): (p, greedy(10)) for i, p in enumerate(make_prompts()[:12])})
     assert engine.speculator.stats.counts.num_steps == 0
-    run(engine, {"solo": (make_prompts()[0], greedy(10))})
+    run_all(engine, {"solo": (make_prompts()[0], greedy(10))})
     assert engine.speculator.stats.counts.num_steps > 0
 
 
 def test_engine_speculation_metrics_per_position(spec_models) -> None:
     engine = make_engine(spec_models, is_adaptive=False, num_speculative_tokens=3)
-    run(engine, {str(i): (p, greedy(20)) for i, p in enumerate(make_prompts()[:6])})
+    run_all(engine, {str(i): (p, greedy(20)) for i, p in enumerate(make_prompts()[:6])})
     counts = engine.speculator.stats.counts
     rates = counts.per_position_acceptance()
     assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]

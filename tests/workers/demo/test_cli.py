@@ -1,0 +1,49 @@
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from workers.demo.build import BUILD_MARKER, DEMO_RECIPE
+from workers.demo.cli import register
+
+app = typer.Typer()
+
+
+@app.callback()
+def _root() -> None:
+    """A root like shared/cli.py's, with only this side's commands."""
+
+
+register(app)
+runner = CliRunner()
+
+
+def test_path_fails_when_the_pair_is_not_built(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["models", "path", "--home", str(tmp_path)])
+
+    assert result.exit_code == 1
+    assert "not built" in result.output
+
+
+def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None:
+    directory = tmp_path / "models" / DEMO_RECIPE.name
+    directory.mkdir(parents=True)
+    (directory / BUILD_MARKER).write_text(json.dumps({"name": DEMO_RECIPE.name, "build_time_s": 1.0}))
+
+    result = runner.invoke(app, ["models", "path", "--home", str(tmp_path)])
+
+    assert result.exit_code == 0
+    assert result.output.splitlines() == [f"target: {directory / 'target'}", f"draft: {directory / 'draft'}"]
+
+
+def test_build_demo_reports_an_existing_pair_without_building(tmp_path: Path) -> None:
+    directory = tmp_path / "models" / DEMO_RECIPE.name
+    directory.mkdir(parents=True)
+    (directory / BUILD_MARKER).write_text(json.dumps({"name": DEMO_RECIPE.name, "build_time_s": 201.5}))
+
+    result = runner.invoke(app, ["models", "build-demo", "--home", str(tmp_path)])
+
+    assert result.exit_code == 0
+    assert "build_time_s: 201.5 (already built; nothing to do)" in result.output
+    assert sorted(path.name for path in directory.iterdir()) == [BUILD_MARKER]

@@ -1,0 +1,24 @@
+"""Driving an Engine to completion in tests: run requests, collect outputs, read their tokens."""
+
+from workers.engine.engine import Engine
+from workers.engine.outputs import StepOutput
+from workers.engine.sampling_params import SamplingParams
+
+
+def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:
+    """Add every request, step until all finish; each request's outputs in order."""
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    outputs: dict[str, list[StepOutput]] = {rid: [] for rid in requests}
+    while engine.num_unfinished():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    return outputs
+
+
+def tokens(outs: list[StepOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)

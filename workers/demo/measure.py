@@ -1,0 +1,125 @@
+"""Measurements of a built pair that tell whether speculation is worth it: forward cost and agreement.
+
+Both use the `transformers` models (the build's reference), fp32, on the caller's pinned torch threads.
+"""
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from workers.demo.build import DemoPair, build_record
+from workers.demo.corpus import held_out_prompts
+from workers.demo.train import pinned_threads
+
+logger = logging.getLogger(__name__)
+
+COST_NUM_CACHED_TOKENS = 128
+COST_NUM_NEW_TOKENS = (1, 4, 16)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Draft-vs-target greedy agreement along the target's greedy continuations."""
+
+    num_positions: int  # positions compared, over all prompts
+    num_agreed: int  # positions where the draft's argmax equals the target's argmax
+
+    @property
+    def rate(self) -> float:
+        return self.num_agreed / self.num_positions if self.num_positions else 0.0
+
+
+@torch.inference_mode()
+def forward_cost_ms(
+    model: PreTrainedModel, num_new_tokens: int, num_cached_tokens: int, num_repeats: int = 30
+) -> float:
+    """Median ms of one forward of `num_new_tokens` tokens after `num_cached_tokens` are in the KV cache."""
+    vocab_size = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(1, vocab_size, (1, num_cached_tokens + num_new_tokens), generator=generator)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=context[:, :num_cached_tokens], cache=cache, use_cache=True)
+    new_tokens = context[:, num_cached_tokens:]  # [1, new]
+    timings_ms: list[float] = []
+    for _ in range(num_repeats + 3):  # the first 3 are warm-up
+        start_s = time.perf_counter()
+        model(input_ids=new_tokens, cache=cache, use_cache=True)
+        timings_ms.append((time.perf_counter() - start_s) * 1000)
+        cache.crop(-num_new_tokens)  # drop the new tokens: negative = count to remove
+    return statistics.median(timings_ms[3:])
+
+
+@torch.inference_mode()
+def greedy_agreement(
+    target: PreTrainedModel, draft: PreTrainedModel, prompts_ids: list[list[int]], max_new_tokens: int
+) -> Agreement:
+    """Fraction of positions where the draft's argmax equals the target's along the target's greedy path.
+
+    For each prompt the target continues greedily for `max_new_tokens` tokens (stopping at EOS); then both
+    draft scores prompt + continuation in one pass and its argmax is compared at every position that
+    predicts a continuation token (the target's argmax there is the continuation token itself).
+    """
+    eos_token_id = target.config.eos_token_id
+    num_positions = 0
+    num_agreed = 0
+    for prompt_ids in prompts_ids:
+        ids = torch.tensor([prompt_ids])  # [1, prompt]
+        cache = DynamicCache(config=target.config)
+        logits = target(input_ids=ids, cache=cache, use_cache=True).logits  # [1, prompt, vocab]
+        continuation: list[int] = []
+        while len(continuation) < max_new_tokens:
+            next_id = int(logits[0, -1].argmax())
+            continuation.append(next_id)
+            if next_id == eos_token_id:
+                break
+            logits = target(input_ids=torch.tensor([[next_id]]), cache=cache, use_cache=True).logits
+        full = torch.tensor([prompt_ids + continuation])  # [1, prompt + new]
+        span = slice(len(prompt_ids) - 1, full.shape[1] - 1)  # positions that predict the continuation
+        target_argmax = torch.tensor(continuation)  # [new]
+        draft_argmax = draft(input_ids=full).logits[0, span].argmax(-1)  # [new]
+        num_positions += target_argmax.numel()
+        num_agreed += int((target_argmax == draft_argmax).sum())
+    logger.info("agreement: %d of %d positions", num_agreed, num_positions)
+    return Agreement(num_positions=num_positions, num_agreed=num_agreed)
+
+
+def _dir_size_mb(directory: Path) -> float:
+    return round(sum(path.stat().st_size for path in directory.iterdir() if path.is_file()) / 1e6, 2)
+
+
+def measure_pair(pair: DemoPair, num_prompts: int, max_new_tokens: int, num_threads: int) -> dict[str, Any]:
+    """All figures of a built pair: sizes, build time, forward cost (ms) and greedy agreement."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    record = build_record(pair)
+    target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
+    figures: dict[str, Any] = {
+        "pair": record["name"],
+        "build_time_s": record["build_time_s"],
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "num_threads": num_threads,
+    }
+    for role, model, directory in (("target", target, pair.target_dir), ("draft", draft, pair.draft_dir)):
+        figures[f"{role}_num_params"] = sum(p.numel() for p in model.parameters())
+        figures[f"{role}_size_mb"] = _dir_size_mb(directory)
+        figures[f"{role}_held_out_loss"] = record["models"][role]["held_out_loss"]
+    with pinned_threads(num_threads):
+        for num_new_tokens in COST_NUM_NEW_TOKENS:
+            target_ms = forward_cost_ms(target, num_new_tokens, COST_NUM_CACHED_TOKENS)
+            draft_ms = forward_cost_ms(draft, num_new_tokens, COST_NUM_CACHED_TOKENS)
+            figures[f"target_ms_{num_new_tokens}tok"] = round(target_ms, 2)
+            figures[f"draft_ms_{num_new_tokens}tok"] = round(draft_ms, 2)
+            figures[f"cost_ratio_{num_new_tokens}tok"] = round(target_ms / draft_ms, 2)
+        prompts_ids = [tokenizer(prompt)["input_ids"] for prompt in held_out_prompts(num_prompts)]
+        agreement = greedy_agreement(target, draft, prompts_ids, max_new_tokens)
+    figures["agreement_positions"] = agreement.num_positions
+    figures["agreement_rate"] = round(agreement.rate, 4)
+    return figures
