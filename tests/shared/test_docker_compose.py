@@ -43,13 +43,13 @@ def _local(command: list[str]) -> list[str]:
 
 def test_services_volumes_and_health_checks(compose: dict) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "gateway", "worker"}
+    assert set(services) == {"redis", "gateway", "worker", "tasks"}
     redis_cmd = services["redis"]["command"]
     assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
     assert "redis-data:/data" in services["redis"]["volumes"] and "redis-data" in compose["volumes"]
     for name in services:
         assert services[name]["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
-    for name in ("gateway", "worker"):
+    for name in ("gateway", "worker", "tasks"):
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
         assert services[name]["command"][:2] == ["specfleet", name]
     assert services["gateway"]["ports"] == ["8000:8000"]
