@@ -29,10 +29,17 @@ class Agreement:
 
     num_positions: int  # positions compared, over all prompts
     num_agreed: int  # positions where the draft's argmax equals the target's argmax
+    num_bigrams: int  # token bigrams in the target's continuations (one list per prompt)
+    num_distinct_bigrams: int  # distinct ones, counted per continuation
 
     @property
     def rate(self) -> float:
         return self.num_agreed / self.num_positions if self.num_positions else 0.0
+
+    @property
+    def distinct_bigram_rate(self) -> float:
+        """Near 0 when the target loops (`the the the ...`): agreement on such text is cheap and says little."""
+        return self.num_distinct_bigrams / self.num_bigrams if self.num_bigrams else 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,8 @@ def greedy_agreement(
     eos_token_id = target.config.eos_token_id
     num_positions = 0
     num_agreed = 0
+    num_bigrams = 0
+    num_distinct_bigrams = 0
     for prompt_ids in prompts_ids:
         ids = torch.tensor([prompt_ids])  # [1, prompt]
         cache = DynamicCache(config=target.config)
@@ -103,8 +112,16 @@ def greedy_agreement(
         draft_argmax = draft(input_ids=full).logits[0, span].argmax(-1)  # [new]
         num_positions += target_argmax.numel()
         num_agreed += int((target_argmax == draft_argmax).sum())
+        bigrams = list(zip(continuation, continuation[1:], strict=False))
+        num_bigrams += len(bigrams)
+        num_distinct_bigrams += len(set(bigrams))
     logger.info("agreement: %d of %d positions", num_agreed, num_positions)
-    return Agreement(num_positions=num_positions, num_agreed=num_agreed)
+    return Agreement(
+        num_positions=num_positions,
+        num_agreed=num_agreed,
+        num_bigrams=num_bigrams,
+        num_distinct_bigrams=num_distinct_bigrams,
+    )
 
 
 def _dir_size_mb(directory: Path) -> float:
@@ -143,4 +160,5 @@ def measure_pair(pair: DemoPair, num_prompts: int, max_new_tokens: int, num_thre
         agreement = greedy_agreement(target, draft, prompts_ids, max_new_tokens)
     figures["agreement_positions"] = agreement.num_positions
     figures["agreement_rate"] = round(agreement.rate, 4)
+    figures["target_distinct_bigram_rate"] = round(agreement.distinct_bigram_rate, 4)
     return figures

@@ -13,6 +13,7 @@ def test_a_model_agrees_with_itself_everywhere(micro_pair: DemoPair) -> None:
 
     assert 2 <= agreement.num_positions <= 12  # stops early only at EOS
     assert agreement.rate == 1.0
+    assert 0 < agreement.distinct_bigram_rate <= 1
 
 
 def test_agreement_counts_positions_where_the_argmaxes_differ(micro_pair: DemoPair) -> None:
