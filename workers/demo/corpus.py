@@ -68,8 +68,10 @@ def _prompt_at(lines: list[str], def_index: int, max_chars: int) -> str | None:
         num_chars += len(line)
     if def_index < end - len(kept):  # the def line itself did not fit
         return None
-    prompt = "".join(reversed(kept))
-    return prompt if prompt.strip() else None
+    # No trailing newline: in training "\n" mostly merges with the next line's indentation into one token,
+    # so a prompt ending in a bare "\n" token would be out of distribution (models then emit blank lines).
+    prompt = "".join(reversed(kept)).rstrip()
+    return prompt or None
 
 
 def _file_prompts(path: Path, max_chars: int) -> list[str]:
@@ -85,6 +87,7 @@ def held_out_prompts(
 ) -> list[str]:
     """`n` deterministic prompts from held-out files, each ending a few lines after a `def ...:` line.
 
+    A prompt ends at the end of its last non-blank line (no trailing newline or spaces).
     Prompts are taken round-robin over the held-out files (first function of each file, then the
     second, ...), so consecutive prompts come from different modules. Each is at most `max_chars`
     characters, cut at a line start. Fewer than `n` come back only if the held-out files run out.

@@ -29,30 +29,55 @@ class Agreement:
 
     num_positions: int  # positions compared, over all prompts
     num_agreed: int  # positions where the draft's argmax equals the target's argmax
+    num_bigrams: int  # token bigrams in the target's continuations (one list per prompt)
+    num_distinct_bigrams: int  # distinct ones, counted per continuation
 
     @property
     def rate(self) -> float:
         return self.num_agreed / self.num_positions if self.num_positions else 0.0
 
+    @property
+    def distinct_bigram_rate(self) -> float:
+        """Near 0 when the target loops (`the the the ...`): agreement on such text is cheap and says little."""
+        return self.num_distinct_bigrams / self.num_bigrams if self.num_bigrams else 0.0
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """Wall time of one forward over repeated runs."""
+
+    median_ms: float
+    min_ms: float  # the least disturbed run: the better estimate on a shared, noisy machine
+
 
 @torch.inference_mode()
-def forward_cost_ms(
-    model: PreTrainedModel, num_new_tokens: int, num_cached_tokens: int, num_repeats: int = 30
-) -> float:
-    """Median ms of one forward of `num_new_tokens` tokens after `num_cached_tokens` are in the KV cache."""
-    vocab_size = model.config.vocab_size
+def forward_costs(
+    models: dict[str, PreTrainedModel], num_new_tokens: int, num_cached_tokens: int, num_repeats: int = 50
+) -> dict[str, ForwardCost]:
+    """Cost of one forward of `num_new_tokens` tokens with `num_cached_tokens` already in each model's cache.
+
+    The models run in turn within each repeat, so a burst of load from other processes hits all of them.
+    """
+    vocab_size = min(model.config.vocab_size for model in models.values())
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(1, vocab_size, (1, num_cached_tokens + num_new_tokens), generator=generator)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=context[:, :num_cached_tokens], cache=cache, use_cache=True)
     new_tokens = context[:, num_cached_tokens:]  # [1, new]
-    timings_ms: list[float] = []
-    for _ in range(num_repeats + 3):  # the first 3 are warm-up
-        start_s = time.perf_counter()
-        model(input_ids=new_tokens, cache=cache, use_cache=True)
-        timings_ms.append((time.perf_counter() - start_s) * 1000)
-        cache.crop(-num_new_tokens)  # drop the new tokens: negative = count to remove
-    return statistics.median(timings_ms[3:])
+    caches = {name: DynamicCache(config=model.config) for name, model in models.items()}
+    for name, model in models.items():
+        model(input_ids=context[:, :num_cached_tokens], cache=caches[name], use_cache=True)
+    timings_ms: dict[str, list[float]] = {name: [] for name in models}
+    for repeat in range(num_repeats + 3):  # the first 3 are warm-up
+        for name, model in models.items():
+            start_s = time.perf_counter()
+            model(input_ids=new_tokens, cache=caches[name], use_cache=True)
+            elapsed_ms = (time.perf_counter() - start_s) * 1000
+            caches[name].crop(-num_new_tokens)  # drop the new tokens (a negative count = tokens to remove)
+            if repeat >= 3:
+                timings_ms[name].append(elapsed_ms)
+    return {
+        name: ForwardCost(median_ms=statistics.median(runs_ms), min_ms=min(runs_ms))
+        for name, runs_ms in timings_ms.items()
+    }
 
 
 @torch.inference_mode()
@@ -68,6 +93,8 @@ def greedy_agreement(
     eos_token_id = target.config.eos_token_id
     num_positions = 0
     num_agreed = 0
+    num_bigrams = 0
+    num_distinct_bigrams = 0
     for prompt_ids in prompts_ids:
         ids = torch.tensor([prompt_ids])  # [1, prompt]
         cache = DynamicCache(config=target.config)
@@ -85,8 +112,16 @@ def greedy_agreement(
         draft_argmax = draft(input_ids=full).logits[0, span].argmax(-1)  # [new]
         num_positions += target_argmax.numel()
         num_agreed += int((target_argmax == draft_argmax).sum())
+        bigrams = list(zip(continuation, continuation[1:], strict=False))
+        num_bigrams += len(bigrams)
+        num_distinct_bigrams += len(set(bigrams))
     logger.info("agreement: %d of %d positions", num_agreed, num_positions)
-    return Agreement(num_positions=num_positions, num_agreed=num_agreed)
+    return Agreement(
+        num_positions=num_positions,
+        num_agreed=num_agreed,
+        num_bigrams=num_bigrams,
+        num_distinct_bigrams=num_distinct_bigrams,
+    )
 
 
 def _dir_size_mb(directory: Path) -> float:
@@ -113,13 +148,17 @@ def measure_pair(pair: DemoPair, num_prompts: int, max_new_tokens: int, num_thre
         figures[f"{role}_held_out_loss"] = record["models"][role]["held_out_loss"]
     with pinned_threads(num_threads):
         for num_new_tokens in COST_NUM_NEW_TOKENS:
-            target_ms = forward_cost_ms(target, num_new_tokens, COST_NUM_CACHED_TOKENS)
-            draft_ms = forward_cost_ms(draft, num_new_tokens, COST_NUM_CACHED_TOKENS)
-            figures[f"target_ms_{num_new_tokens}tok"] = round(target_ms, 2)
-            figures[f"draft_ms_{num_new_tokens}tok"] = round(draft_ms, 2)
-            figures[f"cost_ratio_{num_new_tokens}tok"] = round(target_ms / draft_ms, 2)
+            costs = forward_costs({"target": target, "draft": draft}, num_new_tokens, COST_NUM_CACHED_TOKENS)
+            for stat in ("median_ms", "min_ms"):
+                target_ms, draft_ms = getattr(costs["target"], stat), getattr(costs["draft"], stat)
+                figures[f"target_{stat}_{num_new_tokens}tok"] = round(target_ms, 2)
+                figures[f"draft_{stat}_{num_new_tokens}tok"] = round(draft_ms, 2)
+                figures[f"cost_ratio_{stat.removesuffix('_ms')}_{num_new_tokens}tok"] = round(
+                    target_ms / draft_ms, 2
+                )
         prompts_ids = [tokenizer(prompt)["input_ids"] for prompt in held_out_prompts(num_prompts)]
         agreement = greedy_agreement(target, draft, prompts_ids, max_new_tokens)
     figures["agreement_positions"] = agreement.num_positions
     figures["agreement_rate"] = round(agreement.rate, 4)
+    figures["target_distinct_bigram_rate"] = round(agreement.distinct_bigram_rate, 4)
     return figures

@@ -1,7 +1,8 @@
 """Training one model of the demo pair: a `transformers` Llama trained from scratch on a token stream.
 
-Deterministic by construction: the weights are initialised and the batches drawn from `seed` alone, the
-step count is fixed (never a time budget), and the caller pins torch's thread count (`pinned_threads`).
+Deterministic by construction: the weights are initialised from `init_seed` and the batches drawn from
+`data_seed` alone, the step count is fixed (never a time budget), and the caller pins torch's thread
+count (`pinned_threads`).
 """
 
 import contextlib
@@ -102,12 +103,17 @@ def train_model(
     recipe: ModelRecipe,
     config: LlamaConfig,
     token_ids: torch.Tensor,
-    seed: int,
+    init_seed: int,
+    data_seed: int,
     on_step: OnStep | None = None,
 ) -> LlamaForCausalLM:
-    """Initialise a Llama from `seed` and train it `recipe.num_steps` steps on `token_ids`.  # [num_tokens]"""
+    """Initialise a Llama from `init_seed`, train it `recipe.num_steps` steps on `token_ids`.  # [num_tokens]
+
+    Batches are drawn from `data_seed`: two models trained with the same one see the same windows in the
+    same order (for as many steps as both take), which makes their early, undertrained guesses more alike.
+    """
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(init_seed)
         model = LlamaForCausalLM(config)
     model.train()
     decay = [p for name, p in model.named_parameters() if p.ndim >= 2 and "embed" not in name]
@@ -120,7 +126,7 @@ def train_model(
         foreach=False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, recipe))
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(data_seed)
     for step in range(recipe.num_steps):
         windows = sample_batch(token_ids, recipe, generator)  # [batch, seq + 1]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast_bf16):

@@ -129,6 +129,18 @@ def test_leftovers_of_a_killed_build_are_ignored_then_removed(tmp_path: Path) ->
     assert (pair.target_dir / "model.safetensors").stat().st_size > 4
 
 
+def test_a_pair_built_from_another_recipe_is_rebuilt(tmp_path: Path) -> None:
+    other = dataclasses.replace(MICRO_RECIPE, seed=7)  # same name, other bytes
+    ensure_demo_pair(tmp_path, recipe=other)
+    other_weights = (pair_dir(tmp_path, other) / "target" / "model.safetensors").read_bytes()
+
+    assert find_demo_pair(tmp_path, MICRO_RECIPE) is None
+    pair = ensure_demo_pair(tmp_path, recipe=MICRO_RECIPE)
+
+    assert build_record(pair)["fingerprint"] == MICRO_RECIPE.fingerprint()
+    assert (pair.target_dir / "model.safetensors").read_bytes() != other_weights
+
+
 def test_home_defaults_to_env_then_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECFLEET_HOME", str(tmp_path))
     assert specfleet_home() == tmp_path
@@ -141,5 +153,5 @@ def test_home_defaults_to_env_then_user_cache(monkeypatch: pytest.MonkeyPatch, t
 
 def test_demo_recipe_is_pinned() -> None:
     # Changing the recipe changes the pair: bump DEMO_RECIPE.name's version, then update this fingerprint.
-    assert DEMO_RECIPE.name == "demo-v1"
-    assert DEMO_RECIPE.fingerprint() == "1fcd53ea0905"
+    assert DEMO_RECIPE.name == "demo-v2"
+    assert DEMO_RECIPE.fingerprint() == "8e72f7a59b08"

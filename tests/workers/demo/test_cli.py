@@ -29,7 +29,9 @@ def test_path_fails_when_the_pair_is_not_built(tmp_path: Path) -> None:
 def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None:
     directory = tmp_path / "models" / DEMO_RECIPE.name
     directory.mkdir(parents=True)
-    (directory / BUILD_MARKER).write_text(json.dumps({"name": DEMO_RECIPE.name, "build_time_s": 1.0}))
+    (directory / BUILD_MARKER).write_text(
+        json.dumps({"fingerprint": DEMO_RECIPE.fingerprint(), "build_time_s": 1.0})
+    )
 
     result = runner.invoke(app, ["models", "path", "--home", str(tmp_path)])
 
@@ -40,7 +42,9 @@ def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None
 def test_build_demo_reports_an_existing_pair_without_building(tmp_path: Path) -> None:
     directory = tmp_path / "models" / DEMO_RECIPE.name
     directory.mkdir(parents=True)
-    (directory / BUILD_MARKER).write_text(json.dumps({"name": DEMO_RECIPE.name, "build_time_s": 201.5}))
+    (directory / BUILD_MARKER).write_text(
+        json.dumps({"fingerprint": DEMO_RECIPE.fingerprint(), "build_time_s": 201.5})
+    )
 
     result = runner.invoke(app, ["models", "build-demo", "--home", str(tmp_path)])
 

@@ -34,6 +34,7 @@ def test_held_out_prompts_are_deterministic_def_snippets_from_held_out_files() -
     assert len(set(prompts)) == 12
     for prompt in prompts:
         assert len(prompt) <= 200
+        assert prompt == prompt.rstrip()
         assert any(line.lstrip().startswith(("def ", "async def ")) for line in prompt.splitlines())
         assert any(prompt in text for text in held_out_texts)
 
