@@ -1,6 +1,7 @@
 """Measurements of a built pair that tell whether speculation is worth it: forward cost and agreement.
 
-Both use the `transformers` models (the build's reference), fp32, on the caller's pinned torch threads.
+Agreement and the first cost table use the `transformers` models (the build's reference); the `engine_`
+cost figures use the worker's own model code. All fp32, on the caller's pinned torch threads.
 """
 
 import logging
@@ -81,6 +82,46 @@ def forward_costs(
 
 
 @torch.inference_mode()
+def engine_forward_costs(
+    model_dirs: dict[str, Path], num_new_tokens: int, num_cached_tokens: int, num_repeats: int = 50
+) -> dict[str, ForwardCost]:
+    """The same timing as `forward_costs`, through the worker's own model code and paged KV cache (fp32).
+
+    This is the forward speculation actually runs: block-table metadata, paged attention, logits for
+    the new tokens only.
+    """
+    from workers.engine.model_runner import ForwardItem, ModelRunner
+    from workers.models.loader import load_model
+
+    block_size = 16
+    num_blocks = -(-(num_cached_tokens + num_new_tokens) // block_size)  # [blocks] one sequence's worth
+    block_table = list(range(num_blocks))
+    runners = {
+        name: ModelRunner(load_model(model_dir, torch.float32), num_blocks, block_size)
+        for name, model_dir in model_dirs.items()
+    }
+    vocab_size = min(runner.model.cfg.vocab_size for runner in runners.values())
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(
+        1, vocab_size, (num_cached_tokens + num_new_tokens,), generator=generator
+    ).tolist()
+    for runner in runners.values():
+        runner.forward([ForwardItem(context[:num_cached_tokens], 0, block_table, num_logits=1)])
+    step = ForwardItem(context[num_cached_tokens:], num_cached_tokens, block_table, num_logits=num_new_tokens)
+    timings_ms: dict[str, list[float]] = {name: [] for name in runners}
+    for repeat in range(num_repeats + 3):  # the first 3 are warm-up
+        for name, runner in runners.items():
+            start_s = time.perf_counter()
+            runner.forward([step])  # rewrites the same KV slots every time: the cache stays at num_cached
+            if repeat >= 3:
+                timings_ms[name].append((time.perf_counter() - start_s) * 1000)
+    return {
+        name: ForwardCost(median_ms=statistics.median(runs_ms), min_ms=min(runs_ms))
+        for name, runs_ms in timings_ms.items()
+    }
+
+
+@torch.inference_mode()
 def greedy_agreement(
     target: PreTrainedModel, draft: PreTrainedModel, prompts_ids: list[list[int]], max_new_tokens: int
 ) -> Agreement:
@@ -124,6 +165,18 @@ def greedy_agreement(
     )
 
 
+def _add_cost_figures(
+    figures: dict[str, Any], prefix: str, costs: dict[str, ForwardCost], num_new_tokens: int
+) -> None:
+    for stat in ("median_ms", "min_ms"):
+        target_ms, draft_ms = getattr(costs["target"], stat), getattr(costs["draft"], stat)
+        figures[f"{prefix}target_{stat}_{num_new_tokens}tok"] = round(target_ms, 2)
+        figures[f"{prefix}draft_{stat}_{num_new_tokens}tok"] = round(draft_ms, 2)
+        figures[f"{prefix}cost_ratio_{stat.removesuffix('_ms')}_{num_new_tokens}tok"] = round(
+            target_ms / draft_ms, 2
+        )
+
+
 def _dir_size_mb(directory: Path) -> float:
     return round(sum(path.stat().st_size for path in directory.iterdir() if path.is_file()) / 1e6, 2)
 
@@ -148,14 +201,14 @@ def measure_pair(pair: DemoPair, num_prompts: int, max_new_tokens: int, num_thre
         figures[f"{role}_held_out_loss"] = record["models"][role]["held_out_loss"]
     with pinned_threads(num_threads):
         for num_new_tokens in COST_NUM_NEW_TOKENS:
-            costs = forward_costs({"target": target, "draft": draft}, num_new_tokens, COST_NUM_CACHED_TOKENS)
-            for stat in ("median_ms", "min_ms"):
-                target_ms, draft_ms = getattr(costs["target"], stat), getattr(costs["draft"], stat)
-                figures[f"target_{stat}_{num_new_tokens}tok"] = round(target_ms, 2)
-                figures[f"draft_{stat}_{num_new_tokens}tok"] = round(draft_ms, 2)
-                figures[f"cost_ratio_{stat.removesuffix('_ms')}_{num_new_tokens}tok"] = round(
-                    target_ms / draft_ms, 2
-                )
+            hf_costs = forward_costs(
+                {"target": target, "draft": draft}, num_new_tokens, COST_NUM_CACHED_TOKENS
+            )
+            engine_costs = engine_forward_costs(
+                {"target": pair.target_dir, "draft": pair.draft_dir}, num_new_tokens, COST_NUM_CACHED_TOKENS
+            )
+            for prefix, costs in (("", hf_costs), ("engine_", engine_costs)):
+                _add_cost_figures(figures, prefix, costs, num_new_tokens)
         prompts_ids = [tokenizer(prompt)["input_ids"] for prompt in held_out_prompts(num_prompts)]
         agreement = greedy_agreement(target, draft, prompts_ids, max_new_tokens)
     figures["agreement_positions"] = agreement.num_positions

@@ -6,6 +6,7 @@ count (`pinned_threads`).
 """
 
 import contextlib
+import copy
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -99,22 +100,21 @@ def next_token_loss(model: LlamaForCausalLM, windows: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
 
 
-def train_model(
-    recipe: ModelRecipe,
-    config: LlamaConfig,
-    token_ids: torch.Tensor,
-    init_seed: int,
-    data_seed: int,
-    on_step: OnStep | None = None,
-) -> LlamaForCausalLM:
-    """Initialise a Llama from `init_seed`, train it `recipe.num_steps` steps on `token_ids`.  # [num_tokens]
-
-    Batches are drawn from `data_seed`: two models trained with the same one see the same windows in the
-    same order (for as many steps as both take), which makes their early, undertrained guesses more alike.
-    """
+def new_model(config: LlamaConfig, init_seed: int) -> LlamaForCausalLM:
+    """A freshly initialised Llama; the weights depend on `init_seed` alone."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
-        model = LlamaForCausalLM(config)
+        return LlamaForCausalLM(config)
+
+
+def train_steps(
+    model: LlamaForCausalLM,
+    recipe: ModelRecipe,
+    token_ids: torch.Tensor,
+    generator: torch.Generator,
+    on_step: OnStep | None = None,
+) -> None:
+    """`recipe.num_steps` AdamW steps (warmup + cosine) on batches drawn from `generator`.  # [num_tokens]"""
     model.train()
     decay = [p for name, p in model.named_parameters() if p.ndim >= 2 and "embed" not in name]
     no_decay = [p for name, p in model.named_parameters() if p.ndim < 2 or "embed" in name]
@@ -126,7 +126,6 @@ def train_model(
         foreach=False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, recipe))
-    generator = torch.Generator().manual_seed(data_seed)
     for step in range(recipe.num_steps):
         windows = sample_batch(token_ids, recipe, generator)  # [batch, seq + 1]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast_bf16):
@@ -139,7 +138,40 @@ def train_model(
         if on_step is not None:
             on_step(step, loss.item())
     model.eval()
-    return model
+
+
+def grow_depth(model: LlamaForCausalLM, num_layers: int) -> LlamaForCausalLM:
+    """A deeper copy of `model` that computes exactly the same function (depth up-scaling).
+
+    Each layer i becomes `factor` consecutive layers: the original, then copies of it whose output
+    projections (attention `o_proj`, MLP `down_proj`) are zero, so each copy adds nothing to the residual
+    stream until training moves those weights (a SOLAR-style depth up-scale that starts loss-free).
+    """
+    old_num_layers = model.config.num_hidden_layers
+    if num_layers % old_num_layers:
+        raise ValueError(f"num_layers {num_layers} is not a multiple of {old_num_layers}")
+    factor = num_layers // old_num_layers
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = num_layers
+    grown = LlamaForCausalLM(config)
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if ".layers." not in name:
+            state[name] = tensor.clone()
+            continue
+        prefix, rest = name.split(".layers.")
+        index, leaf = rest.split(".", 1)
+        for copy_index in range(factor):
+            weight = tensor.clone()
+            if copy_index > 0 and leaf in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                weight.zero_()
+            state[f"{prefix}.layers.{int(index) * factor + copy_index}.{leaf}"] = weight
+    missing, unexpected = grown.load_state_dict(state, strict=False)
+    if unexpected or any(name != "lm_head.weight" for name in missing):  # the head is tied to the embedding
+        raise RuntimeError(f"depth growth lost weights: missing {missing}, unexpected {unexpected}")
+    grown.tie_weights()
+    grown.eval()
+    return grown
 
 
 @torch.inference_mode()

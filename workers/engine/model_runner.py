@@ -37,6 +37,13 @@ class ForwardBatch:
 
 
 def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None = None) -> ForwardBatch:
+    if all(len(it.token_ids) == 1 and it.tree_mask is None for it in items):
+        return _build_decode_batch(items, block_size, sliding_window)
+    return _build_ragged_batch(items, block_size, sliding_window)
+
+
+def _build_ragged_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None) -> ForwardBatch:
+    """Any mix of prefill chunks, decodes, drafts to verify and token trees."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -93,6 +100,36 @@ def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int |
         meta=meta,
         logits_indices=torch.tensor(logits_rows, dtype=torch.long),
     )
+
+
+def _build_decode_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None) -> ForwardBatch:
+    """The common step (plain decoding, each draft token): one query token per sequence, so nothing is
+    padded and the metadata is four integers per sequence, turned into tensors in one call."""
+    batch = len(items)
+    columns: list[int] = [it.token_ids[0] for it in items]
+    columns += [it.positions[0] if it.positions else it.start_pos for it in items]
+    columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
+    columns += [it.start_pos for it in items]
+    input_ids, positions, slots, q_pos = torch.tensor(columns, dtype=torch.long).view(4, batch)  # [B] each
+    num_blocks_max = max(it.start_pos // block_size + 1 for it in items)
+    tables = torch.tensor(
+        [it.block_table[:num_blocks_max] + [0] * (num_blocks_max - len(it.block_table)) for it in items],
+        dtype=torch.long,
+    )  # [B, NB]
+    key_pos = torch.arange(num_blocks_max * block_size).unsqueeze(0)  # [1, L]
+    mask = key_pos <= q_pos.unsqueeze(1)  # [B, L]
+    if sliding_window is not None:
+        mask &= key_pos > (q_pos.unsqueeze(1) - sliding_window)
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        block_tables=tables,
+        mask=mask.view(batch, 1, 1, -1),  # [B, 1, Q=1, L]
+        query_index=None,
+        flat_index=None,
+    )
+    logits_rows = [i for i, it in enumerate(items) if it.num_logits]
+    logits_indices = torch.arange(batch) if len(logits_rows) == batch else torch.tensor(logits_rows, dtype=torch.long)
+    return ForwardBatch(input_ids=input_ids, positions=positions, meta=meta, logits_indices=logits_indices)
 
 
 class ModelRunner:

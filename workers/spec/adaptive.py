@@ -105,11 +105,13 @@ def batch_k_limit(
     config: AdaptiveConfig,
     num_decode_seqs: int,  # sequences in the step that could speculate
     num_scheduled_tokens: int,  # tokens in the step before speculation: prefill chunks + 1 per decode
+    max_tokens: int | None = None,  # per-sequence ceiling: None = config.k_max (chains); trees pass their size
 ) -> int:
     """Largest number of draft tokens (chain k, or tree nodes) any sequence may verify this step."""
+    ceiling = config.k_max if max_tokens is None else max_tokens
     if num_decode_seqs > config.max_spec_batch_size:
         return 0
     if num_decode_seqs == 0:
-        return config.k_max
+        return ceiling
     num_spare_tokens = max(0, config.batch_token_budget - num_scheduled_tokens)
-    return min(config.k_max, num_spare_tokens // num_decode_seqs)
+    return min(ceiling, num_spare_tokens // num_decode_seqs)

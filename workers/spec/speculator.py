@@ -70,10 +70,11 @@ class Speculator:
             return 0
         # a seeded sampling request keeps its own k whatever the batch, so its draws stay reproducible
         is_batch_free = seq.params.seed is not None and not seq.params.is_greedy
-        limit = self.adaptive.k_max if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size)
-        if self.uses_tree(spec):
-            want = self.cfg.tree_size if limit > 0 else 0
+        if self.uses_tree(spec):  # a tree's nodes share the batch's spare target tokens like chain tokens do
+            tree_size = self.cfg.tree_size
+            want = tree_size if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size, tree_size)
         else:
+            limit = self.adaptive.k_max if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size)
             want = spec.controller.k_for_step(limit)
         useful = seq.params.max_tokens - seq.num_output_tokens - 1  # the step adds one token on top
         return max(0, min(want, useful, self.max_model_len - len(seq)))

@@ -34,6 +34,8 @@ def target_distributions(
 
 
 def verify_batch(entries: list[tuple[Sequence, Proposal | None]], logits: torch.Tensor) -> list[Verdict]:
+    if all(prop is None and seq.params.is_greedy for seq, prop in entries):  # plain greedy decoding
+        return [Verdict([token], 0) for token in logits.argmax(dim=-1).tolist()]  # what a k = 0 chain gives
     vocab = logits.shape[1]
     row_params = [seq.params for seq, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
     target = target_distributions(logits, row_params)  # [S, V]

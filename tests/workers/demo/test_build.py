@@ -42,7 +42,7 @@ def test_two_builds_are_byte_identical(tmp_path: Path, micro_pair: DemoPair) -> 
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_pair_loads_with_transformers_and_runs_a_forward(micro_pair: DemoPair, role: str) -> None:
     model_dir = micro_pair.target_dir if role == "target" else micro_pair.draft_dir
-    recipe = MICRO_RECIPE.target if role == "target" else MICRO_RECIPE.draft
+    recipe = (MICRO_RECIPE.target_growth or MICRO_RECIPE.target) if role == "target" else MICRO_RECIPE.draft
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -101,7 +101,7 @@ def test_force_rebuilds_in_place(tmp_path: Path) -> None:
     assert (second.target_dir / "model.safetensors").stat().st_ino != inode  # a new file, renamed in
     assert (second.target_dir / "model.safetensors").read_bytes() == weights
     assert build_record(second)["name"] == MICRO_RECIPE.name
-    assert sorted(path.name for path in (tmp_path / "models").iterdir()) == [".micro-v1.lock", "micro-v1"]
+    assert sorted(path.name for path in (tmp_path / "models").iterdir()) == [f".{MICRO_RECIPE.name}.lock", MICRO_RECIPE.name]
 
 
 def test_failed_build_leaves_no_pair_and_no_partial_files(tmp_path: Path) -> None:
@@ -114,11 +114,11 @@ def test_failed_build_leaves_no_pair_and_no_partial_files(tmp_path: Path) -> Non
 
     assert find_demo_pair(tmp_path, broken) is None
     assert not pair_dir(tmp_path, broken).exists()
-    assert [path.name for path in (tmp_path / "models").iterdir()] == [".micro-v1.lock"]
+    assert [path.name for path in (tmp_path / "models").iterdir()] == [f".{MICRO_RECIPE.name}.lock"]
 
 
 def test_leftovers_of_a_killed_build_are_ignored_then_removed(tmp_path: Path) -> None:
-    leftover = tmp_path / "models" / ".micro-v1.building-killed"
+    leftover = tmp_path / "models" / f".{MICRO_RECIPE.name}.building-killed"
     (leftover / "target").mkdir(parents=True)
     (leftover / "target" / "model.safetensors").write_bytes(b"half")
 
@@ -153,5 +153,16 @@ def test_home_defaults_to_env_then_user_cache(monkeypatch: pytest.MonkeyPatch, t
 
 def test_demo_recipe_is_pinned() -> None:
     # Changing the recipe changes the pair: bump DEMO_RECIPE.name's version, then update this fingerprint.
-    assert DEMO_RECIPE.name == "demo-v2"
-    assert DEMO_RECIPE.fingerprint() == "8e72f7a59b08"
+    assert DEMO_RECIPE.name == "demo-v3"
+    assert DEMO_RECIPE.fingerprint() == "af9a7ff1dc21"
+
+
+def test_growth_must_deepen_the_target_at_its_width() -> None:
+    wider = dataclasses.replace(MICRO_RECIPE.target, num_layers=2, hidden_size=64)
+    not_a_multiple = dataclasses.replace(MICRO_RECIPE.target, num_layers=3)
+    deeper_target = dataclasses.replace(MICRO_RECIPE.target, num_layers=2)
+
+    for growth in (wider, not_a_multiple):
+        with pytest.raises(ValueError, match="target_growth"):
+            dataclasses.replace(MICRO_RECIPE, target=deeper_target, target_growth=growth)
+    assert MICRO_RECIPE.target_num_steps == MICRO_RECIPE.target.num_steps + 2

@@ -96,3 +96,10 @@ def test_config_rejects_bad_values(fields: dict[str, float]) -> None:
 def test_update_rejects_impossible_counts() -> None:
     with pytest.raises(ValueError):
         SpecLengthController(CONFIG).update(num_drafted=2, num_accepted=3)
+
+
+def test_tree_nodes_share_the_batch_budget_up_to_the_tree_size() -> None:
+    config = AdaptiveConfig(k_max=4, batch_token_budget=64, max_spec_batch_size=32)
+    trees = [batch_k_limit(config, n, num_scheduled_tokens=n, max_tokens=12) for n in (1, 4, 8, 16)]
+    assert trees == [12, 12, 7, 3]  # min(tree size, (64 - n) // n): not capped at the chain's k_max
+    assert batch_k_limit(config, 33, num_scheduled_tokens=33, max_tokens=12) == 0
