@@ -5,6 +5,7 @@ batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and
 (one at a time, and one padded batch).
 """
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from workers.demo.train import pinned_threads
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.sampling_params import SamplingParams
@@ -80,6 +82,13 @@ def match_rate(a: list[list[int]], b: list[list[int]]) -> float:
     return same / total if total else 1.0
 
 
+def hf_threads(engine: Engine) -> contextlib.AbstractContextManager[None]:
+    """transformers runs with the engine's full thread count (the engine itself drops to one thread for
+    small passes; transformers has no such policy, and at batch 1 it is faster with all threads)."""
+    policy = engine.runner.threads
+    return pinned_threads(policy.num_threads if policy is not None else torch.get_num_threads())
+
+
 def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig) -> dict[str, Any]:
     import transformers
 
@@ -90,7 +99,8 @@ def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPla
     prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
     n = plan.num_new_tokens
     run_ours(engine, prompts[:1], 8)  # warm-up: first-call allocations, thread pools
-    run_hf(hf, prompts[:1], 8, pad_id)
+    with hf_threads(engine):
+        run_hf(hf, prompts[:1], 8, pad_id)
 
     rows: list[dict[str, Any]] = []
     bs1 = prompts[: plan.num_bs1_prompts]
@@ -99,7 +109,8 @@ def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPla
         s, o = run_ours(engine, [p], n)
         ours_s += s
         ours_out.extend(o)
-    hf_s, hf_out = run_hf_serial(hf, bs1, n, pad_id)
+    with hf_threads(engine):
+        hf_s, hf_out = run_hf_serial(hf, bs1, n, pad_id)
     ours_bs1 = len(bs1) * n / ours_s
     hf_bs1 = len(bs1) * n / hf_s
     rows.append({"system": "specfleet", "concurrency": 1, "tokens_per_s": ours_bs1, "greedy_match_vs_hf": match_rate(ours_out, hf_out)})
@@ -110,7 +121,8 @@ def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPla
         s, _ = run_ours(engine, batch, n)
         rows.append({"system": "specfleet", "concurrency": c, "tokens_per_s": c * n / s})
         ratios[f"concurrency{c}_vs_bs1"] = c * n / s / ours_bs1
-        s, _ = run_hf(hf, batch, n, pad_id)
+        with hf_threads(engine):
+            s, _ = run_hf(hf, batch, n, pad_id)
         rows.append({"system": "hf_generate_padded", "concurrency": c, "tokens_per_s": c * n / s})
         rows.append({"system": "hf_generate_serial", "concurrency": c, "tokens_per_s": hf_bs1})
         ratios[f"concurrency{c}_vs_hf_padded"] = rows[-3]["tokens_per_s"] / rows[-2]["tokens_per_s"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from workers.bench.engine_bench import match_rate, run_hf_serial, run_ours
+from workers.bench.engine_bench import hf_threads, match_rate, run_hf_serial, run_ours
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
@@ -94,7 +94,8 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         "hf_prompt_lookup": {"prompt_lookup_num_tokens": 4},
     }
     for name, extra in hf_runs.items():
-        seconds, outs = _hf_generate(hf, bs1, plan.num_new_tokens, pad_id, extra)
+        with hf_threads(engine):
+            seconds, outs = _hf_generate(hf, bs1, plan.num_new_tokens, pad_id, extra)
         tps[(name, 1)] = len(bs1) * plan.num_new_tokens / seconds
         rows.append({"system": name, "batch": 1, "tokens_per_s": tps[(name, 1)],
                      "match_vs_plain": match_rate(outs, outputs[("plain", 1)])})

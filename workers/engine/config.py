@@ -18,7 +18,8 @@ class EngineConfig:
     target_dir: str | None = None  # HF checkpoint dir; None = the demo pair (built if missing)
     draft_dir: str | None = None  # None = the demo pair's draft when target_dir is None
     dtype: str = "auto"  # auto (bf16 where the CPU/GPU does it fast, else fp32) | float32 | bfloat16 | float16 | float64
-    num_threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    num_threads: int = 0  # torch intra-op threads for large passes; 0 = every core this process may use
+    single_thread_max_tokens: int = 4  # passes of at most this many tokens run on one thread
     block_size: int = 16  # tokens per KV block
     kv_cache_mb: float = 256.0  # KV budget for target + draft caches
     max_num_seqs: int = 32  # sequences running at once
@@ -47,8 +48,8 @@ class EngineConfig:
             raise ValueError("kv_cache_mb must be > 0")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_model_len < 0 or self.num_threads < 0:
-            raise ValueError("max_model_len and num_threads must be >= 0")
+        if self.max_model_len < 0 or self.num_threads < 0 or self.single_thread_max_tokens < 0:
+            raise ValueError("max_model_len, num_threads and single_thread_max_tokens must be >= 0")
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}")
         if not 1 <= self.speculative_k_min <= self.num_speculative_tokens:

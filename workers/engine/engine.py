@@ -6,6 +6,7 @@ stop checks, retire finished sequences) -> return what changed.
 
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
-from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
@@ -31,8 +32,8 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None) -> None:
         self.cfg = cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        threads = ThreadPolicy(cfg.num_threads or len(os.sched_getaffinity(0)), cfg.single_thread_max_tokens)
+        torch.set_num_threads(threads.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
         self._decode = make_decode_fn(self.tokenizer)
         dtype = resolve_dtype(cfg.dtype)
@@ -49,8 +50,9 @@ class Engine:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size)
-        draft_proposer = DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size)) if draft is not None else None
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, threads)
+        draft_runner = ModelRunner(draft, num_blocks, cfg.block_size, threads) if draft is not None else None
+        draft_proposer = DraftProposer(draft_runner) if draft_runner is not None else None
         self.speculator = Speculator(cfg, self.runner, draft_proposer, self.max_model_len)
         self.scheduler = Scheduler(
             self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, lookahead=self.speculator.lookahead

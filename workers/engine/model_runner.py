@@ -132,11 +132,32 @@ def _build_decode_batch(items: list[ForwardItem], block_size: int, sliding_windo
     return ForwardBatch(input_ids=input_ids, positions=positions, meta=meta, logits_indices=logits_indices)
 
 
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """How many torch threads a forward pass gets, by its size.
+
+    Small passes (a decode step at low batch, a draft token) are memory- and dispatch-bound: a second
+    thread only adds a fork/join per op, and a stall whenever another process holds a core. Larger passes
+    are matmul-bound and scale with threads.
+    """
+
+    num_threads: int  # threads for passes above single_thread_max_tokens
+    single_thread_max_tokens: int  # passes of at most this many tokens run on one thread
+
+    def apply(self, num_tokens: int) -> None:
+        want = 1 if num_tokens <= self.single_thread_max_tokens else self.num_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+
 class ModelRunner:
     """Owns one model and its paged KV cache."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, threads: ThreadPolicy | None = None
+    ) -> None:
         self.model = model
+        self.threads = threads  # None: the process's torch thread count, untouched
         self.block_size = block_size
         dtype = model.embed.weight.dtype
         shape = model.kv_cache_shape(num_blocks, block_size)
@@ -165,4 +186,6 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32, S = sum(num_logits)
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
+        if self.threads is not None:
+            self.threads.apply(batch.input_ids.shape[0])
         return self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_indices)
