@@ -72,7 +72,9 @@ class Speculator:
         is_batch_free = seq.params.seed is not None and not seq.params.is_greedy
         if self.uses_tree(spec):  # a tree's nodes share the batch's spare target tokens like chain tokens do
             tree_size = self.cfg.tree_size
-            want = tree_size if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size, tree_size)
+            limit = tree_size if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size, tree_size)
+            # a tree cut below its size spends its few nodes on siblings: a chain uses them better
+            want = limit if limit >= tree_size else spec.controller.k_for_step(min(limit, self.adaptive.k_max))
         else:
             limit = self.adaptive.k_max if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size)
             want = spec.controller.k_for_step(limit)
@@ -97,20 +99,25 @@ class Speculator:
         return proposals
 
     def _propose_with_draft(self, entries: list[tuple[Sequence, int]]) -> dict[str, Proposal]:
+        """Full-size token trees where the budget allows one, chains for the rest (see lookahead)."""
         assert self.draft is not None
-        seqs = [seq for seq, _ in entries]
-        sizes = [size for _, size in entries]
+        tree_size = self.cfg.tree_size
+        trees = [(seq, size) for seq, size in entries if tree_size and size >= tree_size]
+        chains = [(seq, size) for seq, size in entries if not (tree_size and size >= tree_size)]
+        made: list[tuple[Sequence, Proposal]] = []
         try:
-            if self.cfg.tree_size > 0:
-                made = self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching)
-            else:
-                made = self.draft.propose_chains(seqs, sizes)
+            if trees:
+                seqs, sizes = [seq for seq, _ in trees], [size for _, size in trees]
+                made += zip(seqs, self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching), strict=True)
+            if chains:
+                seqs, sizes = [seq for seq, _ in chains], [size for _, size in chains]
+                made += zip(seqs, self.draft.propose_chains(seqs, sizes), strict=True)
         except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
-            log.exception("draft proposer failed; %d sequences fall back to plain decoding", len(seqs))
-            for seq in seqs:
+            log.exception("draft proposer failed; %d sequences fall back to plain decoding", len(entries))
+            for seq, _ in entries:
                 self._fall_back(seq, "draft_error")
             return {}
-        return {seq.request_id: p for seq, p in zip(seqs, made, strict=True) if p.num_tokens}
+        return {seq.request_id: p for seq, p in made if p.num_tokens}
 
     # ---- after the forward ----------------------------------------------------------------------
     def verify(self, entries: list[tuple[Sequence, Proposal | None]], logits: torch.Tensor) -> list[Verdict]:

@@ -173,3 +173,28 @@ def test_engine_speculation_metrics_per_position(spec_models) -> None:
     assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
     assert sum(engine.speculator.stats.accepted_length_histogram.values()) == counts.num_steps
     assert engine.speculator.stats.draft_time_s > 0 and engine.speculator.stats.verify_time_s > 0
+
+
+def test_a_tree_cut_by_the_batch_budget_becomes_a_chain(spec_models) -> None:
+    models = dict(spec_models, same=spec_models["target"])
+    engine = make_engine(
+        models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False, spec_batch_token_budget=4
+    )  # one sequence: 4 - 1 = 3 spare target tokens, too few for the 6-node tree
+
+    out = run_all(engine, {"a": (make_prompts()[1], greedy(13))})["a"]
+
+    assert [len(o.new_token_ids) for o in out] == [1, 4, 4, 4]  # chains of 3, all accepted, + bonus
+    counts = engine.speculator.stats.counts
+    assert counts.num_steps == 3 and counts.num_drafted == 9
+
+
+def test_a_full_size_tree_is_proposed_when_the_budget_allows(spec_models) -> None:
+    models = dict(spec_models, same=spec_models["target"])
+    engine = make_engine(models, draft="same", tree_size=6, tree_branching=2, spec_batch_token_budget=64)
+
+    run_all(engine, {"a": (make_prompts()[1], greedy(13))})
+
+    counts = engine.speculator.stats.counts
+    assert counts.num_steps == 3
+    assert counts.num_drafted == 6 + 6 + 5  # two 6-node trees; the last step has room for 5 tokens only
+    assert counts.drafted_per_position[2:] == [1, 1, 1]  # ... and drafts them as a chain
