@@ -13,7 +13,7 @@ from gateway.deps import Gateway
 from gateway.errors import ApiError
 from gateway.metrics import JOBS_REJECTED
 from gateway.rate_limit import estimate_tokens
-from gateway.store import QueueFull, Submitted
+from gateway.store import IdempotencyConflict, QueueFull, Submitted
 from shared.api_keys import ApiKey
 from shared.job_state import ErrorCode
 from shared.schemas import JobRequest
@@ -86,6 +86,10 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
     scoped_key = f"{key.id}:{idempotency_key}" if idempotency_key else None
     try:
         submitted = await gw.store.submit(request, scoped_key, job_id=job_id, owner=key.id)
+    except IdempotencyConflict as exc:
+        await gw.limiter.release(key, job_id)
+        JOBS_REJECTED.labels("idempotency_conflict").inc()
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
     except QueueFull as exc:
         await gw.limiter.release(key, job_id)
         JOBS_REJECTED.labels("queue_full").inc()

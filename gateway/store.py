@@ -1,5 +1,6 @@
 """The gateway's Redis side (a client with decode_responses=True) of jobs: submit (one script: idempotency, queue limit, hash, enqueue), read, cancel."""
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -18,6 +19,14 @@ class Submitted:
     job_id: str
     is_new: bool  # False: an earlier job with the same Idempotency-Key
     created_at: float | None = None  # of a new job (Redis clock)
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key already names a job created from a different request."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"this Idempotency-Key was already used for a different request (job {job_id})")
+        self.job_id = job_id
 
 
 class QueueFull(Exception):
@@ -50,8 +59,14 @@ def submit_call(
             settings.idempotency_ttl_s,
             "1" if idempotency_key else "0",
             owner,
+            request_hash(request),
         ],
     )
+
+
+def request_hash(request: JobRequest) -> str:
+    """What an Idempotency-Key remembers of its request: a replay must send the same one."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:32]
 
 
 class JobStore:
@@ -88,6 +103,8 @@ class JobStore:
         if result[0] == "full":
             raise QueueFull(request.priority, int(result[1]))
         if result[0] == "dup":
+            if result[2] and result[2] != request_hash(request):  # '' = an entry from before hashes
+                raise IdempotencyConflict(result[1])
             return Submitted(job_id=result[1], is_new=False)
         return Submitted(job_id=result[1], is_new=True, created_at=float(result[2]))
 

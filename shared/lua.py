@@ -95,13 +95,18 @@ def context(maxlen: int, ttl_s: int) -> str:
 
 
 # KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
-# max_depth idem_ttl_s use_idem(0/1) [owner: the API key id that owns the job; '' or absent: none].  -> {'dup', job_id} | {'full', depth} | {'ok', job_id, created_at}
+# max_depth idem_ttl_s use_idem(0/1) owner(the API key id that owns the job; '': none) request_hash.
+# -> {'dup', job_id, request_hash of the job's request ('' from older entries)} | {'full', depth} | {'ok', job_id, created_at}
 SUBMIT = (
     PRELUDE
     + """
 if ARGV[9] == '1' then
-  local existing = redis.call('GET', KEYS[3])
-  if existing then return {'dup', existing} end
+  local existing = redis.call('GET', KEYS[3])  -- '<job id>:<request hash>'
+  if existing then
+    local sep = string.find(existing, ':', 1, true)
+    if sep then return {'dup', string.sub(existing, 1, sep - 1), string.sub(existing, sep + 1)} end
+    return {'dup', existing, ''}
+  end
 end
 local depth = redis.call('XLEN', KEYS[2])
 if depth > 0 then
@@ -115,7 +120,7 @@ redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', S_QUEUED, 'priority', ARGV[
   'expires_at', string.format('%.6f', tonumber(created) + tonumber(ARGV[4])), 'request', ARGV[5],
   'metadata', ARGV[6], 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
 if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[10]) end
-if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[8]) end
+if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[2] .. ':' .. ARGV[11], 'EX', ARGV[8]) end
 return {'ok', ARGV[2], created}
 """
 )

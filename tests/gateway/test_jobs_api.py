@@ -88,6 +88,21 @@ def test_same_idempotency_key_same_job(http: httpx.Client, rclient: redis.Redis)
     assert rclient.xlen(keys.queue_stream("default")) == 2
 
 
+def test_idempotency_key_reused_for_another_request_is_422(http: httpx.Client, rclient: redis.Redis) -> None:
+    headers = {"Idempotency-Key": "order-44"}
+    first = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 8}, headers=headers)
+
+    changed = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 9}, headers=headers)
+    replay = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 8}, headers=headers)
+
+    assert changed.status_code == 422
+    error = changed.json()["error"]
+    assert error["code"] == "conflict" and error["field"] == "Idempotency-Key"
+    assert first.json()["id"] in error["message"]
+    assert replay.status_code == 202 and replay.json()["id"] == first.json()["id"]
+    assert rclient.xlen(keys.queue_stream("default")) == 1  # nothing queued by the refused request
+
+
 def test_queue_limit_is_503_with_retry_after(settings: ServiceSettings, rclient: redis.Redis) -> None:
     settings.queue_limits.batch = 2
     with ThreadedGateway(settings).start() as server, httpx.Client(base_url=server.url) as http:
