@@ -4,9 +4,11 @@ Agreement and the first cost table use the `transformers` models (the build's re
 cost figures use the worker's own model code. All fp32, on the caller's pinned torch threads.
 """
 
+import functools
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,27 @@ class ForwardCost:
     min_ms: float  # the least disturbed run: the better estimate on a shared, noisy machine
 
 
+def _time_in_turns(
+    runs: dict[str, Callable[[], object]], num_repeats: int, after: Callable[[str], object] | None = None
+) -> dict[str, ForwardCost]:
+    """Time each run `num_repeats` times (after 3 untimed warm-ups), the runs taking turns within a repeat
+    so that a burst of load from other processes hits all of them; `after(name)` runs untimed after each."""
+    timings_ms: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(num_repeats + 3):
+        for name, run in runs.items():
+            start_s = time.perf_counter()
+            run()
+            elapsed_ms = (time.perf_counter() - start_s) * 1000
+            if after is not None:
+                after(name)
+            if repeat >= 3:
+                timings_ms[name].append(elapsed_ms)
+    return {
+        name: ForwardCost(median_ms=statistics.median(runs_ms), min_ms=min(runs_ms))
+        for name, runs_ms in timings_ms.items()
+    }
+
+
 @torch.inference_mode()
 def forward_costs(
     models: dict[str, PreTrainedModel], num_new_tokens: int, num_cached_tokens: int, num_repeats: int = 50
@@ -66,19 +89,12 @@ def forward_costs(
     caches = {name: DynamicCache(config=model.config) for name, model in models.items()}
     for name, model in models.items():
         model(input_ids=context[:, :num_cached_tokens], cache=caches[name], use_cache=True)
-    timings_ms: dict[str, list[float]] = {name: [] for name in models}
-    for repeat in range(num_repeats + 3):  # the first 3 are warm-up
-        for name, model in models.items():
-            start_s = time.perf_counter()
-            model(input_ids=new_tokens, cache=caches[name], use_cache=True)
-            elapsed_ms = (time.perf_counter() - start_s) * 1000
-            caches[name].crop(-num_new_tokens)  # drop the new tokens (a negative count = tokens to remove)
-            if repeat >= 3:
-                timings_ms[name].append(elapsed_ms)
-    return {
-        name: ForwardCost(median_ms=statistics.median(runs_ms), min_ms=min(runs_ms))
-        for name, runs_ms in timings_ms.items()
-    }
+    return _time_in_turns(
+        {name: functools.partial(model, input_ids=new_tokens, cache=caches[name], use_cache=True)
+         for name, model in models.items()},
+        num_repeats,
+        after=lambda name: caches[name].crop(-num_new_tokens),  # a negative count = tokens to remove
+    )  # fmt: skip
 
 
 @torch.inference_mode()
@@ -108,17 +124,10 @@ def engine_forward_costs(
     for runner in runners.values():
         runner.forward([ForwardItem(context[:num_cached_tokens], 0, block_table, num_logits=1)])
     step = ForwardItem(context[num_cached_tokens:], num_cached_tokens, block_table, num_logits=num_new_tokens)
-    timings_ms: dict[str, list[float]] = {name: [] for name in runners}
-    for repeat in range(num_repeats + 3):  # the first 3 are warm-up
-        for name, runner in runners.items():
-            start_s = time.perf_counter()
-            runner.forward([step])  # rewrites the same KV slots every time: the cache stays at num_cached
-            if repeat >= 3:
-                timings_ms[name].append((time.perf_counter() - start_s) * 1000)
-    return {
-        name: ForwardCost(median_ms=statistics.median(runs_ms), min_ms=min(runs_ms))
-        for name, runs_ms in timings_ms.items()
-    }
+    # each run rewrites the same KV slots: the cache stays at num_cached_tokens
+    return _time_in_turns(
+        {name: functools.partial(runner.forward, [step]) for name, runner in runners.items()}, num_repeats
+    )
 
 
 @torch.inference_mode()

@@ -51,8 +51,9 @@ class Engine:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
         self.runner = ModelRunner(model, num_blocks, cfg.block_size, threads)
-        draft_runner = ModelRunner(draft, num_blocks, cfg.block_size, threads) if draft is not None else None
-        draft_proposer = DraftProposer(draft_runner) if draft_runner is not None else None
+        draft_proposer = (
+            DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
+        )
         self.speculator = Speculator(cfg, self.runner, draft_proposer, self.max_model_len)
         self.scheduler = Scheduler(
             self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, lookahead=self.speculator.lookahead

@@ -102,16 +102,20 @@ class Speculator:
         """Full-size token trees where the budget allows one, chains for the rest (see lookahead)."""
         assert self.draft is not None
         tree_size = self.cfg.tree_size
-        trees = [(seq, size) for seq, size in entries if tree_size and size >= tree_size]
-        chains = [(seq, size) for seq, size in entries if not (tree_size and size >= tree_size)]
+        by_shape: dict[bool, list[tuple[Sequence, int]]] = {True: [], False: []}  # is a tree -> entries
+        for seq, size in entries:
+            by_shape[bool(tree_size) and size >= tree_size].append((seq, size))
         made: list[tuple[Sequence, Proposal]] = []
         try:
-            if trees:
-                seqs, sizes = [seq for seq, _ in trees], [size for _, size in trees]
-                made += zip(seqs, self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching), strict=True)
-            if chains:
-                seqs, sizes = [seq for seq, _ in chains], [size for _, size in chains]
-                made += zip(seqs, self.draft.propose_chains(seqs, sizes), strict=True)
+            for is_tree, group in by_shape.items():
+                if not group:
+                    continue
+                seqs, sizes = [seq for seq, _ in group], [size for _, size in group]
+                if is_tree:
+                    proposed = self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching)
+                else:
+                    proposed = self.draft.propose_chains(seqs, sizes)
+                made += zip(seqs, proposed, strict=True)
         except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
             log.exception("draft proposer failed; %d sequences fall back to plain decoding", len(entries))
             for seq, _ in entries:

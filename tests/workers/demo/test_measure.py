@@ -2,7 +2,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from workers.demo.build import DemoPair
-from workers.demo.measure import forward_costs, greedy_agreement
+from workers.demo.measure import engine_forward_costs, forward_costs, greedy_agreement
 
 
 def test_a_model_agrees_with_itself_everywhere(micro_pair: DemoPair) -> None:
@@ -34,6 +34,19 @@ def test_forward_costs_time_every_model(micro_pair: DemoPair) -> None:
 
     costs = forward_costs(
         {"target": target, "draft": draft}, num_new_tokens=4, num_cached_tokens=16, num_repeats=5
+    )
+
+    assert set(costs) == {"target", "draft"}
+    for cost in costs.values():
+        assert 0 < cost.min_ms <= cost.median_ms
+
+
+def test_engine_forward_costs_time_every_model(micro_pair: DemoPair) -> None:
+    costs = engine_forward_costs(
+        {"target": micro_pair.target_dir, "draft": micro_pair.draft_dir},
+        num_new_tokens=4,
+        num_cached_tokens=16,
+        num_repeats=5,
     )
 
     assert set(costs) == {"target", "draft"}
