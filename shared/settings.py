@@ -1,9 +1,10 @@
-"""Service settings: `configs/service.yaml`, overridden by environment variables.
+"""Service settings and their one set of defaults (the fields below); the engine's are in
+workers/engine/config.py.
 
-Precedence (highest first): constructor arguments, environment (`SPECFLEET_<FIELD>`, nested fields with `__`,
-plus `REDIS_URL`), the YAML file (`SPECFLEET_CONFIG` or `configs/service.yaml`), the defaults below.
-Secrets come only from the environment. Authentication (a later issue) adds `api_keys` here and one
-dependency in `gateway/deps.py`; `env` already says whether a default secret would be refused.
+Precedence (highest first): constructor arguments (CLI flags), environment (`SPECFLEET_<FIELD>`, nested fields
+with `__`, plus `REDIS_URL`), the YAML file (`SPECFLEET_CONFIG` or `configs/service.yaml`, overrides only),
+the defaults below. An unknown key in the file is an error. Secrets come only from the environment;
+`env: prod` refuses the built-in dev webhook secret.
 """
 
 import os
@@ -45,7 +46,7 @@ class QueueLimits(BaseModel):
 
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPECFLEET_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+        env_prefix="SPECFLEET_", env_nested_delimiter="__", extra="forbid", populate_by_name=True
     )
 
     env: Literal["dev", "prod"] = "dev"
