@@ -14,6 +14,7 @@ import redis
 import yaml
 
 from shared.redis_server import find_redis_server, free_port
+from shared.settings import ServiceSettings
 from tests.conftest import create_key, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,11 @@ def test_services_volumes_and_health_checks(compose: dict) -> None:
         assert services[name]["command"][:2] == ["specfleet", name]
     assert services["gateway"]["ports"] == ["8000:8000"]
     env = _env_file(compose)
-    assert env["REDIS_URL"] == "redis://redis:6379/0" and env["SPECFLEET_PORT"] == "8000"
+    assert env["REDIS_URL"] == "redis://redis:6379/0"
+    defaults = ServiceSettings.model_fields
+    assert int(env.get("SPECFLEET_PORT", defaults["port"].default)) == 8000  # the published container port
+    grace_s = float(env.get("SPECFLEET_SHUTDOWN_GRACE_S", defaults["shutdown_grace_s"].default))
+    assert grace_s < int(services["worker"]["stop_grace_period"].removesuffix("s"))  # hand back before the kill
     assert (ROOT / services["gateway"]["build"] / "Dockerfile").exists()
 
 
