@@ -143,6 +143,8 @@ class CompletionRequest(_Common):
         if isinstance(value, list) and len(value) != 1:
             raise ValueError("give one prompt (a string, or a list holding one string)")
         for text in [value] if isinstance(value, str) else value:
+            if not text:
+                raise ValueError("the prompt must not be empty")
             _valid_text(text)
         return value
 

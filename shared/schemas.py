@@ -48,7 +48,7 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | None = None
+    prompt: str | None = Field(None, min_length=1)  # an empty prompt gives the model nothing to continue
     messages: list[Message] | None = Field(None, min_length=1)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=10.0)

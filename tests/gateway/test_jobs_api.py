@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.conftest import ThreadedGateway, submit_job, wait_until
 from workers.worker.emitter import Emitter, Running
@@ -39,15 +40,17 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": "x", "priority": "urgent"}, "priority"),
         ({"prompt": "x", "temperature": "hot"}, "temperature"),
         ({"prompt": "x", "bogus": 1}, "bogus"),
+        ({"prompt": ""}, "prompt"),
     ],
 )
 def test_schema_errors_are_422_with_the_field(
-    http: httpx.Client, body: dict[str, object], field: str
+    http: httpx.Client, rclient: redis.Redis, body: dict[str, object], field: str
 ) -> None:
     response = http.post("/v1/jobs", json=body)
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and error["field"] == field and field in error["message"]
+    assert all(rclient.xlen(keys.queue_stream(p.value)) == 0 for p in Priority)  # refused before anything is stored
 
 
 def test_malformed_json_is_422(http: httpx.Client) -> None:

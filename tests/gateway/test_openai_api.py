@@ -104,6 +104,9 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
     with pytest.raises(openai.BadRequestError) as bad_n:
         client.completions.create(prompt="x", n=2, **GREEDY)
     assert bad_n.value.body["param"] == "n" and "n=1" in bad_n.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.completions.create(prompt="", **GREEDY)
+    assert empty.value.body["param"] == "prompt" and "empty" in empty.value.body["message"]  # type: ignore[index]
     with pytest.raises(openai.NotFoundError) as no_model:
         client.completions.create(prompt="x", model="gpt-4", max_tokens=2)
     assert no_model.value.body["param"] == "model"  # type: ignore[index]

@@ -56,6 +56,8 @@ def test_every_bad_line_is_reported() -> None:
             line("w", "/v1/jobs", prompt="p", webhook="https://example.com/"),
             json.dumps([1]),
             line("v", "/v1/chat/completions", messages=[]),
+            line("u", "/v1/completions", prompt=""),
+            line("t", "/v1/jobs", prompt=""),
         ]
     ).encode()
     lines, errors = parse_batch(data, 100)
@@ -68,6 +70,8 @@ def test_every_bad_line_is_reported() -> None:
         (7, "invalid_body"),
         (8, "invalid_line"),
         (9, "invalid_body"),
+        (10, "invalid_body"),
+        (11, "invalid_body"),
     ]
     assert "body.n" in errors[3].message and "line 1" in errors[4].message
 
