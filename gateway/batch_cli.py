@@ -27,7 +27,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _client(url: str | None):  # type: ignore[no-untyped-def]  # noqa: ANN202
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     return FleetClient(gateway_url(url), timeout_s=TIMEOUT_S)
 

@@ -125,7 +125,7 @@ def submit(
     url: UrlOpt = None,
 ) -> None:
     """Queue a job; print its id (or stream its text with --stream)."""
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     body: dict[str, object] = {
         "prompt": prompt,
@@ -145,7 +145,7 @@ def submit(
 
 def status(job_id: str, url: UrlOpt = None) -> None:
     """Print the job as JSON."""
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     with FleetClient(gateway_url(url)) as client:
         typer.echo(json.dumps(call(lambda: client.get(job_id)), indent=2))
@@ -157,7 +157,7 @@ def stream(
     last_event_id: Annotated[str | None, typer.Option(help="Resume after this event id")] = None,
 ) -> None:
     """Stream a job's text as it is generated."""
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     with FleetClient(gateway_url(url)) as client:
         _print_stream(client, job_id, last_event_id)
@@ -165,7 +165,7 @@ def stream(
 
 def cancel(job_id: str, url: UrlOpt = None) -> None:
     """Cancel a queued or running job."""
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     with FleetClient(gateway_url(url)) as client:
         typer.echo(call(lambda: client.cancel(job_id))["status"])
@@ -182,7 +182,7 @@ def fail(exc: Exception) -> typer.Exit:
 
 def call(fn):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
     """fn(), with an API error printed by `fail` (exit status 1)."""
-    from gateway.client import FleetApiError
+    from shared.client import FleetApiError
 
     try:
         return fn()

@@ -14,12 +14,12 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.main import create_app
-from gateway.store import submit_call
 from shared import lua
 from shared.api_keys import ApiKey, KeyRegistry
 from shared.redis_server import RedisServer, free_port
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
+from shared.submit import submit_call
 
 FAST_TIMINGS = {
     "heartbeat_interval_s": 0.2,

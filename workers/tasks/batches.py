@@ -48,7 +48,7 @@ def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float) -> Jo
 def expand(self: object, batch_id: str) -> str:
     """Submit the next chunk of lines as jobs at `batch` priority (Idempotency-Key per line: a redelivered
     task finds the same jobs), then re-enqueue itself until every line is a job."""
-    from gateway.store import submit_call
+    from shared.submit import submit_call
 
     r, settings = runtime.redis_client(), runtime.settings()
     fields = runtime.hgetall(keys.batch_hash(batch_id))
