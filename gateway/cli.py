@@ -83,6 +83,7 @@ def worker(
     import redis
 
     from shared.settings import get_settings
+    from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
     from workers.worker.main import Worker
@@ -98,7 +99,7 @@ def worker(
         max_num_seqs=max_num_seqs,
         num_threads=num_threads,
     )
-    engine = Engine.from_config(cfg)
+    engine = Engine.from_config(with_demo_pair(cfg))
     metrics = None
     if settings.worker_metrics_port:
         from workers.worker.engine_metrics import EngineMetrics

@@ -28,13 +28,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
 ) -> None:
     """Run the engine in-process on one prompt; stream the text and print a stats line."""
+    from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
     cfg = EngineConfig.load(target_dir=target, draft_dir=draft)
-    engine = Engine.from_config(cfg)
+    engine = Engine.from_config(with_demo_pair(cfg))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             speculative=speculative)
     try:
