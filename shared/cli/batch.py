@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.cli import UrlOpt, call, gateway_url
+from shared.cli.common import UrlOpt, call, gateway_url
 
 batch_app = typer.Typer(
     no_args_is_help=True, help="Batch files (OpenAI Batch JSONL): submit, watch, results."
@@ -156,4 +156,5 @@ def list_batches(
 
 
 def register(app: typer.Typer) -> None:
+    """Add the `batch` group to `app`."""
     app.add_typer(batch_app, name="batch")
