@@ -12,11 +12,6 @@ idempotent (its first step is the in_progress -> finalizing transition, or the b
 from shared.batch_state import BatchStatus, sources_of
 from shared.lua import PRELUDE as JOB_PRELUDE
 
-
-def _lua_set(name: str, statuses: list[BatchStatus]) -> str:
-    return "local {} = {{{}}}\n".format(name, ", ".join(f"['{s.value}']=true" for s in statuses))
-
-
 BATCH_PRELUDE = (
     "".join(f"local B_{s.name} = '{s.value}'\n" for s in BatchStatus)
     + "local FROM = {}\n"

@@ -149,11 +149,6 @@ class TokenEvent(BaseModel):
     token_ids: list[int]
 
 
-class StatusEvent(BaseModel):
-    status: JobStatus
-    attempt: int | None = None
-
-
 class DoneEvent(BaseModel):
     status: JobStatus
     finish_reason: str | None

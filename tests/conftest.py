@@ -14,13 +14,15 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.main import create_app
-from gateway.store import submit_call
 from shared import lua
 from shared.api_keys import ApiKey, KeyRegistry
 from shared.redis_server import RedisServer, free_port
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
+from shared.submit import submit_call
 
+# fixtures of the whole suite: tests/helpers/
+pytest_plugins = ["tests.helpers.models", "tests.helpers.engine_worker", "tests.helpers.tasks"]
 FAST_TIMINGS = {
     "heartbeat_interval_s": 0.2,
     "claim_timeout_s": 1.0,
@@ -199,11 +201,3 @@ class PlayedWorker:
             job_id, token_ids, text, finished=finish_reason is not None, finish_reason=finish_reason
         )
         return self.emitter.emit(self.running, [out])
-
-
-@pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A tiny random-weight target + draft in HF layout (workers/demo/tiny.py), made once per session."""
-    from workers.demo.tiny import make_tiny_pair
-
-    return make_tiny_pair(tmp_path_factory.mktemp("tiny"))

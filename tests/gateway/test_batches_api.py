@@ -10,7 +10,8 @@ import redis
 from shared import keys
 from shared.settings import ServiceSettings
 from tests.conftest import PlayedWorker, ThreadedGateway, wait_until
-from tests.tasks_fixtures import CeleryWorker, EngineWorker, Receiver
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.tasks import CeleryWorker, Receiver
 
 URLS = ("/v1/completions", "/v1/chat/completions", "/v1/jobs")
 
@@ -62,7 +63,7 @@ def results(http: httpx.Client, batch_id: str) -> list[dict]:
 
 
 def test_a_200_line_batch_completes_with_one_result_per_custom_id(
-    http: httpx.Client, celery_worker: CeleryWorker, engine_worker: EngineWorker
+    http: httpx.Client, celery_worker: CeleryWorker, engine_worker: EngineThread
 ) -> None:
     response = post_jsonl(http, jsonl([request_line(i) for i in range(200)]), metadata='{"run": "a"}')
     assert response.status_code == 202, response.text
@@ -126,7 +127,7 @@ def test_private_batch_webhook_is_refused(http: httpx.Client) -> None:
 
 
 def test_multipart_upload_and_the_batch_webhook(
-    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineThread
 ) -> None:
     files = {"file": ("in.jsonl", jsonl([request_line(i) for i in range(3)]), "application/jsonl")}
     data = {"webhook": receiver.url + "/batch", "metadata": '{"team": "x"}'}

@@ -11,14 +11,14 @@ import redis
 from shared import keys
 from shared.settings import ServiceSettings
 from tests.conftest import ThreadedGateway, create_key, wait_until
-from tests.gateway.fleet_fixtures import ThreadWorker, engine_thread  # noqa: F401
+from tests.helpers.engine_worker import EngineThread
 
 MODEL = "target"  # the tiny pair's target directory name
 GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture
-def served(engine_thread: ThreadWorker, settings: ServiceSettings) -> Iterator[ThreadedGateway]:  # noqa: F811
+def served(engine_thread: EngineThread, settings: ServiceSettings) -> Iterator[ThreadedGateway]:
     with ThreadedGateway(settings, default_key=False).start() as server:
         wait_until(
             lambda: engine_thread.client.hget("specfleet:model", "model"), what="the worker's model info"
@@ -181,7 +181,7 @@ def test_a_dropped_call_cancels_its_job(served: ThreadedGateway, secret: str, rc
 
 
 def test_jobs_outlive_their_client_when_configured(
-    engine_thread: ThreadWorker,  # noqa: F811
+    engine_thread: EngineThread,
     settings: ServiceSettings,
     secret: str,
 ) -> None:

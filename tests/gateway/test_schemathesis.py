@@ -12,7 +12,7 @@ import pytest
 
 from shared.settings import ServiceSettings
 from tests.conftest import ThreadedGateway, create_key, wait_until
-from tests.gateway.fleet_fixtures import ThreadWorker, engine_thread  # noqa: F401
+from tests.helpers.engine_worker import EngineThread
 
 CHECKS = (
     "not_a_server_error",
@@ -25,7 +25,7 @@ EXAMPLES_PER_OPERATION = int(os.environ.get("SPECFLEET_SCHEMATHESIS_EXAMPLES", "
 
 
 @pytest.fixture
-def fuzzed(engine_thread: ThreadWorker, settings: ServiceSettings) -> Iterator[ThreadedGateway]:  # noqa: F811
+def fuzzed(engine_thread: EngineThread, settings: ServiceSettings) -> Iterator[ThreadedGateway]:
     settings.max_wait_s = 0.5  # `Prefer: wait=N` from the fuzzer must not hold the run
     settings.max_tokens_limit = 32  # jobs it makes stay short on the tiny model
     with ThreadedGateway(settings, default_key=False).start() as server:

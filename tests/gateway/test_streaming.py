@@ -8,7 +8,7 @@ import threading
 import httpx
 import redis
 
-from gateway.client import FleetClient, SseEvent, iter_sse
+from shared.client import FleetClient, SseEvent, iter_sse
 from shared.settings import ServiceSettings
 from tests.conftest import PlayedWorker, ThreadedGateway
 

@@ -1,33 +1,29 @@
-"""The fleet under benchmark: a private redis-server, a gateway (uvicorn subprocess) and a worker (subprocess),
-started the way the tests and `specfleet up` start them, and stopped in order (gateway, worker, Redis)."""
+"""The fleet under benchmark: the launcher of `specfleet up` (shared/fleet.py) with a private redis-server
+(AOF on, as `specfleet up` runs it), a gateway and a worker, each child's output in a log file; plus what the
+benchmark reads of it: an API key without limits, the processes' CPU time."""
 
 import logging
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import TracebackType
 
-import httpx
 import redis
 
-from shared import keys
 from shared.api_keys import KeyRegistry
-from shared.procs import die_with_parent
-from shared.redis_server import RedisServer, free_port
+from shared.fleet import Fleet
 from workers.bench.http_client import Endpoint, cpu_seconds
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0
+READY_POLL_S = 0.05
+WORKER_NAME = "bench-worker"
 # quick liveness and an idle worker that wakes at once on a new queue entry (XREAD BLOCK)
 FLEET_ENV = {"SPECFLEET_IDLE_BLOCK_MS": "200", "SPECFLEET_HEARTBEAT_INTERVAL_S": "1"}
 
 
 class BenchFleet:
-    """`with BenchFleet(tmp, target, draft, ...) as fleet:` fleet.url, fleet.redis_url; start_worker()/stop_worker()."""
+    """`with BenchFleet(tmp, target, draft, ...) as fleet:` fleet.url, fleet.redis_url; start_worker()."""
 
     def __init__(
         self,
@@ -39,21 +35,25 @@ class BenchFleet:
         num_engine_threads: int = 1,
         max_num_seqs: int = 32,
     ) -> None:
-        self.work_dir = work_dir
         self.target_dir, self.draft_dir = target_dir, draft_dir
-        self.num_gateway_procs = num_gateway_procs
         self.num_engine_threads = num_engine_threads
         self.max_num_seqs = max_num_seqs
-        self.redis_server = RedisServer(work_dir / "redis", appendonly=True)  # as `specfleet up` runs it
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.gateway: subprocess.Popen[bytes] | None = None
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.initial_gateway_procs = num_gateway_procs
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.fleet = Fleet(
+            work_dir / "redis", appendonly=True, env=FLEET_ENV, log_dir=work_dir, cwd=ROOT, ready_poll_s=READY_POLL_S
+        )
+        self.port = self.fleet.port
+        self.url = self.fleet.url
         self.api_key = ""
 
     @property
     def redis_url(self) -> str:
-        return self.redis_server.url
+        return self.fleet.redis_url
+
+    @property
+    def num_gateway_procs(self) -> int:
+        return self.fleet.num_gateway_procs
 
     @property
     def endpoint(self) -> Endpoint:
@@ -72,89 +72,36 @@ class BenchFleet:
         finally:
             client.close()
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, **FLEET_ENV, "REDIS_URL": self.redis_url}
-
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.work_dir / f"{name}.log", "wb") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", *args],
-                cwd=ROOT,
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-
     def start(self) -> "BenchFleet":
-        self.redis_server.start()
+        self.fleet.start_redis()
         self.reset_data()
-        self.start_gateway(self.num_gateway_procs)
+        self.start_gateway(self.initial_gateway_procs)
         return self
 
     def start_gateway(self, num_procs: int) -> None:
         """(Re)start the gateway with `num_procs` uvicorn processes (access log off, as a loaded gateway runs);
         nothing to do when it already runs with that many."""
-        if self.gateway is not None and self.gateway.poll() is None and num_procs == self.num_gateway_procs:
-            return
-        self.stop_gateway()
-        self.num_gateway_procs = num_procs
-        args = ["gateway", "--port", str(self.port), "--workers", str(num_procs), "--no-access-log"]
-        self.gateway = self._spawn("gateway", args)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            self._check(self.gateway, "gateway")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not answer at {self.url}")
-            time.sleep(0.05)
+        self.fleet.start_gateway(num_procs, access_log=False, timeout_s=READY_TIMEOUT_S)
 
     def stop_gateway(self) -> None:
-        if self.gateway is not None:
-            _terminate(self.gateway)
-            self.gateway = None
+        self.fleet.stop_role("gateway")
 
     def start_worker(self) -> None:
-        args = [
-            "worker",
-            "--target",
-            str(self.target_dir),
-            "--num-threads",
-            str(self.num_engine_threads),
-            "--max-num-seqs",
-            str(self.max_num_seqs),
-            "--name",
-            "bench-worker",
-        ]
+        args = ["--target", str(self.target_dir), "--num-threads", str(self.num_engine_threads),
+                "--max-num-seqs", str(self.max_num_seqs)]  # fmt: skip
         if self.draft_dir is not None:
             args += ["--draft", str(self.draft_dir)]
-        self.worker = self._spawn("worker", args)
-        client = redis.Redis.from_url(self.redis_url)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        try:
-            while client.zscore(keys.WORKERS_ZSET, "bench-worker") is None:
-                self._check(self.worker, "worker")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the worker did not come up")
-                time.sleep(0.05)
-        finally:
-            client.close()
+        self.fleet.start_worker(args, name=WORKER_NAME, timeout_s=READY_TIMEOUT_S)
 
-    def _check(self, proc: subprocess.Popen[bytes], name: str) -> None:
-        if proc.poll() is not None:
-            tail = (self.work_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the {name} exited with status {proc.returncode}:\n{tail}")
+    def stop_worker(self) -> None:
+        self.fleet.stop_role("worker")
 
     def gateway_pids(self) -> list[int]:
         """The gateway process and, with several workers, its children (uvicorn's worker processes)."""
-        assert self.gateway is not None
-        pids = [self.gateway.pid]
-        children = Path(f"/proc/{self.gateway.pid}/task/{self.gateway.pid}/children")
+        pid = self.fleet.pid("gateway")
+        assert pid is not None
+        pids = [pid]
+        children = Path(f"/proc/{pid}/task/{pid}/children")
         if children.exists():
             pids += [int(p) for p in children.read_text().split()]
         return pids
@@ -162,18 +109,17 @@ class BenchFleet:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by the gateway processes, Redis and the worker."""
         out = {"gateway": sum(cpu_seconds(pid) for pid in self.gateway_pids())}
-        if self.redis_server.process is not None:
-            out["redis"] = cpu_seconds(self.redis_server.process.pid)
-        if self.worker is not None and self.worker.poll() is None:
-            out["worker"] = cpu_seconds(self.worker.pid)
+        server = self.fleet.redis_server
+        if server is not None and server.process is not None:
+            out["redis"] = cpu_seconds(server.process.pid)
+        worker_pid = self.fleet.pid("worker")
+        if worker_pid is not None:
+            out["worker"] = cpu_seconds(worker_pid)
         return out
 
     def stop(self) -> None:
         """Gateway, then worker, then Redis."""
-        self.stop_gateway()
-        if self.worker is not None:
-            _terminate(self.worker)
-        self.redis_server.stop()
+        self.fleet.stop()
 
     def __enter__(self) -> "BenchFleet":
         try:
@@ -186,14 +132,3 @@ class BenchFleet:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("pid %d did not stop; killing it", proc.pid)
-            proc.kill()
-            proc.wait()

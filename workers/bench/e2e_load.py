@@ -12,10 +12,10 @@ from urllib.parse import urlparse
 
 import redis
 
-from gateway.store import submit_call
 from shared import lua
 from shared.schemas import EventType, JobRequest
 from shared.settings import ServiceSettings
+from shared.submit import submit_call
 from workers.bench.http_client import Endpoint, cpu_seconds
 
 REDIS_PIPELINE = 16  # commands per pipeline in the ceiling loops (as NOTES-CPU.md's redis-benchmark -P 16)

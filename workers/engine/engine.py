@@ -72,10 +72,8 @@ class Engine:
                 cfg = dataclasses.replace(cfg, speculative_method="ngram")
                 log.warning("no draft model configured: default speculation is ngram")
             return cls(cfg, Path(target_dir), draft_dir)
-        from workers.demo.build import ensure_demo_pair
-
-        pair = ensure_demo_pair()
-        return cls(cfg, pair.target_dir, Path(cfg.draft_dir) if cfg.draft_dir else pair.draft_dir)
+        # the engine builds no model: the caller fills in the demo pair first (workers/demo/resolve.py)
+        raise ValueError("EngineConfig.target_dir is not set (resolve the demo pair first: with_demo_pair)")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:

@@ -4,6 +4,9 @@ created notice -> expand (one chunk per task, re-enqueued until every line is a 
 each line's job finishes -> its result line and count (workers/tasks/outbox.py, LINE_DONE)
 cancel notice -> cancel (queued lines' jobs cancelled; running ones finish)
 ready (see shared/batch_lua.py) -> finalize: fill never-started lines, decide the final status, webhook
+
+Shared tasks (bound to the app that includes this module), registered with workers/tasks/registry.py for
+the outbox bridge: importing this module neither reads settings nor builds the Celery app.
 """
 
 import json
@@ -11,14 +14,16 @@ import logging
 import time
 import uuid
 
+from celery import shared_task
+
 from shared import batch_lua, keys, lua
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY, BatchLine, unstarted_line
 from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, WebhookEvent
-from workers.tasks import runtime, webhooks
-from workers.tasks.celery_app import app
+from workers.tasks import registry, runtime, webhooks
+from workers.tasks.registry import BatchAction
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +49,11 @@ def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float) -> Jo
     return line.request.model_copy(update={"metadata": metadata, "ttl_s": ttl_s})
 
 
-@app.task(name="specfleet.batches.expand", bind=True, acks_late=True, max_retries=None)
+@shared_task(name="specfleet.batches.expand", bind=True, acks_late=True, max_retries=None)
 def expand(self: object, batch_id: str) -> str:
     """Submit the next chunk of lines as jobs at `batch` priority (Idempotency-Key per line: a redelivered
     task finds the same jobs), then re-enqueue itself until every line is a job."""
-    from gateway.store import submit_call
+    from shared.submit import submit_call
 
     r, settings = runtime.redis_client(), runtime.settings()
     fields = runtime.hgetall(keys.batch_hash(batch_id))
@@ -137,7 +142,7 @@ def _cancel_queued(job_ids: list[str]) -> int:
     return sum(1 for res in pipe.execute() if res == "ok")
 
 
-@app.task(name="specfleet.batches.cancel", acks_late=True)
+@shared_task(name="specfleet.batches.cancel", acks_late=True)
 def cancel(batch_id: str) -> int:
     """Cancel every queued line's job of a cancelling batch (running ones finish and keep their results)."""
     r = runtime.redis_client()
@@ -155,7 +160,7 @@ def cancel(batch_id: str) -> int:
     return num_cancelled
 
 
-@app.task(name="specfleet.batches.reconcile", acks_late=True)
+@shared_task(name="specfleet.batches.reconcile", acks_late=True)
 def reconcile(batch_id: str) -> str:
     """The safety net while a batch runs: count lines whose job finished but whose outbox notice was lost
     (e.g. trimmed while no Celery worker ran), re-kick expansion or cancellation (both idempotent), and
@@ -225,7 +230,7 @@ def _json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-@app.task(name="specfleet.batches.finalize", acks_late=True)
+@shared_task(name="specfleet.batches.finalize", acks_late=True)
 def finalize(batch_id: str) -> str:
     """Decide the final status once every line is settled; stamp it; keep results for batch_result_ttl_s."""
     r, settings = runtime.redis_client(), runtime.settings()
@@ -271,3 +276,9 @@ def finalize(batch_id: str) -> str:
         ).model_dump_json()
         webhooks.enqueue("batch", batch_id, WebhookEvent.COMPLETED, url, f"msg_{batch_id}_completed", body)
     return final.value
+
+
+# lambdas: the task proxies resolve to the app only when a notice is sent, never at import
+registry.register_batch(BatchAction.EXPAND, lambda batch_id: expand.delay(batch_id))
+registry.register_batch(BatchAction.CANCEL, lambda batch_id: cancel.delay(batch_id))
+registry.register_batch(BatchAction.FINALIZE, lambda batch_id: finalize.delay(batch_id))

@@ -5,6 +5,9 @@
 Every task is acks_late (a worker that dies mid-task leaves it to be redelivered) and idempotent; no
 result backend (tasks record what matters in the fleet's own keys). Celery's own Redis keys live under
 keys.CELERY_KEY_PREFIX. The worker also runs the outbox bridge (workers/tasks/outbox.py).
+
+This module imports no task module: the app includes them by name (TASK_MODULES, imported by the worker at
+start), their shared tasks bind to it, and they register with workers/tasks/registry.py for the bridge.
 """
 
 import logging
@@ -13,6 +16,7 @@ from celery import Celery
 
 from shared import keys
 from shared.settings import ServiceSettings, get_settings
+from workers.tasks.outbox import OutboxStep
 
 TASK_MODULES = ["workers.tasks.webhooks", "workers.tasks.batches"]
 # Longer than any countdown a task retries with (webhook_retry_max_s): a reserved, not yet due task is
@@ -38,9 +42,8 @@ def make_celery(settings: ServiceSettings) -> Celery:
             "visibility_timeout": max(VISIBILITY_TIMEOUT_S, int(settings.webhook_retry_max_s) * 2),
         },
     )
-    from workers.tasks.outbox import OutboxStep
-
     app.steps["worker"].add(OutboxStep)
+    app.set_default()  # the shared tasks resolve to this app in every thread (pool threads, the bridge)
     return app
 
 

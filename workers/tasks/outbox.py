@@ -9,6 +9,9 @@ batch lines are counted once), which makes this at-least-once without double cou
     job start/output/completed -> webhook delivery task (if the job's webhook wants the event)
     job completed of a batch line -> its result line + count (LINE_DONE); the last one -> finalize task
     batch created -> expand task;  batch cancel -> cancel task
+
+The tasks are reached through workers/tasks/registry.py (the task modules register there), so this module
+imports no task module and no Celery app.
 """
 
 import json
@@ -26,6 +29,8 @@ from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
 from shared.outbox import BatchEvent, Notice, NoticeKind
 from shared.schemas import Job, JobRequest, WebhookEvent
+from workers.tasks import registry
+from workers.tasks.registry import BatchAction
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +55,10 @@ class OutboxHandler:
             self._job(notice)
 
     def _batch(self, notice: Notice) -> None:
-        from workers.tasks import batches
-
         if notice.event == BatchEvent.CREATED:
-            batches.expand.delay(notice.id)
+            registry.send_batch(BatchAction.EXPAND, notice.id)
         elif notice.event == BatchEvent.CANCEL:
-            batches.cancel.delay(notice.id)
+            registry.send_batch(BatchAction.CANCEL, notice.id)
 
     def _job(self, notice: Notice) -> None:
         fields: dict[str, str] = self.redis.hgetall(keys.job_hash(notice.id))  # type: ignore[assignment]
@@ -66,10 +69,7 @@ class OutboxHandler:
         request = JobRequest.model_validate_json(fields["request"])
         job = job_from_fields(fields, self.base_url)
         if request.webhook and event in request.webhook_events_filter:
-            from workers.tasks import webhooks
-
-            msg_id = webhooks.job_message_id(notice.id, event, notice.entry_id)
-            webhooks.enqueue("job", notice.id, event, request.webhook, msg_id, job.model_dump_json())
+            registry.send_job_webhook(notice.id, event, notice.entry_id, request.webhook, job.model_dump_json())
         batch_id = job.metadata.get(BATCH_ID_KEY)
         if event is WebhookEvent.COMPLETED and batch_id and job.status.is_terminal:
             self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
@@ -86,8 +86,6 @@ class OutboxHandler:
         return True
 
     def _batch_line_done(self, batch_id: str, index: int, job: Job) -> None:
-        from workers.tasks import batches
-
         raw = self.redis.lindex(keys.batch_lines(batch_id), index)
         if raw is None:  # the batch was finalized (or expired) already
             return
@@ -104,7 +102,7 @@ class OutboxHandler:
             ],
         )
         if res == "finalize":
-            batches.finalize.delay(batch_id)
+            registry.send_batch(BatchAction.FINALIZE, batch_id)
 
 
 class OutboxBridge:
@@ -194,6 +192,7 @@ class OutboxStep(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         from workers.tasks import runtime
 
+        parent.app.loader.import_default_modules()  # the app's task modules, which fill the registry
         client = runtime.redis_client()
         self.bridge = OutboxBridge(client, OutboxHandler(client, runtime.base_url()), str(parent.hostname))
         self.bridge.start()

@@ -3,6 +3,8 @@
 The body and webhook-id are fixed when the event is enqueued (workers/tasks/outbox.py), so every retry
 sends the same message; each attempt gets a fresh webhook-timestamp and signature (Standard Webhooks).
 A delivery's outcome goes to `webhook_status[event]` of its job or batch; it never changes their status.
+The task is a shared task (bound to the app that includes this module: workers/tasks/celery_app.py), so
+importing this module neither reads settings nor builds the app.
 """
 
 import json
@@ -10,13 +12,12 @@ import logging
 import time
 from typing import Literal
 
-from celery import Task
+from celery import Task, shared_task
 
 from shared import api_keys, batch_lua, keys
 from shared.schemas import WebhookDelivery, WebhookEvent
 from shared.webhook_status import webhook_field
-from workers.tasks import delivery, runtime
-from workers.tasks.celery_app import app
+from workers.tasks import delivery, registry, runtime
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def job_message_id(job_id: str, event: WebhookEvent, notice_id: str) -> str:
     return f"msg_{job_id}_{event.value}"
 
 
-@app.task(name="specfleet.webhooks.deliver", bind=True, acks_late=True, max_retries=None)
+@shared_task(name="specfleet.webhooks.deliver", bind=True, acks_late=True, max_retries=None)
 def deliver(self: Task, target: Target, target_id: str, event: str, url: str, msg_id: str, body: str) -> str:
     settings = runtime.settings()
     attempt_no = int(self.request.retries) + 1
@@ -89,3 +90,10 @@ def enqueue(
 ) -> None:
     payload = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
     deliver.apply_async(args=[target, target_id, event.value, url, msg_id, payload])
+
+
+def _send_job_webhook(job_id: str, event: WebhookEvent, entry_id: str, url: str, body: str) -> None:
+    enqueue("job", job_id, event, url, job_message_id(job_id, event, entry_id), body)
+
+
+registry.register_job_webhook(_send_job_webhook)

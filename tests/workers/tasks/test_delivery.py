@@ -4,7 +4,7 @@ import ipaddress
 import random
 
 from shared.ssrf import Allowlist, Target
-from tests.tasks_fixtures import Receiver
+from tests.helpers.tasks import Receiver
 from workers.tasks.delivery import attempt, backoff_s, parse_retry_after, pinned
 
 LOOPBACK = Allowlist.parse(["127.0.0.0/8"])

@@ -5,7 +5,7 @@ import socket
 import redis
 
 from shared.settings import ServiceSettings
-from tests.tasks_fixtures import CeleryWorker
+from tests.helpers.tasks import CeleryWorker
 from workers.tasks.healthcheck import bridge_alive
 
 

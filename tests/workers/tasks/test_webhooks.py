@@ -8,7 +8,8 @@ import redis
 
 from shared.settings import ServiceSettings
 from tests.conftest import PlayedWorker, ThreadedGateway, wait_until
-from tests.tasks_fixtures import CeleryWorker, EngineWorker, Receiver
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.tasks import CeleryWorker, Receiver
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def webhook_status(http: httpx.Client, job_id: str, event: str = "completed") ->
 
 
 def test_start_and_completed_are_signed_and_carry_the_job(
-    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineThread
 ) -> None:
     job_id = submit(http, receiver.url + "/hook", ["start", "completed"])
     calls = receiver.wait_for(
@@ -57,7 +58,7 @@ def test_start_and_completed_are_signed_and_carry_the_job(
 
 
 def test_output_events_carry_partial_output_with_distinct_ids(
-    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineThread
 ) -> None:
     job_id = submit(http, receiver.url + "/out", ["output"], max_tokens=48, ignore_eos=True)
     calls = receiver.wait_for(lambda cs: len(cs) >= 1, what="an output event")
@@ -71,7 +72,7 @@ def test_output_events_carry_partial_output_with_distinct_ids(
 
 
 def test_a_failing_receiver_gets_the_same_event_on_the_4th_attempt(
-    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineWorker
+    http: httpx.Client, receiver: Receiver, celery_worker: CeleryWorker, engine_worker: EngineThread
 ) -> None:
     receiver.script["/flaky"] = [503, 503, 503]
     job_id = submit(http, receiver.url + "/flaky", ["completed"])
@@ -89,7 +90,7 @@ def test_410_stops_retrying_and_exhausted_retries_are_recorded(
     hook_settings: ServiceSettings,
     receiver: Receiver,
     celery_worker: CeleryWorker,
-    engine_worker: EngineWorker,
+    engine_worker: EngineThread,
 ) -> None:
     receiver.script["/gone"] = [410, 200]
     receiver.script["/down"] = [500] * 20
@@ -158,7 +159,7 @@ def test_a_keys_own_webhook_secret_signs_its_jobs_webhooks(
     hook_settings: ServiceSettings,
     receiver: Receiver,
     celery_worker: CeleryWorker,
-    engine_worker: EngineWorker,
+    engine_worker: EngineThread,
 ) -> None:
     from shared.webhook_signing import InvalidSignature, verify
     from tests.conftest import create_key

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.client import FleetClient
 from shared import keys
+from shared.client import FleetClient
 from shared.redis_server import RedisServer
 from tests.conftest import ThreadedGateway, wait_until
 

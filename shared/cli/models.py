@@ -1,4 +1,4 @@
-"""Commands of this side of the project, registered on the root `specfleet` app (shared/cli.py).
+"""`specfleet models ...`: the offline demo pair (workers/demo/).
 
 `specfleet models build-demo [--force] [--home DIR]`, `specfleet models path [--home DIR]` and
 `specfleet models measure-demo [--home DIR]`. torch and transformers are imported inside the commands.

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.up_process import children_of, running_up
+from tests.helpers.up_process import children_of, running_up
 
 
 def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
@@ -23,4 +23,7 @@ def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path
         assert job["status"] == "succeeded" and len(job["output"]["token_ids"]) == 6
         up.stop_with_ctrl_c(children)
         assert (tmp_path / "redis" / "appendonly.aof").exists()
-    assert any("curl" in line for line in up.printed + up.rest_of_output())
+    output = up.printed + up.rest_of_output()
+    assert any("curl" in line for line in output)
+    hints = [line for line in output if "--stream --url" in line]  # the hints name the installed command
+    assert len(hints) == 1 and "specfleet submit " in hints[0] and "python -m" not in hints[0]

@@ -4,15 +4,15 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
+from shared.cli.models import register
 from workers.demo.build import BUILD_MARKER, DEMO_RECIPE
-from workers.demo.cli import register
 
 app = typer.Typer()
 
 
 @app.callback()
 def _root() -> None:
-    """A root like shared/cli.py's, with only this side's commands."""
+    """A root like shared/cli/main.py's, with only the models group."""
 
 
 register(app)

@@ -10,7 +10,9 @@ import httpx
 
 from shared.settings import ServiceSettings
 from tests.conftest import ThreadedGateway, wait_until
-from tests.tasks_fixtures import REPO_ROOT, CeleryWorker, EngineWorker, settings_env
+from tests.helpers import REPO_ROOT
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.tasks import CeleryWorker, settings_env
 
 
 def cli(settings: ServiceSettings, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -42,7 +44,7 @@ def test_submit_waits_with_progress_and_writes_results(
     hook_settings: ServiceSettings,
     gateway: ThreadedGateway,
     celery_worker: CeleryWorker,
-    engine_worker: EngineWorker,
+    engine_worker: EngineThread,
     tmp_path: Path,
 ) -> None:
     source = write_input(tmp_path / "in.jsonl", [f"def f{i}(" for i in range(20)])
@@ -70,7 +72,7 @@ def test_a_failed_batch_exits_non_zero(
     hook_settings: ServiceSettings,
     gateway: ThreadedGateway,
     celery_worker: CeleryWorker,
-    engine_worker: EngineWorker,
+    engine_worker: EngineThread,
     tmp_path: Path,
 ) -> None:
     source = write_input(tmp_path / "in.jsonl", ["x " * 2000, "y " * 2000])  # beyond the tiny model's context

@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tasks_fixtures import REPO_ROOT
-from tests.up_process import children_of, running_up
+from tests.helpers import REPO_ROOT
+from tests.helpers.up_process import children_of, running_up
 
 
 def test_up_starts_celery_and_a_batch_completes(tiny_target: Path, tmp_path: Path) -> None:

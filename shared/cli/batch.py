@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.cli import UrlOpt, call, gateway_url
+from shared.cli.common import UrlOpt, call, gateway_url
 
 batch_app = typer.Typer(
     no_args_is_help=True, help="Batch files (OpenAI Batch JSONL): submit, watch, results."
@@ -27,7 +27,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _client(url: str | None):  # type: ignore[no-untyped-def]  # noqa: ANN202
-    from gateway.client import FleetClient
+    from shared.client import FleetClient
 
     return FleetClient(gateway_url(url), timeout_s=TIMEOUT_S)
 
@@ -156,4 +156,5 @@ def list_batches(
 
 
 def register(app: typer.Typer) -> None:
+    """Add the `batch` group to `app`."""
     app.add_typer(batch_app, name="batch")

@@ -1,8 +1,5 @@
-"""Fixtures for the webhook/batch tests: a real Celery worker process, a real engine worker (tiny random
-model, in a thread), and a real HTTP receiver on loopback that records and verifies what it gets.
-
-Imported by the conftest.py of the test folders that use them.
-"""
+"""Fixtures for the webhook/batch tests: a real Celery worker process and a real HTTP receiver on loopback
+that records and verifies what it gets (the engine worker: tests/helpers/engine_worker.py)."""
 
 import json
 import os
@@ -24,8 +21,8 @@ from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from shared.webhook_signing import verify
 from tests.conftest import wait_until
+from tests.helpers import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Fast retries so that a test sees several attempts in well under a second.
 TASK_TIMINGS = {
     "webhook_retry_base_s": 0.05,
@@ -230,42 +227,3 @@ def receiver(hook_settings: ServiceSettings) -> Iterator[Receiver]:
     server.shutdown()
     server.server_close()
     thread.join(5)
-
-
-@pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.demo.tiny import make_tiny_pair
-
-    return make_tiny_pair(tmp_path_factory.mktemp("tiny-pair-hooks"))[0]
-
-
-class EngineWorker:
-    """The real worker loop over a real engine (tiny random model), in a thread of the test process."""
-
-    def __init__(self, settings: ServiceSettings, target: Path) -> None:
-        from workers.engine.config import EngineConfig
-        from workers.engine.engine import Engine
-        from workers.worker.main import Worker
-
-        cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=16, num_threads=1)
-        self.client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True)
-        self.worker = Worker(
-            Engine(cfg, target), self.client, settings, worker_id="engine-test", model_name="tiny"
-        )
-        self.thread = threading.Thread(target=self.worker.run, name="engine-worker", daemon=True)
-
-    def start(self) -> "EngineWorker":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.worker.request_stop(0.0)
-        self.thread.join(30)
-        self.client.close()
-
-
-@pytest.fixture
-def engine_worker(hook_settings: ServiceSettings, tiny_target: Path) -> Iterator[EngineWorker]:
-    worker = EngineWorker(hook_settings, tiny_target).start()
-    yield worker
-    worker.stop()

@@ -92,4 +92,5 @@ def revoke(key_id: Annotated[str, typer.Argument(help="The key's id (key_...)")]
 
 
 def register(root: typer.Typer) -> None:
+    """Add the `keys` group to `root`."""
     root.add_typer(app, name="keys")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import FAST_TIMINGS
-from tests.tasks_fixtures import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 GATEWAY_LINE = "specfleet: gateway at "
 API_KEY_LINE = "specfleet: api key "

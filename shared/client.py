@@ -1,5 +1,5 @@
 """A small synchronous client of the gateway's HTTP API: jobs (the CLI's submit/status/stream/cancel, tests) and
-batches (`specfleet batch ...`)."""
+batches (`specfleet batch ...`). It speaks HTTP only: imports httpx, never gateway/ or workers/."""
 
 import json
 import os

@@ -1,19 +1,11 @@
-"""Engine-side commands: `specfleet generate` (in-process, no Redis) and `specfleet bench NAME`."""
+"""`specfleet generate PROMPT`: the engine in-process on one prompt (no Redis, no gateway)."""
 
-import importlib
 import json
 import sys
 import time
 from typing import Annotated
 
 import typer
-
-# bench NAME -> "module:function"; each function takes (quick: bool, json_path: str | None) and returns 0/1
-BENCHES = {
-    "engine": "workers.bench.run:bench_engine_command",
-    "spec": "workers.bench.run:bench_spec_command",
-    "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo
-}
 
 
 def generate(
@@ -28,13 +20,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
 ) -> None:
     """Run the engine in-process on one prompt; stream the text and print a stats line."""
+    from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
     cfg = EngineConfig.load(target_dir=target, draft_dir=draft)
-    engine = Engine.from_config(cfg)
+    engine = Engine.from_config(with_demo_pair(cfg))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             speculative=speculative)
     try:
@@ -64,24 +57,6 @@ def generate(
     typer.echo("\n" + stats, err=True)
 
 
-def bench(
-    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(BENCHES)}")],
-    quick: Annotated[bool, typer.Option("--quick", help="A smaller run of the same measurement (< 3 min)")] = False,
-    json_path: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here")] = None,
-    model: Annotated[str | None, typer.Option(help="e2e only: tiny (random weights, default) | demo")] = None,
-) -> None:
-    """Run a benchmark: print a table, optionally write JSON."""
-    if name not in BENCHES:
-        typer.echo(f"error: unknown benchmark {name!r}; choose from {', '.join(BENCHES)}", err=True)
-        raise typer.Exit(2)
-    if model is not None and name != "e2e":
-        typer.echo("error: --model is an option of the e2e benchmark only", err=True)
-        raise typer.Exit(2)
-    module, func = BENCHES[name].split(":")
-    extra = {"model": model} if model is not None else {}
-    raise typer.Exit(getattr(importlib.import_module(module), func)(quick=quick, json_path=json_path, **extra))
-
-
 def register(app: typer.Typer) -> None:
+    """Add this module's command to `app`."""
     app.command()(generate)
-    app.command()(bench)

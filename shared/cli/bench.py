@@ -1,0 +1,36 @@
+"""`specfleet bench NAME [--quick] [--json PATH]`: the benchmarks of workers/bench/ (a table; JSON optional)."""
+
+import importlib
+from typing import Annotated
+
+import typer
+
+# bench NAME -> "module:function"; each function takes (quick: bool, json_path: str | None) and returns 0/1
+BENCHES = {
+    "engine": "workers.bench.run:bench_engine_command",
+    "spec": "workers.bench.run:bench_spec_command",
+    "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo
+}
+
+
+def bench(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(BENCHES)}")],
+    quick: Annotated[bool, typer.Option("--quick", help="A smaller run of the same measurement (< 3 min)")] = False,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here")] = None,
+    model: Annotated[str | None, typer.Option(help="e2e only: tiny (random weights, default) | demo")] = None,
+) -> None:
+    """Run a benchmark: print a table, optionally write JSON."""
+    if name not in BENCHES:
+        typer.echo(f"error: unknown benchmark {name!r}; choose from {', '.join(BENCHES)}", err=True)
+        raise typer.Exit(2)
+    if model is not None and name != "e2e":
+        typer.echo("error: --model is an option of the e2e benchmark only", err=True)
+        raise typer.Exit(2)
+    module, func = BENCHES[name].split(":")
+    extra = {"model": model} if model is not None else {}
+    raise typer.Exit(getattr(importlib.import_module(module), func)(quick=quick, json_path=json_path, **extra))
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's command to `app`."""
+    app.command()(bench)

@@ -1,0 +1,131 @@
+"""`specfleet up|gateway|worker|tasks`: the fleet's long-running services.
+
+`up` runs them all (shared/cli/up.py over the launcher shared/fleet.py); the others are one service each,
+as docker-compose.yml runs them. The services log their own INFO lines.
+"""
+
+from typing import Annotated
+
+import typer
+
+
+def up(
+    port: Annotated[
+        int | None, typer.Option(help="Gateway port (0 = a free one; default: settings.port)")
+    ] = None,
+    target: Annotated[str | None, typer.Option(help="Target model dir; default: the demo pair")] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft model dir")] = None,
+) -> None:
+    """Everything in one command: private Redis, demo models (built if missing), one worker, the gateway."""
+    from shared.cli.up import Up
+
+    raise typer.Exit(Up(port=port, target=target, draft=draft).run())
+
+
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: settings.host)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: settings.port)")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Gateway processes sharing the port (each has its own pub/sub hub)")
+    ] = 1,
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log)")] = True,
+) -> None:
+    """Serve the HTTP API (needs REDIS_URL)."""
+    import uvicorn
+
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    uvicorn.run(
+        "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
+        factory=True,
+        host=host or settings.host,
+        port=settings.port if port is None else port,
+        workers=workers,
+        access_log=access_log,
+        log_level="info",
+        ws="none",
+        timeout_graceful_shutdown=5,
+    )
+
+
+def worker(
+    target: Annotated[
+        str | None, typer.Option(help="Target model dir; default: engine config (demo pair)")
+    ] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft model dir")] = None,
+    engine_config: Annotated[
+        str | None, typer.Option(help="Engine YAML (default: settings.engine_config)")
+    ] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most jobs running at once")] = None,
+    num_threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    burst: Annotated[bool, typer.Option("--burst", help="Exit once the queues are empty")] = False,
+    name: Annotated[str | None, typer.Option(help="Worker id (default: host-pid-random)")] = None,
+) -> None:
+    """Pull jobs from Redis and run them on the engine (needs REDIS_URL)."""
+    import redis
+
+    from shared.settings import get_settings
+    from workers.demo.resolve import with_demo_pair
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+    from workers.worker.main import Worker
+
+    settings = get_settings()
+    if settings.redis_url is None:
+        typer.echo("error: set REDIS_URL (or use `specfleet up`)", err=True)
+        raise typer.Exit(2)
+    cfg = EngineConfig.load(
+        engine_config or settings.engine_config,
+        target_dir=target,
+        draft_dir=draft,
+        max_num_seqs=max_num_seqs,
+        num_threads=num_threads,
+    )
+    engine = Engine.from_config(with_demo_pair(cfg))
+    metrics = None
+    if settings.worker_metrics_port:
+        from workers.worker.engine_metrics import EngineMetrics
+
+        metrics = EngineMetrics()
+        metrics.serve(settings.host, settings.worker_metrics_port)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+    Worker(
+        engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
+    ).run()
+    client.close()
+
+
+def tasks(
+    concurrency: Annotated[
+        int | None, typer.Option(help="Threads (default: settings.celery_concurrency)")
+    ] = None,
+    name: Annotated[str, typer.Option(help="Celery node name (its outbox consumer name)")] = "tasks@%h",
+    loglevel: Annotated[str, typer.Option(help="DEBUG | INFO | WARNING")] = "INFO",
+) -> None:
+    """Run the Celery worker for webhooks and batches (needs REDIS_URL)."""
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    if settings.redis_url is None:
+        typer.echo("error: set REDIS_URL (or use `specfleet up`)", err=True)
+        raise typer.Exit(2)
+    from workers.tasks.celery_app import app
+
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={concurrency or settings.celery_concurrency}",
+            f"--hostname={name}",
+            f"--loglevel={loglevel}",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to `app`."""
+    for command in (up, gateway, worker, tasks):
+        app.command()(command)

@@ -1,0 +1,93 @@
+"""`specfleet submit|status|stream|cancel`: one job over the gateway's HTTP API (shared/client.py)."""
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from shared.cli.common import UrlOpt, call, gateway_url
+
+
+def submit(
+    prompt: Annotated[str, typer.Argument(help="Prompt text")],
+    max_tokens: Annotated[int, typer.Option()] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    priority: Annotated[str, typer.Option(help="interactive | default | batch")] = "default",
+    speculative: Annotated[str | None, typer.Option(help="none | draft | ngram")] = None,
+    idempotency_key: Annotated[str | None, typer.Option()] = None,
+    stream: Annotated[
+        bool, typer.Option("--stream", help="Stream the text instead of printing the job id")
+    ] = False,
+    url: UrlOpt = None,
+) -> None:
+    """Queue a job; print its id (or stream its text with --stream)."""
+    from shared.client import FleetClient
+
+    body: dict[str, object] = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "priority": priority,
+    }
+    if speculative is not None:
+        body["speculative"] = speculative
+    with FleetClient(gateway_url(url)) as client:
+        job = call(lambda: client.submit(body, idempotency_key=idempotency_key))
+        if not stream:
+            typer.echo(job["id"])
+            return
+        _print_stream(client, job["id"], None)
+
+
+def status(job_id: str, url: UrlOpt = None) -> None:
+    """Print the job as JSON."""
+    from shared.client import FleetClient
+
+    with FleetClient(gateway_url(url)) as client:
+        typer.echo(json.dumps(call(lambda: client.get(job_id)), indent=2))
+
+
+def stream(
+    job_id: str,
+    url: UrlOpt = None,
+    last_event_id: Annotated[str | None, typer.Option(help="Resume after this event id")] = None,
+) -> None:
+    """Stream a job's text as it is generated."""
+    from shared.client import FleetClient
+
+    with FleetClient(gateway_url(url)) as client:
+        _print_stream(client, job_id, last_event_id)
+
+
+def cancel(job_id: str, url: UrlOpt = None) -> None:
+    """Cancel a queued or running job."""
+    from shared.client import FleetClient
+
+    with FleetClient(gateway_url(url)) as client:
+        typer.echo(call(lambda: client.cancel(job_id))["status"])
+
+
+def _print_stream(client, job_id: str, last_event_id: str | None) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
+    def run() -> None:
+        for event in client.stream(job_id, last_event_id):
+            if event.event == "token":
+                sys.stdout.write(event.data["text"])
+                sys.stdout.flush()
+            elif event.event == "done":
+                typer.echo(
+                    f"\n[{event.data['status']}: {event.data['finish_reason']}, "
+                    f"{event.data['usage']['completion_tokens']} tokens]",
+                    err=True,
+                )
+            elif event.event == "error":
+                typer.echo(f"\n[{event.data['status']}: {event.data['error']['message']}]", err=True)
+                raise typer.Exit(1)
+
+    call(run)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to `app`."""
+    for command in (submit, status, stream, cancel):
+        app.command()(command)

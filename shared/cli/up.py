@@ -1,0 +1,133 @@
+"""`specfleet up`: the embedded default in one command, stopped in order with no orphan process.
+
+    private redis-server (AOF on; skipped when REDIS_URL is set) -> demo models (built if missing)
+    -> the Celery worker (webhooks, batches) -> one worker -> the gateway; then print the URL and wait.
+
+Ctrl-C / SIGTERM stops the gateway, then the worker (it hands unfinished jobs back to the queue), then the
+Celery worker (unfinished tasks stay in Redis: acks_late), then Redis: the launcher, shared/fleet.py.
+"""
+
+import signal
+import time
+from types import FrameType
+
+import redis
+import typer
+
+from shared.fleet import Fleet
+from shared.settings import ServiceSettings, get_settings
+
+WORKER_READY_TIMEOUT_S = 900.0  # a first demo-model build takes minutes
+GATEWAY_READY_TIMEOUT_S = 60.0
+SUPERVISE_POLL_S = 0.2
+
+
+class Up:
+    def __init__(
+        self,
+        port: int | None = None,
+        target: str | None = None,
+        draft: str | None = None,
+        settings: ServiceSettings | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.target = target
+        self.draft = draft
+        self.fleet = Fleet(
+            self.settings.redis_dir,
+            redis_url=self.settings.redis_url,
+            host=self.settings.host,
+            port=self.settings.port if port is None else port,
+        )
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            redis_url = self.fleet.start_redis()
+            self._ensure_models()
+            self.fleet.start_celery()
+            self.fleet.start_worker(self._worker_args(), timeout_s=WORKER_READY_TIMEOUT_S)
+            self.fleet.start_gateway(timeout_s=GATEWAY_READY_TIMEOUT_S)
+            api_key = self._dev_key(redis_url) if self.settings.env == "dev" else None
+            self._announce(self.fleet.url, redis_url, api_key)
+            return self._supervise()
+        except KeyboardInterrupt:
+            return 0
+        except RuntimeError as exc:
+            typer.echo(f"specfleet: {exc}", err=True)
+            return 1
+        finally:
+            self.fleet.stop()
+
+    def _ensure_models(self) -> None:
+        """Build the demo pair here (once, minutes) when no model is named, so the worker finds it cached."""
+        if self.target is not None:
+            return
+        from workers.engine.config import EngineConfig
+
+        if EngineConfig.load(self.settings.engine_config).target_dir is not None:
+            return
+        try:
+            from workers.demo.build import ensure_demo_pair
+        except ImportError as exc:
+            raise RuntimeError(
+                "the demo model builder is not available; pass --target DIR [--draft DIR]"
+            ) from exc
+        typer.echo("specfleet: preparing the demo models (built once, a few minutes)...")
+        ensure_demo_pair()
+
+    def _worker_args(self) -> list[str]:
+        args = []
+        if self.target:
+            args += ["--target", self.target]
+        if self.draft:
+            args += ["--draft", self.draft]
+        return args
+
+    def _dev_key(self, redis_url: str) -> str:
+        """Dev mode: a fresh admin key for this run (printed; stored hashed like any other)."""
+        from shared.api_keys import KeyRegistry
+
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            _, secret = KeyRegistry(client).create(
+                "dev",
+                requests_per_min=self.settings.default_requests_per_min,
+                tokens_per_min=self.settings.default_tokens_per_min,
+                max_concurrent_jobs=self.settings.default_max_concurrent_jobs,
+                is_admin=True,
+                webhook_secret=self.settings.webhook_secret.get_secret_value(),
+            )
+        finally:
+            client.close()
+        return secret
+
+    def _announce(self, url: str, redis_url: str, api_key: str | None) -> None:
+        if api_key:  # before the URL: whoever waits for the URL line has the key too
+            typer.echo(f"specfleet: api key {api_key}")
+        typer.echo(f"specfleet: gateway at {url}")
+        typer.echo(f"specfleet: redis at {redis_url}")
+        typer.echo(
+            "specfleet: try  curl -s -X POST "
+            f"{url}/v1/jobs -H 'Authorization: Bearer {api_key or '$SPECFLEET_API_KEY'}' "
+            "-H 'Content-Type: application/json' -H 'Prefer: wait=30' "
+            """-d '{"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'"""
+        )
+        typer.echo(
+            f"specfleet: or   SPECFLEET_API_KEY={api_key or '...'} "
+            f"specfleet submit 'def fib(n):' --stream --url {url}"
+        )
+        typer.echo("specfleet: Ctrl-C stops everything")
+
+    def _supervise(self) -> int:
+        while not self.fleet.stop_requested:
+            try:
+                self.fleet.check_children()
+            except RuntimeError as exc:
+                typer.echo(f"specfleet: {exc}; stopping", err=True)
+                return 1
+            time.sleep(SUPERVISE_POLL_S)
+        return 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.fleet.stop_requested = True

@@ -1,0 +1,49 @@
+"""The CLI prints no library INFO logs (httpx: one line per request) unless --verbose; real subprocess runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ThreadedGateway
+from tests.helpers import REPO_ROOT
+
+HTTPX_LINE = "HTTP Request: POST"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}  # the test key is implied
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_submit_prints_only_the_job_id(gateway: ThreadedGateway) -> None:
+    proc = run_cli("submit", "def f(x):", "--max-tokens", "2", "--url", gateway.url)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.split()) == 1
+    assert HTTPX_LINE not in proc.stderr and proc.stderr.strip() == ""
+
+
+def test_verbose_brings_the_request_lines_back(gateway: ThreadedGateway) -> None:
+    proc = run_cli("--verbose", "submit", "def f(x):", "--max-tokens", "2", "--url", gateway.url)
+    assert proc.returncode == 0, proc.stderr
+    assert HTTPX_LINE in proc.stderr
+
+
+def test_batch_submit_logs_no_requests(gateway: ThreadedGateway, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"custom_id": "a", "method": "POST", "url": "/v1/jobs", "body": {"prompt": "x", "max_tokens": 1}}\n'
+    )
+    quiet = run_cli("batch", "submit", str(source), "--url", gateway.url)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.startswith("batch_") and HTTPX_LINE not in quiet.stderr
+    loud = run_cli("-v", "batch", "submit", str(source), "--url", gateway.url)
+    assert loud.returncode == 0 and HTTPX_LINE in loud.stderr
