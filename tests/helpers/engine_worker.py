@@ -24,7 +24,9 @@ class EngineThread:
         from workers.engine.engine import Engine
         from workers.worker.main import Worker
 
-        cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1)
+        cfg = EngineConfig(  # plain decoding by default: the tiny target has no draft
+            target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1, speculative_method="none"
+        )
         self.client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True)
         self.worker = Worker(Engine(cfg, target), self.client, settings, worker_id=worker_id, model_name=model_name)
         self.thread = threading.Thread(target=self.worker.run, name="engine-worker", daemon=True)
