@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
 from workers.engine.errors import InvalidRequestError
 from workers.engine.model_runner import ModelRunner
@@ -45,13 +46,13 @@ class Speculator:
         self.stats = SpecStats()
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
-        method = params.speculative or self.cfg.speculative_method
-        if method == "none":
+        method = SpeculativeMethod(params.speculative or self.cfg.speculative_method)
+        if method is SpeculativeMethod.NONE:
             return None
-        if method == "draft" and self.draft is None:
+        if method is SpeculativeMethod.DRAFT and self.draft is None:
             raise InvalidRequestError("speculative", "this engine has no draft model; use 'ngram' or 'none'")
         ngram = None
-        if method == "ngram":
+        if method is SpeculativeMethod.NGRAM:
             ngram = NgramIndex(self.cfg.ngram_min_n, self.cfg.ngram_max_n)
             ngram.extend(prompt_ids)
         controller = SpecLengthController(self.adaptive)
@@ -60,7 +61,7 @@ class Speculator:
         return SpecState(method=method, controller=controller, ngram=ngram)
 
     def uses_tree(self, spec: SpecState) -> bool:
-        return spec.method == "draft" and self.cfg.tree_size > 0
+        return spec.method is SpeculativeMethod.DRAFT and self.cfg.tree_size > 0
 
     # ---- before the forward ---------------------------------------------------------------------
     def lookahead(self, seq: Sequence, batch_size: int) -> int:
@@ -139,7 +140,7 @@ class Speculator:
             return
         if verdict.accepted_nodes:
             self._move_tree_kv(seq, old_len, verdict.accepted_nodes)
-        if proposal.tree is None and spec.method == "draft":
+        if proposal.tree is None and spec.method is SpeculativeMethod.DRAFT:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len + verdict.num_accepted)
         else:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len)
