@@ -9,8 +9,8 @@ one forward per further draft position.
 import torch
 
 from workers.engine.model_runner import ForwardItem, ModelRunner
-from workers.engine.sampling import logits_to_probs
 from workers.engine.sequence import Sequence
+from workers.spec.distributions import GreedyRows, row_distributions
 from workers.spec.proposal import Proposal
 from workers.spec.tree import ROOT, TreeBuilder
 
@@ -22,22 +22,12 @@ class DraftFailure(RuntimeError):
 def draft_distributions(
     logits: torch.Tensor,  # [n, V] draft logits
     seqs: list[Sequence],  # [n] the sequence of each row
-    plain_for_greedy: bool,
+    greedy_rows: GreedyRows,  # ONE_HOT for chains; SOFTMAX when the caller ranks candidates (greedy trees)
 ) -> torch.Tensor:  # [n, V] float32
-    """q per row: the request's sampling transform (as for the target); greedy rows -> one-hot, or the plain
-    softmax when the caller ranks candidates (greedy trees)."""
+    """q per row: the request's sampling transform, the same as the target's (see row_distributions)."""
     if not torch.isfinite(logits).all():
         raise DraftFailure("draft logits are not finite")
-    params = [s.params for s in seqs]
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    if plain_for_greedy:
-        temperature = torch.where(temperature == 0.0, torch.ones_like(temperature), temperature)
-    return logits_to_probs(
-        logits,
-        temperature=temperature,
-        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-    )
+    return row_distributions(logits, [s.params for s in seqs], greedy_rows)
 
 
 class DraftProposer:
@@ -69,7 +59,7 @@ class DraftProposer:
                     for i in active
                 ]
                 logits = self.runner.forward(items)  # [A, V]
-            q = draft_distributions(logits, [seqs[i] for i in active], plain_for_greedy=False)  # [A, V]
+            q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
             for row, i in enumerate(active):
                 seq = seqs[i]
                 if seq.params.is_greedy:
@@ -89,7 +79,7 @@ class DraftProposer:
             TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
         ]
         logits = self._catch_up(seqs)  # [B, V]
-        q = draft_distributions(logits, seqs, plain_for_greedy=True)  # [B, V]
+        q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
         for b, builder in enumerate(builders):
             builder.expand(q[b : b + 1])
         while True:
@@ -99,7 +89,7 @@ class DraftProposer:
             items = [self._frontier_item(seqs[b], builders[b]) for b in active]
             logits = self.runner.forward(items)  # [sum of frontier sizes, V]
             owners = [seqs[b] for b in active for _ in builders[b].frontier]
-            q = draft_distributions(logits, owners, plain_for_greedy=True)
+            q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)
             row = 0
             for b in active:
                 width = len(builders[b].frontier)

@@ -7,30 +7,10 @@ distribution p through the request's temperature/top-k/top-p; greedy rows stay l
 
 import torch
 
-from workers.engine.sampling import logits_to_probs
 from workers.engine.sequence import Sequence
+from workers.spec.distributions import GreedyRows, row_distributions
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.verifier import verify_chains, verify_tree
-
-
-def target_distributions(
-    logits: torch.Tensor,  # [S, V]
-    row_params: list,  # [S] SamplingParams of each row's sequence
-) -> torch.Tensor:  # [S, V]: probabilities on sampling rows, the logits themselves on greedy rows
-    sampling_rows = [i for i, p in enumerate(row_params) if not p.is_greedy]
-    if not sampling_rows:
-        return logits
-    rows = torch.tensor(sampling_rows)
-    params = [row_params[i] for i in sampling_rows]
-    probs = logits_to_probs(
-        logits.index_select(0, rows),
-        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-    )
-    out = logits.clone()
-    out[rows] = probs
-    return out
 
 
 def verify_batch(entries: list[tuple[Sequence, Proposal | None]], logits: torch.Tensor) -> list[Verdict]:
@@ -38,7 +18,7 @@ def verify_batch(entries: list[tuple[Sequence, Proposal | None]], logits: torch.
         return [Verdict([token], 0) for token in logits.argmax(dim=-1).tolist()]  # what a k = 0 chain gives
     vocab = logits.shape[1]
     row_params = [seq.params for seq, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
-    target = target_distributions(logits, row_params)  # [S, V]
+    target = row_distributions(logits, row_params, GreedyRows.LOGITS)  # [S, V]: p on sampling rows
     starts, row = [], 0
     for _, prop in entries:
         starts.append(row)
