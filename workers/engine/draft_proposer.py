@@ -3,7 +3,8 @@
 The draft keeps its own paged KV (same block ids as the target, see BlockManager) with a valid prefix of
 `spec.draft_num_computed` tokens. Each proposal first catches the draft up on the committed tokens it has
 not seen (the previous step's accepted and bonus tokens, or the whole prompt the first time), then runs
-one forward per further draft position.
+one forward per further draft position. The proposer only reads its sequences: each Proposal says how far
+the draft cache is valid afterwards (draft_num_computed), and the engine records it.
 """
 
 import torch
@@ -35,16 +36,13 @@ class DraftProposer:
         self.runner = runner
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:  # [B, V] draft logits after each last token
+        """Feed each sequence's committed tokens the draft has not seen; its cache then holds len(seq)."""
         items = []
         for seq in seqs:
             assert seq.spec is not None
             start = min(seq.spec.draft_num_computed, len(seq) - 1)
             items.append(ForwardItem(seq.token_ids[start:], start, seq.block_table, num_logits=1))
-        logits = self.runner.forward(items)
-        for seq in seqs:
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq)
-        return logits
+        return self.runner.forward(items)
 
     def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         """k_i draft tokens per sequence; the draft cache ends valid for len + k_i - 1 tokens."""
@@ -68,10 +66,10 @@ class DraftProposer:
                     tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
                     probs[i].append(q[row])
             active = [i for i in active if ks[i] > j + 1]
-        for seq, k in zip(seqs, ks, strict=True):
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq) + k - 1
-        return [Proposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
+        return [
+            Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) + k - 1)
+            for seq, k, t, p in zip(seqs, ks, tokens, probs, strict=True)
+        ]
 
     def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
         """A token tree of up to sizes[i] nodes per sequence, grown level by level (see TreeBuilder)."""
@@ -97,10 +95,9 @@ class DraftProposer:
                 row += width
         proposals = []
         for seq, builder in zip(seqs, builders, strict=True):
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq)  # tree slots are scratch; accepted tokens are re-fed
             tree, tree_probs = builder.build()
-            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree))
+            # tree slots are scratch: the draft cache stays valid for the committed tokens, accepted ones are re-fed
+            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree, draft_num_computed=len(seq)))
         return proposals
 
     @staticmethod
