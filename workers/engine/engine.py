@@ -164,7 +164,7 @@ class Engine:
         self.applier.apply_proposals(proposed, self.sequences)
         proposals = proposed.to_verify  # request_id -> draft tokens scored this step
         start_s = time.perf_counter()
-        items = [_forward_item(s, proposals.get(s.request_id)) for s in plan.scheduled]
+        items = [forward_item(s, proposals.get(s.request_id)) for s in plan.scheduled]
         logits = self.runner.forward(items)  # [S, V]
         sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
         entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
@@ -218,7 +218,7 @@ class Engine:
         )
 
 
-def _forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
+def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
     """The runner's input for one plan entry: its chunk, then its draft tokens (a chain, or a tree's nodes)."""
     start = s.start_pos
     tokens = s.seq.token_ids[start : start + s.num_new_tokens]

@@ -14,7 +14,7 @@ from workers.engine.sequence import Sequence
 class ScheduledSeq:
     """One sequence's share of the step."""
 
-    seq: Sequence  # read by the runner and the speculator; written only by the engine (workers/engine/apply.py)
+    seq: Sequence  # read by the runner and the speculator; the step's results are applied by workers/engine/apply.py
     start_pos: int  # first position computed: the sequence's num_computed_tokens when scheduled
     num_new_tokens: int  # committed tokens computed: seq.token_ids[start_pos : start_pos + num_new_tokens]
     num_lookahead: int  # KV slots (and token budget) reserved after them for draft tokens (tree: nodes); 0 = none
