@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.job_state import JobStatus
+from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_VALUE_CHARS = 512
@@ -57,8 +58,8 @@ class JobRequest(BaseModel):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
     ignore_eos: bool = False
-    # False: plain decoding; True: the engine's default method; or a method name.
-    speculative: bool | Literal["none", "draft", "ngram"] = True
+    # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram").
+    speculative: bool | SpeculativeMethod = True
     priority: Priority = Priority.DEFAULT
     ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`
     metadata: dict[str, str] = Field(default_factory=dict)
@@ -82,12 +83,12 @@ class JobRequest(BaseModel):
         return value
 
     @property
-    def speculative_method(self) -> str | None:
+    def speculative_method(self) -> SpeculativeMethod | None:
         """What the engine's SamplingParams.speculative takes: None is the engine's default."""
         if self.speculative is True:
             return None
         if self.speculative is False:
-            return "none"
+            return SpeculativeMethod.NONE
         return self.speculative
 
 

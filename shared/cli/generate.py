@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from shared.speculation import SpeculativeMethod
 
 def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text")],
@@ -16,7 +17,9 @@ def generate(
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_p: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int | None, typer.Option()] = None,
-    speculative: Annotated[str | None, typer.Option(help="none | draft | ngram (default: configs/engine.yaml)")] = None,
+    speculative: Annotated[
+        SpeculativeMethod | None, typer.Option(help="none | draft | ngram (default: configs/engine.yaml)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
 ) -> None:
     """Run the engine in-process on one prompt; stream the text and print a stats line."""

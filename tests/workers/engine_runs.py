@@ -1,8 +1,18 @@
-"""Driving an Engine to completion in tests: run requests, collect outputs, read their tokens."""
+"""Driving an Engine in tests: make one on a test checkpoint, run requests, collect outputs, read their tokens."""
 
+from pathlib import Path
+from typing import Any
+
+from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
+
+
+def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: Any) -> Engine:
+    """An engine on test checkpoints: float32, 4 MiB of KV in blocks of 4 tokens, unless overridden."""
+    settings = dict(dtype="float32", kv_cache_mb=4, block_size=4) | overrides
+    return Engine(EngineConfig(**settings), target_dir, draft_dir)
 
 
 def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from shared.speculation import SpeculativeMethod
 from workers.demo.train import pinned_threads
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
@@ -92,7 +93,7 @@ def hf_threads(engine: Engine) -> contextlib.AbstractContextManager[None]:
 def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig) -> dict[str, Any]:
     import transformers
 
-    engine = Engine(dataclasses.replace(cfg, speculative_method="none"), target_dir)  # plain decoding
+    engine = Engine(dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NONE), target_dir)  # plain decoding
     dtype = engine.runner.model.embed.weight.dtype
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
     pad_id = engine.tokenizer.pad_token_id or next(iter(engine.eos_token_ids), 0)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from shared.speculation import SpeculativeMethod
 from workers.bench.engine_bench import hf_threads, match_rate, run_hf_serial, run_ours
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
@@ -21,10 +22,10 @@ from workers.engine.engine import Engine
 log = logging.getLogger(__name__)
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "plain": {"speculative_method": "none"},
-    "sd_draft_chain": {"speculative_method": "draft", "tree_size": 0},
-    "sd_draft_tree": {"speculative_method": "draft"},  # tree_size from the plan
-    "sd_ngram": {"speculative_method": "ngram"},
+    "plain": {"speculative_method": SpeculativeMethod.NONE},
+    "sd_draft_chain": {"speculative_method": SpeculativeMethod.DRAFT, "tree_size": 0},
+    "sd_draft_tree": {"speculative_method": SpeculativeMethod.DRAFT},  # tree_size from the plan
+    "sd_ngram": {"speculative_method": SpeculativeMethod.NGRAM},
 }
 
 
@@ -124,7 +125,7 @@ def _bf16_match_rate(pair_dirs: tuple[Path, Path], prompts: list[list[int]], pla
     """In bf16, scoring k tokens at once can round differently from one at a time: how often SD still
     reproduces plain bf16 greedy decoding, token for token (up to each sequence's first divergence)."""
     outs = []
-    for method in ("none", "draft"):
+    for method in (SpeculativeMethod.NONE, SpeculativeMethod.DRAFT):
         cfg = dataclasses.replace(base, dtype="bfloat16", speculative_method=method, tree_size=0)
         engine = Engine(cfg, *pair_dirs)
         outs.append(_measure(engine, prompts, 1, plan.num_new_tokens)[1])

@@ -1,7 +1,8 @@
 """The engine: add requests, step, abort. No Redis here; the worker process drives it.
 
-step() reads like the data flow: schedule -> run the model -> sample -> postprocess (append, detokenize,
-stop checks, retire finished sequences) -> return what changed.
+step() reads like the data flow: schedule (a typed plan) -> propose draft tokens -> run the target once ->
+verify -> apply (append, detokenize, stop checks; workers/engine/apply.py is the one writer of sequence
+state) -> retire finished sequences -> return what changed.
 """
 
 import dataclasses
@@ -12,19 +13,22 @@ from pathlib import Path
 
 import torch
 
+from workers.engine.apply import StepApplier
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
+from workers.engine.draft_proposer import DraftProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
-from workers.engine.scheduler import ScheduledSeq, Scheduler
+from workers.engine.scheduler import Scheduler
+from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
+from workers.engine.speculator import Speculator
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
-from workers.spec.draft_proposer import DraftProposer
 from workers.spec.proposal import Proposal, Verdict
-from workers.spec.speculator import Speculator
+from workers.spec.verify_batch import VerifyEntry
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,6 @@ class Engine:
         dtype = resolve_dtype(cfg.dtype)
         model = load_model(target_dir, dtype, cfg.max_model_len or None)
         self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
-        self.eos_token_ids = frozenset(model.cfg.eos_token_ids)
         draft = load_model(draft_dir, dtype, self.max_model_len) if draft_dir is not None else None
         if draft is not None and draft.cfg.vocab_size != model.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {model.cfg.vocab_size}")
@@ -54,7 +57,10 @@ class Engine:
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
         )
-        self.speculator = Speculator(cfg, self.runner, draft_proposer, self.max_model_len)
+        self.speculator = Speculator(cfg, draft_proposer, self.max_model_len)
+        self.applier = StepApplier(
+            self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
+        )
         self.scheduler = Scheduler(
             self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, lookahead=self.speculator.lookahead
         )
@@ -62,6 +68,15 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
                  self.max_model_len)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end a sequence (unless its request ignores EOS); the step's applier checks them."""
+        return self.applier.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, token_ids: frozenset[int]) -> None:
+        self.applier.eos_token_ids = token_ids
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> "Engine":
@@ -140,64 +155,35 @@ class Engine:
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        batch = self.scheduler.schedule()
-        if batch.is_empty:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
             return []
-        speculating = [s for s in batch.scheduled if s.num_lookahead > 0]
-        proposals = self.speculator.propose([s.seq for s in speculating], [s.num_lookahead for s in speculating])
+        proposed = self.speculator.propose(plan.speculating)
+        self.applier.apply_proposals(proposed, self.sequences)
+        proposals = proposed.to_verify  # request_id -> draft tokens scored this step
         start_s = time.perf_counter()
-        items = [self._forward_item(s, proposals.get(s.seq.request_id)) for s in batch.scheduled]
-        logits = self.runner.forward(items)  # [S, V]: 1 + proposal size rows per sampling sequence
-        entries = [(s.seq, proposals.get(s.seq.request_id)) for s in batch.scheduled if s.is_sampling]
+        items = [forward_item(s, proposals.get(s.request_id)) for s in plan.scheduled]
+        logits = self.runner.forward(items)  # [S, V]
+        sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
+        entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
         verdicts = self.speculator.verify(entries, logits)
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
-        verified = {seq.request_id: (proposal, verdict) for (seq, proposal), verdict in zip(entries, verdicts, strict=True)}
-        return self._postprocess(batch.scheduled, verified)
-
-    def _forward_item(self, s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
-        seq, start = s.seq, s.seq.num_computed_tokens
-        if seq.first_scheduled_time_s is None:
-            seq.first_scheduled_time_s = time.perf_counter()
-        tokens = seq.token_ids[start : start + s.num_new_tokens]
-        if proposal is None:
-            return ForwardItem(tokens, start, seq.block_table, num_logits=1 if s.is_sampling else 0)
-        num_rows = 1 + proposal.num_tokens
-        if proposal.tree is None:  # [last token, d_1 .. d_k], causal
-            return ForwardItem(tokens + proposal.tokens, start, seq.block_table, num_logits=num_rows)
-        tree, length = proposal.tree, len(seq)
-        tree_mask = torch.cat([torch.zeros(1, tree.num_nodes, dtype=torch.bool), tree.attention_mask()])  # [n + 1, n]
-        return ForwardItem(
-            tokens + proposal.tokens,
-            start,
-            seq.block_table,
-            num_logits=num_rows,
-            positions=[start, *tree.positions(length).tolist()],
-            tree_start=length,
-            tree_mask=tree_mask,
-        )
+        verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
+        return self._postprocess(plan, verified)
 
     def _postprocess(
-        self, scheduled: list[ScheduledSeq], verified: dict[str, tuple[Proposal | None, Verdict]]
+        self, plan: SchedulerOutput, verified: dict[str, tuple[Proposal | None, Verdict]]
     ) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
-        for s in scheduled:
-            seq = s.seq
-            if seq.request_id not in verified:
-                seq.num_computed_tokens += s.num_new_tokens  # a prefill chunk short of the prompt's end
+        for s in plan.scheduled:
+            if s.request_id not in verified:
+                self.applier.apply_chunk(s)  # a prefill chunk short of the prompt's end
                 continue
-            proposal, verdict = verified[seq.request_id]
-            old_len = len(seq)
-            seq.num_computed_tokens += s.num_new_tokens + verdict.num_accepted
-            seq.first_token_time_s = seq.first_token_time_s or now
-            appended, reason = [], None
-            for token in verdict.tokens:
-                appended.append(token)
-                reason = self._append_token(seq, token)
-                if reason is not None:
-                    break  # nothing past a stop, EOS or the length limit is emitted
-            self.speculator.commit(seq, proposal, verdict, old_len, appended)
+            proposal, verdict = verified[s.request_id]
+            appended, reason = self.applier.apply_verdict(s, proposal, verdict, now)
+            seq = s.seq
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.sequences[seq.request_id]
@@ -205,18 +191,6 @@ class Engine:
                 self.block_manager.truncate(seq, len(seq))  # unused lookahead blocks go back
             outputs.append(self._output(seq, appended, now))
         return outputs
-
-    def _append_token(self, seq: Sequence, token: int) -> str | None:
-        """Append one token; returns the finish reason if the sequence is done."""
-        seq.token_ids.append(token)
-        params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            return "stop"
-        if seq.detokenizer.push(token):
-            return "stop"
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return None
 
     def _output(self, seq: Sequence, tokens: list[int], now: float) -> StepOutput:
         metrics: dict[str, float] = {}
@@ -240,3 +214,25 @@ class Engine:
             num_output_tokens=seq.num_output_tokens,
             metrics=metrics,
         )
+
+
+def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
+    """The runner's input for one plan entry: its chunk, then its draft tokens (a chain, or a tree's nodes)."""
+    start = s.start_pos
+    tokens = s.seq.token_ids[start : start + s.num_new_tokens]
+    if proposal is None:
+        return ForwardItem(tokens, start, s.block_table, num_logits=1 if s.is_sampling else 0)
+    num_rows = 1 + proposal.num_tokens
+    if proposal.tree is None:  # [last token, d_1 .. d_k], causal
+        return ForwardItem(tokens + proposal.tokens, start, s.block_table, num_logits=num_rows)
+    tree, length = proposal.tree, len(s.seq)
+    tree_mask = torch.cat([torch.zeros(1, tree.num_nodes, dtype=torch.bool), tree.attention_mask()])  # [n + 1, n]
+    return ForwardItem(
+        tokens + proposal.tokens,
+        start,
+        s.block_table,
+        num_logits=num_rows,
+        positions=[start, *tree.positions(length).tolist()],
+        tree_start=length,
+        tree_mask=tree_mask,
+    )

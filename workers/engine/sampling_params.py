@@ -2,9 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from shared.speculation import SpeculativeMethod
 from workers.engine.errors import InvalidRequestError
-
-SPECULATIVE_CHOICES = ("draft", "ngram", "none")
 
 
 @dataclass
@@ -17,7 +16,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    speculative: str | None = None  # None = engine default; "draft" | "ngram" | "none"
+    # None = the engine's default; validate() turns a plain string ("draft", "ngram", "none") into the enum
+    speculative: SpeculativeMethod | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -44,5 +44,8 @@ class SamplingParams:
         ids = self.stop_token_ids
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError("stop_token_ids", "must be a list of integers")
-        if self.speculative is not None and self.speculative not in SPECULATIVE_CHOICES:
-            raise InvalidRequestError("speculative", f"must be one of {SPECULATIVE_CHOICES}, got {self.speculative!r}")
+        if self.speculative is not None:
+            choices = [m.value for m in SpeculativeMethod]
+            if not isinstance(self.speculative, str) or self.speculative not in choices:
+                raise InvalidRequestError("speculative", f"must be one of {choices}, got {self.speculative!r}")
+            self.speculative = SpeculativeMethod(self.speculative)

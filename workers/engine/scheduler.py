@@ -1,38 +1,18 @@
 """Continuous batching: each step admits waiting sequences while KV blocks allow, mixes (chunked) prefill
 with decode under a token budget, and preempts the newest running sequence (recompute) when blocks run out.
 
-The scheduler only moves sequences between the `waiting` and `running` deques and owns their status.
+The scheduler only moves sequences between the `waiting` and `running` deques and owns their status and
+KV blocks (preemption drops a sequence's KV). Each step it hands out a plan, SchedulerOutput
+(workers/engine/scheduler_output.py); the engine applies the step's results.
 """
 
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # query tokens this step: token_ids[num_computed_tokens : num_computed_tokens + n]
-    num_lookahead: int = 0  # extra KV slots (and token budget) reserved for speculative tokens after them
-
-    @property
-    def is_sampling(self) -> bool:
-        """True when this chunk reaches the sequence's last token, so the step samples its next token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq]  # in running order
-    num_batched_tokens: int
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -69,7 +49,7 @@ class Scheduler:
             num_extra = min(self.lookahead(seq, batch_size), budget - num_new) if is_decode else 0
             if not self._reserve(seq, seq.num_computed_tokens + num_new + num_extra, preempted):
                 break  # seq itself was preempted; it was the newest, nothing runs after it
-            scheduled.append(ScheduledSeq(seq, num_new, num_extra))
+            scheduled.append(_entry(seq, num_new, num_extra))
             budget -= num_new + num_extra
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
@@ -81,8 +61,10 @@ class Scheduler:
             self.block_manager.allocate(seq, seq.num_computed_tokens + num_new)
             self.waiting.popleft()
             seq.move_to(SequenceStatus.RUNNING)
+            if seq.first_scheduled_time_s is None:
+                seq.first_scheduled_time_s = time.perf_counter()
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.append(_entry(seq, num_new, 0))
             budget -= num_new
         return SchedulerOutput(scheduled, self.max_num_batched_tokens - budget, preempted)
 
@@ -116,3 +98,15 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.finish_reason = reason
         seq.move_to(SequenceStatus.FINISHED)
+
+
+def _entry(seq: Sequence, num_new_tokens: int, num_lookahead: int) -> ScheduledSeq:
+    start_pos = seq.num_computed_tokens
+    return ScheduledSeq(
+        seq=seq,
+        start_pos=start_pos,
+        num_new_tokens=num_new_tokens,
+        num_lookahead=num_lookahead,
+        is_sampling=start_pos + num_new_tokens == len(seq),
+        block_table=seq.block_table,
+    )

@@ -1,4 +1,7 @@
-"""What a proposer hands to verification for one sequence."""
+"""The values speculation hands back: a proposer's Proposal and verification's Verdict, for one sequence.
+
+Neither is applied by the code that makes it: the engine applies both to its sequences (workers/engine/apply.py).
+"""
 
 from dataclasses import dataclass
 
@@ -12,6 +15,9 @@ class Proposal:
     tokens: list[int]  # chain: [k] draft tokens in order; tree: [n] node tokens in node order
     draft_probs: torch.Tensor | None  # chain: [k, V] q each token was drawn from; tree: [n + 1, V]; None = fixed
     tree: TokenTree | None = None  # set for tree proposals
+    # draft model only: tokens whose K/V the draft cache holds after proposing (the engine records it in
+    # SpecState.draft_num_computed, then trims it to what verification keeps); None = no draft cache (n-gram)
+    draft_num_computed: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.speculation import SpeculativeMethod
 from workers.spec.adaptive import SpecLengthController
 from workers.spec.ngram import NgramIndex
 
@@ -44,7 +45,7 @@ class AcceptanceCounts:
 
 @dataclass
 class SpecState:
-    method: str  # "draft" | "ngram"
+    method: SpeculativeMethod  # DRAFT or NGRAM (a NONE request has no SpecState)
     controller: SpecLengthController
     ngram: NgramIndex | None  # prompt-lookup index over the committed tokens (ngram method)
     draft_num_computed: int = 0  # tokens whose K/V are valid in the draft cache

@@ -9,8 +9,8 @@ Terms (as in vLLM's rejection sampler):
   distribution after the last of them; free, since the verifying pass computed that row anyway.
 Every step emits the accepted tokens plus exactly one recovered or bonus token.
 
-Distributions: p is the target's, q the draft's, both from workers.engine.sampling.logits_to_probs with the
-request's temperature/top-k/top-p (the same transform on both, or the output would follow the wrong p).
+Distributions: p is the target's, q the draft's, both from workers.spec.distributions.row_distributions with
+the request's temperature/top-k/top-p (the same transform on both, or the output would follow the wrong p).
 Row i of target_probs is p after committed tokens + draft tokens 0..i-1, so a chain of k has k + 1 rows. In
 greedy mode only the argmax of each target row is read: one-hot rows from logits_to_probs or raw logits both
 work, and the output is the target's own greedy decoding token for token. A proposer without a distribution

@@ -3,59 +3,50 @@
 Rows: every entry (a sequence that samples this step) owns 1 + proposal.num_tokens consecutive logits rows
 (just 1 without a proposal: plain decoding is a chain of k = 0). Sampling rows become the target's
 distribution p through the request's temperature/top-k/top-p; greedy rows stay logits (argmax only).
+A pure function of its inputs: the engine applies the verdicts it returns.
 """
+
+from typing import NamedTuple
 
 import torch
 
-from workers.engine.sampling import logits_to_probs
-from workers.engine.sequence import Sequence
+from workers.spec.distributions import GreedyRows, RowSampling, row_distributions
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.verifier import verify_chains, verify_tree
 
 
-def target_distributions(
-    logits: torch.Tensor,  # [S, V]
-    row_params: list,  # [S] SamplingParams of each row's sequence
-) -> torch.Tensor:  # [S, V]: probabilities on sampling rows, the logits themselves on greedy rows
-    sampling_rows = [i for i, p in enumerate(row_params) if not p.is_greedy]
-    if not sampling_rows:
-        return logits
-    rows = torch.tensor(sampling_rows)
-    params = [row_params[i] for i in sampling_rows]
-    probs = logits_to_probs(
-        logits.index_select(0, rows),
-        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-    )
-    out = logits.clone()
-    out[rows] = probs
-    return out
+class VerifyEntry(NamedTuple):
+    """One sequence that samples this step, as verification sees it."""
+
+    params: RowSampling  # its request's temperature / top-k / top-p
+    generator: torch.Generator | None  # its own RNG (seeded requests); None = the global one
+    proposal: Proposal | None  # draft tokens to verify; None = plain decoding (a chain of k = 0)
 
 
-def verify_batch(entries: list[tuple[Sequence, Proposal | None]], logits: torch.Tensor) -> list[Verdict]:
-    if all(prop is None and seq.params.is_greedy for seq, prop in entries):  # plain greedy decoding
+def verify_batch(
+    entries: list[VerifyEntry],  # [B] sequences that sample this step, in row order
+    logits: torch.Tensor,  # [S, V] target logits: 1 + proposal.num_tokens rows per entry, entries in order
+) -> list[Verdict]:  # [B] one per entry
+    if all(prop is None and params.is_greedy for params, _, prop in entries):  # plain greedy decoding
         return [Verdict([token], 0) for token in logits.argmax(dim=-1).tolist()]  # what a k = 0 chain gives
     vocab = logits.shape[1]
-    row_params = [seq.params for seq, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
-    target = target_distributions(logits, row_params)  # [S, V]
+    row_params = [params for params, _, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
+    target = row_distributions(logits, row_params, GreedyRows.LOGITS)  # [S, V]: p on sampling rows
     starts, row = [], 0
-    for _, prop in entries:
+    for *_, prop in entries:
         starts.append(row)
         row += 1 + (prop.num_tokens if prop else 0)
 
     verdicts: list[Verdict | None] = [None] * len(entries)
-    chains = [i for i, (_, prop) in enumerate(entries) if prop is None or prop.tree is None]
+    chains = [i for i, (*_, prop) in enumerate(entries) if prop is None or prop.tree is None]
     if chains:
         draft_tokens: list[int] = []
         num_draft: list[int] = []
         chain_rows: list[int] = []
         q_rows: list[torch.Tensor] = []
-        needs_q = any(
-            entries[i][1] is not None and entries[i][1].draft_probs is not None for i in chains  # type: ignore[union-attr]
-        )
+        needs_q = any((prop := entries[i].proposal) is not None and prop.draft_probs is not None for i in chains)
         for i in chains:
-            seq, prop = entries[i]
+            prop = entries[i].proposal
             tokens = prop.tokens if prop else []
             draft_tokens.extend(tokens)
             num_draft.append(len(tokens))
@@ -70,15 +61,15 @@ def verify_batch(entries: list[tuple[Sequence, Proposal | None]], logits: torch.
             num_draft,
             torch.cat(q_rows) if q_rows else None,
             target.index_select(0, torch.tensor(chain_rows)),
-            [entries[i][0].generator for i in chains],
-            [entries[i][0].params.is_greedy for i in chains],
+            [entries[i].generator for i in chains],
+            [entries[i].params.is_greedy for i in chains],
         )
         for i, result in zip(chains, results, strict=True):
             verdicts[i] = Verdict(result.tokens, result.num_accepted)
-    for i, (seq, prop) in enumerate(entries):
+    for i, (params, generator, prop) in enumerate(entries):
         if prop is not None and prop.tree is not None:
             rows = target[starts[i] : starts[i] + prop.num_tokens + 1]  # [n + 1, V]
-            tree_result = verify_tree(prop.tree, prop.draft_probs, rows, seq.generator, seq.params.is_greedy)
+            tree_result = verify_tree(prop.tree, prop.draft_probs, rows, generator, params.is_greedy)
             verdicts[i] = Verdict(tree_result.tokens, tree_result.num_accepted, tree_result.accepted_nodes)
     assert all(v is not None for v in verdicts)
     return verdicts  # type: ignore[return-value]

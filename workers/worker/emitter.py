@@ -4,7 +4,6 @@ attempt's (cancelled, reclaimed by another worker, finished) comes back as `gone
 """
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import redis
 
@@ -13,17 +12,7 @@ from shared.job_record import token_ids_csv
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, TokenEvent, Usage, metrics_from
 from shared.settings import ServiceSettings
-
-
-class StepResult(Protocol):
-    """What the emitter reads of the engine's StepOutput (workers/engine/outputs.py)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    metrics: dict[str, float]
+from workers.engine.outputs import StepOutput
 
 
 @dataclass
@@ -44,7 +33,7 @@ class Emitter:
         self._emit = client.register_script(lua.EMIT)
         self._finish = client.register_script(lua.FINISH)
 
-    def emit(self, running: dict[str, Running], outputs: list[StepResult]) -> tuple[list[str], list[str]]:
+    def emit(self, running: dict[str, Running], outputs: list[StepOutput]) -> tuple[list[str], list[str]]:
         """Write `outputs` (one engine step) -> (job ids finished now, job ids no longer this worker's)."""
         pipe = self.redis.pipeline(transaction=False)
         calls: list[tuple[str, bool]] = []  # (job id, is a finish) per script call, in pipeline order

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from workers.engine.outputs import StepOutput
+
 log = logging.getLogger(__name__)
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -112,7 +114,7 @@ class EngineMetrics:
         r.register(self.spec)
         self._num_spec_steps_seen = -1
 
-    def update(self, engine: Any, outputs: list[Any]) -> None:
+    def update(self, engine: Any, outputs: list[StepOutput]) -> None:
         """Cheap: a few gauge sets, one observation per finished request, and a snapshot copy only when the
         speculation counters moved."""
         self.batch_size.set(len(outputs))
@@ -139,5 +141,5 @@ class EngineMetrics:
         return bound
 
 
-def _finished(outputs: list[Any]) -> Iterator[Any]:
+def _finished(outputs: list[StepOutput]) -> Iterator[StepOutput]:
     return (out for out in outputs if out.finished)

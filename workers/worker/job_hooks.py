@@ -8,21 +8,15 @@ job goes at once; output in a step that also finishes the job is left to `comple
 
 import logging
 import time
-from typing import Protocol
 
 import redis
 
 from shared.outbox import OUTBOX_XADD, NoticeKind, notice_fields
 from shared.schemas import JobRequest, WebhookEvent
 from shared.settings import ServiceSettings
+from workers.engine.outputs import StepOutput
 
 log = logging.getLogger(__name__)
-
-
-class _Output(Protocol):
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool
 
 
 class JobHooks:
@@ -41,7 +35,7 @@ class JobHooks:
         if WebhookEvent.START in request.webhook_events_filter:
             self._notify([job_id], WebhookEvent.START)
 
-    def emitted(self, outputs: list[_Output]) -> None:
+    def emitted(self, outputs: list[StepOutput]) -> None:
         """After one engine step's output was written: an `output` notice for each due job."""
         if not self._wants_output:
             return

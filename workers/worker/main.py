@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Protocol
 
@@ -24,6 +23,8 @@ from shared import keys
 from shared.job_state import ErrorCode
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.outputs import StepOutput
+from workers.engine.sampling_params import SamplingParams
 from workers.worker.emitter import Emitter, Running
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
@@ -41,22 +42,10 @@ class EngineLike(Protocol):
     tokenizer: Any
     max_model_len: int
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: Any) -> int: ...
-    def step(self) -> list[Any]: ...
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int: ...
+    def step(self) -> list[StepOutput]: ...
     def abort(self, request_id: str) -> bool: ...
     def free_capacity(self) -> int: ...
-
-
-@dataclass
-class _Finished:
-    """A finish with no engine step (a resumed job that already has all its tokens)."""
-
-    request_id: str
-    finish_reason: str | None = "length"
-    new_token_ids: list[int] = field(default_factory=list)
-    new_text: str = ""
-    finished: bool = True
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def new_worker_id() -> str:
@@ -210,7 +199,17 @@ class Worker:
             if remaining <= 0:
                 num_prompt = len(prompt) - num_resumed if isinstance(prompt, list) else 0
                 self.running[lease.job_id] = Running(lease.job_id, lease.attempt, num_prompt, num_resumed)
-                self._forget(self.emitter.emit(self.running, [_Finished(lease.job_id)])[0])
+                # a resumed job that already has all its tokens finishes without an engine step
+                finished = StepOutput(
+                    request_id=lease.job_id,
+                    new_token_ids=[],
+                    new_text="",
+                    finished=True,
+                    finish_reason="length",
+                    num_prompt_tokens=num_prompt,
+                    num_output_tokens=num_resumed,
+                )
+                self._forget(self.emitter.emit(self.running, [finished])[0])
                 return
             num_prompt = self.engine.add_request(
                 lease.job_id, prompt, self.params_factory(request, remaining)

@@ -3,6 +3,7 @@
 from typing import Any
 
 from shared.schemas import JobRequest
+from workers.engine.sampling_params import SamplingParams
 
 
 def prompt_text(request: JobRequest, tokenizer: Any) -> str:
@@ -23,10 +24,8 @@ def engine_prompt(request: JobRequest, tokenizer: Any, resumed_token_ids: list[i
     return list(tokenizer.encode(text, add_special_tokens=False)) + resumed_token_ids  # as Engine._tokenize
 
 
-def sampling_params(request: JobRequest, max_tokens: int) -> Any:
+def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
     """The engine's SamplingParams for this request (the engine validates them in add_request)."""
-    from workers.engine.sampling_params import SamplingParams
-
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=request.temperature,

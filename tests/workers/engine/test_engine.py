@@ -5,16 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.engine_runs import greedy, run_all, tokens
-from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
+from tests.workers.engine_runs import greedy, make_engine, run_all, tokens
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.sampling_params import SamplingParams
-
-
-def make_engine(model_dir: Path, **overrides) -> Engine:
-    settings = dict(dtype="float32", kv_cache_mb=4, block_size=4) | overrides
-    return Engine(EngineConfig(**settings), model_dir)
 
 
 def prompts(n: int) -> list[list[int]]:

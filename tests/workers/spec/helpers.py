@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.engine.sampling import logits_to_probs
+from workers.spec.distributions import logits_to_probs
 
 
 def chi_square_p_value(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:  # [C] each

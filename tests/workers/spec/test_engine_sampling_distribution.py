@@ -12,8 +12,8 @@ import transformers
 
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.sampling import logits_to_probs
 from workers.engine.sampling_params import SamplingParams
+from workers.spec.distributions import logits_to_probs
 
 NUM_SAMPLES = 3000
 TEMPERATURE, TOP_K = 0.7, 6

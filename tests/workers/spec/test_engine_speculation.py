@@ -5,17 +5,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.engine_runs import greedy, run_all, tokens
-from workers.engine.config import EngineConfig
+from shared.speculation import SpeculativeMethod
+from tests.workers.engine_runs import greedy, make_engine, run_all, tokens
 from workers.engine.engine import Engine
 from workers.engine.sampling_params import SamplingParams
 
 NUM_PROMPTS = 52
 
 
-def make_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides) -> Engine:
-    settings = dict(dtype="float64", kv_cache_mb=16, block_size=4, speculative_method="draft") | overrides
-    return Engine(EngineConfig(**settings), models["target"], models[draft] if draft else None)
+def spec_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides) -> Engine:
+    """make_engine with this module's defaults: float64, 16 MiB of KV, the draft model speculating."""
+    settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
+    return make_engine(models["target"], models[draft] if draft else None, **settings)
 
 
 def make_prompts() -> list[list[int]]:
@@ -32,7 +33,7 @@ def make_prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def plain_reference(spec_models: dict[str, Path]) -> dict[str, list[int]]:
-    engine = make_engine(spec_models, draft=None, speculative_method="none")
+    engine = spec_engine(spec_models, draft=None, speculative_method="none")
     outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
     return {rid: tokens(o) for rid, o in outs.items()}
 
@@ -55,7 +56,7 @@ SPEC_CONFIGS = {
 
 @pytest.mark.parametrize("name", SPEC_CONFIGS)
 def test_greedy_speculation_equals_plain_decoding_in_a_batch(spec_models, plain_reference, name) -> None:
-    engine = make_engine(spec_models, **SPEC_CONFIGS[name])
+    engine = spec_engine(spec_models, **SPEC_CONFIGS[name])
     outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts())})
     assert {rid: tokens(o) for rid, o in outs.items()} == plain_reference
     assert engine.speculator.stats.counts.num_accepted > 0  # speculation really happened and was accepted
@@ -63,14 +64,14 @@ def test_greedy_speculation_equals_plain_decoding_in_a_batch(spec_models, plain_
 
 @pytest.mark.parametrize("name", SPEC_CONFIGS)
 def test_greedy_speculation_equals_plain_decoding_alone(spec_models, plain_reference, name) -> None:
-    engine = make_engine(spec_models, **SPEC_CONFIGS[name])
+    engine = spec_engine(spec_models, **SPEC_CONFIGS[name])
     for i, p in enumerate(make_prompts()[::6]):
         rid = str(i * 6)
         assert tokens(run_all(engine, {rid: (p, greedy(24 + (i * 6) % 9))})[rid]) == plain_reference[rid]
 
 
 def test_mixed_batch_some_speculate_some_do_not(spec_models, plain_reference) -> None:
-    engine = make_engine(spec_models, spec_max_batch_size=64, spec_batch_token_budget=1024)
+    engine = spec_engine(spec_models, spec_max_batch_size=64, spec_batch_token_budget=1024)
     choices = [None, "none", "ngram", "draft"]
     requests = {
         str(i): (p, greedy(24 + i % 9, speculative=choices[i % 4])) for i, p in enumerate(make_prompts())
@@ -84,8 +85,8 @@ def test_mixed_batch_some_speculate_some_do_not(spec_models, plain_reference) ->
 
 def test_stops_inside_an_accepted_run_emit_nothing_past_them(spec_models, plain_reference) -> None:
     """A stop token, a stop string or max_tokens landing mid-run cuts the output exactly there."""
-    engine = make_engine(spec_models, draft="close_draft", is_adaptive=False, num_speculative_tokens=6)
-    text_engine = make_engine(spec_models, draft=None, speculative_method="none")
+    engine = spec_engine(spec_models, draft="close_draft", is_adaptive=False, num_speculative_tokens=6)
+    text_engine = spec_engine(spec_models, draft=None, speculative_method="none")
     for i, p in enumerate(make_prompts()[:20]):
         ref = plain_reference[str(i)]
         stop_token = ref[7]
@@ -107,7 +108,7 @@ def test_stops_inside_an_accepted_run_emit_nothing_past_them(spec_models, plain_
 
 
 def test_eos_inside_an_accepted_run_stops_there(spec_models, plain_reference) -> None:
-    engine = make_engine(spec_models, is_adaptive=False, num_speculative_tokens=6)
+    engine = spec_engine(spec_models, is_adaptive=False, num_speculative_tokens=6)
     p, ref = make_prompts()[3], plain_reference["3"]
     engine.eos_token_ids = frozenset({ref[9]})
     out = run_all(engine, {"e": (p, SamplingParams(max_tokens=40, temperature=0.0))})["e"]
@@ -119,13 +120,13 @@ def test_seeded_sampling_with_speculation_is_reproducible(spec_models, tree_size
     params = SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=77, ignore_eos=True)
     runs = []
     for _ in range(2):
-        engine = make_engine(spec_models, tree_size=tree_size)
+        engine = spec_engine(spec_models, tree_size=tree_size)
         runs.append(tokens(run_all(engine, {"s": (make_prompts()[4], params)})["s"]))
     assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
 def test_poisoned_draft_falls_back_without_losing_jobs(spec_models, plain_reference) -> None:
-    engine = make_engine(spec_models, draft="poisoned_draft")
+    engine = spec_engine(spec_models, draft="poisoned_draft")
     outs = run_all(engine, {str(i): (p, greedy(24 + i % 9)) for i, p in enumerate(make_prompts()[:8])})
     assert {rid: tokens(o) for rid, o in outs.items()} == {str(i): plain_reference[str(i)] for i in range(8)}
     assert engine.speculator.stats.num_fallbacks == 8
@@ -133,7 +134,7 @@ def test_poisoned_draft_falls_back_without_losing_jobs(spec_models, plain_refere
 
 
 def test_useless_draft_falls_back_after_patience(spec_models, plain_reference) -> None:
-    engine = make_engine(
+    engine = spec_engine(
         spec_models, draft="random_draft", spec_fallback_patience_steps=4, spec_fallback_acceptance=0.3
     )
     outs = run_all(engine, {"0": (make_prompts()[0], greedy(24))})
@@ -144,7 +145,7 @@ def test_useless_draft_falls_back_after_patience(spec_models, plain_reference) -
 
 def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
-    engine = make_engine(models, draft="same", is_adaptive=False, num_speculative_tokens=4)
+    engine = spec_engine(models, draft="same", is_adaptive=False, num_speculative_tokens=4)
     out = run_all(engine, {"a": (make_prompts()[1], greedy(21))})["a"]
     metrics = out[-1].metrics
     assert metrics["acceptance_rate"] == 1.0 and metrics["mean_accepted_tokens"] == 5.0
@@ -158,7 +159,7 @@ def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
 
 
 def test_large_batches_switch_speculation_off(spec_models) -> None:
-    engine = make_engine(spec_models, spec_max_batch_size=4)
+    engine = spec_engine(spec_models, spec_max_batch_size=4)
     run_all(engine, {str(i): (p, greedy(10)) for i, p in enumerate(make_prompts()[:12])})
     assert engine.speculator.stats.counts.num_steps == 0
     run_all(engine, {"solo": (make_prompts()[0], greedy(10))})
@@ -166,7 +167,7 @@ def test_large_batches_switch_speculation_off(spec_models) -> None:
 
 
 def test_engine_speculation_metrics_per_position(spec_models) -> None:
-    engine = make_engine(spec_models, is_adaptive=False, num_speculative_tokens=3)
+    engine = spec_engine(spec_models, is_adaptive=False, num_speculative_tokens=3)
     run_all(engine, {str(i): (p, greedy(20)) for i, p in enumerate(make_prompts()[:6])})
     counts = engine.speculator.stats.counts
     rates = counts.per_position_acceptance()
@@ -177,7 +178,7 @@ def test_engine_speculation_metrics_per_position(spec_models) -> None:
 
 def test_a_tree_cut_by_the_batch_budget_becomes_a_chain(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
-    engine = make_engine(
+    engine = spec_engine(
         models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False, spec_batch_token_budget=4
     )  # one sequence: 4 - 1 = 3 spare target tokens, too few for the 6-node tree
 
@@ -190,7 +191,7 @@ def test_a_tree_cut_by_the_batch_budget_becomes_a_chain(spec_models) -> None:
 
 def test_a_full_size_tree_is_proposed_when_the_budget_allows(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
-    engine = make_engine(models, draft="same", tree_size=6, tree_branching=2, spec_batch_token_budget=64)
+    engine = spec_engine(models, draft="same", tree_size=6, tree_branching=2, spec_batch_token_budget=64)
 
     run_all(engine, {"a": (make_prompts()[1], greedy(13))})
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from workers.engine.sampling import logits_to_probs
+from workers.spec.distributions import logits_to_probs
 from workers.spec.tree import TokenTree
 from workers.spec.verifier import verify_chain, verify_chains, verify_tree
 

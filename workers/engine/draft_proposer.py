@@ -3,14 +3,15 @@
 The draft keeps its own paged KV (same block ids as the target, see BlockManager) with a valid prefix of
 `spec.draft_num_computed` tokens. Each proposal first catches the draft up on the committed tokens it has
 not seen (the previous step's accepted and bonus tokens, or the whole prompt the first time), then runs
-one forward per further draft position.
+one forward per further draft position. The proposer only reads its sequences: each Proposal says how far
+the draft cache is valid afterwards (draft_num_computed), and the engine records it.
 """
 
 import torch
 
 from workers.engine.model_runner import ForwardItem, ModelRunner
-from workers.engine.sampling import logits_to_probs
 from workers.engine.sequence import Sequence
+from workers.spec.distributions import GreedyRows, row_distributions
 from workers.spec.proposal import Proposal
 from workers.spec.tree import ROOT, TreeBuilder
 
@@ -22,22 +23,12 @@ class DraftFailure(RuntimeError):
 def draft_distributions(
     logits: torch.Tensor,  # [n, V] draft logits
     seqs: list[Sequence],  # [n] the sequence of each row
-    plain_for_greedy: bool,
+    greedy_rows: GreedyRows,  # ONE_HOT for chains; SOFTMAX when the caller ranks candidates (greedy trees)
 ) -> torch.Tensor:  # [n, V] float32
-    """q per row: the request's sampling transform (as for the target); greedy rows -> one-hot, or the plain
-    softmax when the caller ranks candidates (greedy trees)."""
+    """q per row: the request's sampling transform, the same as the target's (see row_distributions)."""
     if not torch.isfinite(logits).all():
         raise DraftFailure("draft logits are not finite")
-    params = [s.params for s in seqs]
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    if plain_for_greedy:
-        temperature = torch.where(temperature == 0.0, torch.ones_like(temperature), temperature)
-    return logits_to_probs(
-        logits,
-        temperature=temperature,
-        top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-    )
+    return row_distributions(logits, [s.params for s in seqs], greedy_rows)
 
 
 class DraftProposer:
@@ -45,16 +36,13 @@ class DraftProposer:
         self.runner = runner
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:  # [B, V] draft logits after each last token
+        """Feed each sequence's committed tokens the draft has not seen; its cache then holds len(seq)."""
         items = []
         for seq in seqs:
             assert seq.spec is not None
             start = min(seq.spec.draft_num_computed, len(seq) - 1)
             items.append(ForwardItem(seq.token_ids[start:], start, seq.block_table, num_logits=1))
-        logits = self.runner.forward(items)
-        for seq in seqs:
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq)
-        return logits
+        return self.runner.forward(items)
 
     def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         """k_i draft tokens per sequence; the draft cache ends valid for len + k_i - 1 tokens."""
@@ -69,7 +57,7 @@ class DraftProposer:
                     for i in active
                 ]
                 logits = self.runner.forward(items)  # [A, V]
-            q = draft_distributions(logits, [seqs[i] for i in active], plain_for_greedy=False)  # [A, V]
+            q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
             for row, i in enumerate(active):
                 seq = seqs[i]
                 if seq.params.is_greedy:
@@ -78,10 +66,10 @@ class DraftProposer:
                     tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
                     probs[i].append(q[row])
             active = [i for i in active if ks[i] > j + 1]
-        for seq, k in zip(seqs, ks, strict=True):
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq) + k - 1
-        return [Proposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
+        return [
+            Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) + k - 1)
+            for seq, k, t, p in zip(seqs, ks, tokens, probs, strict=True)
+        ]
 
     def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
         """A token tree of up to sizes[i] nodes per sequence, grown level by level (see TreeBuilder)."""
@@ -89,7 +77,7 @@ class DraftProposer:
             TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
         ]
         logits = self._catch_up(seqs)  # [B, V]
-        q = draft_distributions(logits, seqs, plain_for_greedy=True)  # [B, V]
+        q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
         for b, builder in enumerate(builders):
             builder.expand(q[b : b + 1])
         while True:
@@ -99,7 +87,7 @@ class DraftProposer:
             items = [self._frontier_item(seqs[b], builders[b]) for b in active]
             logits = self.runner.forward(items)  # [sum of frontier sizes, V]
             owners = [seqs[b] for b in active for _ in builders[b].frontier]
-            q = draft_distributions(logits, owners, plain_for_greedy=True)
+            q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)
             row = 0
             for b in active:
                 width = len(builders[b].frontier)
@@ -107,10 +95,9 @@ class DraftProposer:
                 row += width
         proposals = []
         for seq, builder in zip(seqs, builders, strict=True):
-            assert seq.spec is not None
-            seq.spec.draft_num_computed = len(seq)  # tree slots are scratch; accepted tokens are re-fed
             tree, tree_probs = builder.build()
-            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree))
+            # tree slots are scratch: the draft cache stays valid for the committed tokens, accepted ones are re-fed
+            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree, draft_num_computed=len(seq)))
         return proposals
 
     @staticmethod

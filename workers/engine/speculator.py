@@ -1,36 +1,51 @@
-"""Speculative decoding inside continuous batching: who speculates how much, proposing, verifying, committing.
+"""Speculative decoding inside continuous batching: who speculates how much, proposing, verifying.
 
 Per step, for every decoding sequence that speculates: `lookahead` (asked by the scheduler) decides its
 k (or tree size) from its own acceptance and the batch; `propose` runs the n-gram index or the draft model;
-the engine scores everything in ONE target forward; `verify` accepts; `commit` rolls the draft/n-gram
-state forward and moves accepted tree K/V into place. A failing draft makes its sequences fall back to
-plain decoding (counted) and the step goes on.
+the engine scores everything in ONE target forward; `verify` accepts. The speculator reads sequences and
+returns values (ProposeOutput, Verdicts): the engine applies them (workers/engine/apply.py). A failing draft
+makes its sequences fall back to plain decoding (the engine counts it) and the step goes on.
 """
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 
+from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
+from workers.engine.draft_proposer import DraftProposer
 from workers.engine.errors import InvalidRequestError
-from workers.engine.model_runner import ModelRunner
 from workers.engine.sampling_params import SamplingParams
+from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, batch_k_limit
-from workers.spec.draft_proposer import DraftProposer
 from workers.spec.ngram import NgramIndex
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.state import SpecState, SpecStats
-from workers.spec.verify_batch import verify_batch
+from workers.spec.verify_batch import VerifyEntry, verify_batch
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class ProposeOutput:
+    """What proposing returns for one step; the engine applies it before the target forward."""
+
+    # request_id -> its proposal; a draft-model proposal may hold no tokens (its draft_num_computed still applies)
+    proposals: dict[str, Proposal] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)  # request_id -> why it stops speculating for good
+
+    @property
+    def to_verify(self) -> dict[str, Proposal]:
+        """request_id -> the proposals with at least one token: the draft tokens the target scores this step."""
+        return {rid: p for rid, p in self.proposals.items() if p.num_tokens}
+
+
 class Speculator:
-    def __init__(self, cfg: EngineConfig, target: ModelRunner, draft: DraftProposer | None, max_model_len: int) -> None:
+    def __init__(self, cfg: EngineConfig, draft: DraftProposer | None, max_model_len: int) -> None:
         self.cfg = cfg
-        self.target = target
         self.draft = draft
         self.max_model_len = max_model_len
         self.adaptive = AdaptiveConfig(
@@ -42,16 +57,16 @@ class Speculator:
             batch_token_budget=cfg.spec_batch_token_budget,
             max_spec_batch_size=cfg.spec_max_batch_size,
         )
-        self.stats = SpecStats()
+        self.stats = SpecStats()  # engine-wide figures; draft time here, the rest where the engine applies
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
-        method = params.speculative or self.cfg.speculative_method
-        if method == "none":
+        method = SpeculativeMethod(params.speculative or self.cfg.speculative_method)
+        if method is SpeculativeMethod.NONE:
             return None
-        if method == "draft" and self.draft is None:
+        if method is SpeculativeMethod.DRAFT and self.draft is None:
             raise InvalidRequestError("speculative", "this engine has no draft model; use 'ngram' or 'none'")
         ngram = None
-        if method == "ngram":
+        if method is SpeculativeMethod.NGRAM:
             ngram = NgramIndex(self.cfg.ngram_min_n, self.cfg.ngram_max_n)
             ngram.extend(prompt_ids)
         controller = SpecLengthController(self.adaptive)
@@ -60,7 +75,7 @@ class Speculator:
         return SpecState(method=method, controller=controller, ngram=ngram)
 
     def uses_tree(self, spec: SpecState) -> bool:
-        return spec.method == "draft" and self.cfg.tree_size > 0
+        return spec.method is SpeculativeMethod.DRAFT and self.cfg.tree_size > 0
 
     # ---- before the forward ---------------------------------------------------------------------
     def lookahead(self, seq: Sequence, batch_size: int) -> int:
@@ -81,85 +96,49 @@ class Speculator:
         useful = seq.params.max_tokens - seq.num_output_tokens - 1  # the step adds one token on top
         return max(0, min(want, useful, self.max_model_len - len(seq)))
 
-    def propose(self, seqs: list[Sequence], sizes: list[int]) -> dict[str, Proposal]:
-        proposals: dict[str, Proposal] = {}
-        by_draft: list[tuple[Sequence, int]] = []
-        for seq, size in zip(seqs, sizes, strict=True):
-            assert seq.spec is not None
-            if seq.spec.ngram is not None:
-                tokens = seq.spec.ngram.propose(size)
+    def propose(self, speculating: list[ScheduledSeq]) -> ProposeOutput:
+        """Up to num_lookahead draft tokens for each entry; reads the sequences, writes none of them."""
+        out = ProposeOutput()
+        by_draft: list[ScheduledSeq] = []
+        for s in speculating:
+            assert s.seq.spec is not None
+            if s.seq.spec.ngram is not None:
+                tokens = s.seq.spec.ngram.propose(s.num_lookahead)
                 if tokens:
-                    proposals[seq.request_id] = Proposal(tokens, None)
+                    out.proposals[s.request_id] = Proposal(tokens, None)
             else:
-                by_draft.append((seq, size))
+                by_draft.append(s)
         if by_draft:
             start_s = time.perf_counter()
-            proposals.update(self._propose_with_draft(by_draft))
+            self._propose_with_draft(by_draft, out)
             self.stats.draft_time_s += time.perf_counter() - start_s
-        return proposals
+        return out
 
-    def _propose_with_draft(self, entries: list[tuple[Sequence, int]]) -> dict[str, Proposal]:
+    def _propose_with_draft(self, entries: list[ScheduledSeq], out: ProposeOutput) -> None:
         """Full-size token trees where the budget allows one, chains for the rest (see lookahead)."""
         assert self.draft is not None
         tree_size = self.cfg.tree_size
-        by_shape: dict[bool, list[tuple[Sequence, int]]] = {True: [], False: []}  # is a tree -> entries
-        for seq, size in entries:
-            by_shape[bool(tree_size) and size >= tree_size].append((seq, size))
-        made: list[tuple[Sequence, Proposal]] = []
+        by_shape: dict[bool, list[ScheduledSeq]] = {True: [], False: []}  # is a tree -> entries
+        for s in entries:
+            by_shape[bool(tree_size) and s.num_lookahead >= tree_size].append(s)
+        made: dict[str, Proposal] = {}
         try:
             for is_tree, group in by_shape.items():
                 if not group:
                     continue
-                seqs, sizes = [seq for seq, _ in group], [size for _, size in group]
+                seqs, sizes = [s.seq for s in group], [s.num_lookahead for s in group]
                 if is_tree:
                     proposed = self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching)
                 else:
                     proposed = self.draft.propose_chains(seqs, sizes)
-                made += zip(seqs, proposed, strict=True)
+                made.update((s.request_id, p) for s, p in zip(group, proposed, strict=True))
         except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
             log.exception("draft proposer failed; %d sequences fall back to plain decoding", len(entries))
-            for seq, _ in entries:
-                self._fall_back(seq, "draft_error")
-            return {}
-        return {seq.request_id: p for seq, p in made if p.num_tokens}
+            out.fallbacks.update((s.request_id, "draft_error") for s in entries)
+            return
+        out.proposals.update(made)
 
     # ---- after the forward ----------------------------------------------------------------------
-    def verify(self, entries: list[tuple[Sequence, Proposal | None]], logits: torch.Tensor) -> list[Verdict]:
+    def verify(self, entries: list[VerifyEntry], logits: torch.Tensor) -> list[Verdict]:
         """logits: [S, V], each entry's 1 + num_tokens rows in order."""
         return verify_batch(entries, logits)
-
-    def commit(self, seq: Sequence, proposal: Proposal | None, verdict: Verdict, old_len: int, appended: list[int]) -> None:
-        """Roll speculation state forward after `appended` (the verdict's tokens, cut at a stop) joined seq."""
-        spec = seq.spec
-        if spec is None:
-            return
-        if spec.ngram is not None:
-            spec.ngram.extend(appended)
-        if proposal is None:
-            return
-        if verdict.accepted_nodes:
-            self._move_tree_kv(seq, old_len, verdict.accepted_nodes)
-        if proposal.tree is None and spec.method == "draft":
-            spec.draft_num_computed = min(spec.draft_num_computed, old_len + verdict.num_accepted)
-        else:
-            spec.draft_num_computed = min(spec.draft_num_computed, old_len)
-        spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
-        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
-        if self.cfg.is_adaptive and proposal.tree is None:
-            if spec.controller.update(proposal.num_tokens, verdict.num_accepted):
-                self._fall_back(seq, "low_acceptance")
-
-    def _move_tree_kv(self, seq: Sequence, old_len: int, path: list[int]) -> None:
-        """Accepted node i sat in slot old_len + node; it belongs in slot old_len + depth."""
-        moves = [(old_len + node, old_len + depth) for depth, node in enumerate(path) if node != depth]
-        if moves:
-            self.target.copy_slots(
-                [self.target.slot(seq.block_table, src) for src, _ in moves],
-                [self.target.slot(seq.block_table, dst) for _, dst in moves],
-            )
-
-    def _fall_back(self, seq: Sequence, reason: str) -> None:
-        assert seq.spec is not None
-        if seq.spec.is_active:
-            seq.spec.fall_back(reason)
-            self.stats.num_fallbacks += 1

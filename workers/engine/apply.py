@@ -1,0 +1,116 @@
+"""Applying a step's results to its sequences: the one writer of Sequence and SpecState during a step.
+
+The scheduler hands out a plan (SchedulerOutput), proposers return a ProposeOutput, the verifier returns
+Verdicts; none of them writes to a sequence. The engine applies them here, in the step's order:
+- after proposing: each draft proposal's draft-cache length, and the fallbacks of a failed draft;
+- after verifying, per scheduled sequence: a prefill chunk short of the prompt's end advances its KV
+  counter; a sampling sequence advances it by its chunk plus the accepted draft tokens, appends the
+  verdict's tokens up to a stop, EOS or the length limit, and rolls speculation forward (n-gram index,
+  draft cache trimmed to what was kept, accepted tree K/V moved into place, acceptance counted, k adapted).
+Sequence status and KV blocks stay the scheduler's and the block manager's.
+"""
+
+from shared.speculation import SpeculativeMethod
+from workers.engine.model_runner import ModelRunner
+from workers.engine.scheduler_output import ScheduledSeq
+from workers.engine.sequence import Sequence
+from workers.engine.speculator import ProposeOutput
+from workers.spec.proposal import Proposal, Verdict
+from workers.spec.state import SpecStats
+
+
+class StepApplier:
+    def __init__(
+        self,
+        target: ModelRunner,  # its KV cache receives the accepted tree nodes' K/V
+        stats: SpecStats,  # engine-wide speculation figures (the speculator's)
+        is_adaptive: bool,  # speculation length follows acceptance (EngineConfig.is_adaptive)
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+    ) -> None:
+        self.target = target
+        self.stats = stats
+        self.is_adaptive = is_adaptive
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+
+    # ---- after proposing ----------------------------------------------------------------------------
+    def apply_proposals(self, proposed: ProposeOutput, sequences: dict[str, Sequence]) -> None:
+        for request_id, proposal in proposed.proposals.items():
+            spec = sequences[request_id].spec
+            if spec is not None and proposal.draft_num_computed is not None:
+                spec.draft_num_computed = proposal.draft_num_computed
+        for request_id, reason in proposed.fallbacks.items():
+            self._fall_back(sequences[request_id], reason)
+
+    # ---- after verifying ----------------------------------------------------------------------------
+    def apply_chunk(self, s: ScheduledSeq) -> None:
+        """A prefill chunk short of the prompt's end: its K/V are in the cache now."""
+        s.seq.num_computed_tokens += s.num_new_tokens
+
+    def apply_verdict(
+        self, s: ScheduledSeq, proposal: Proposal | None, verdict: Verdict, now_s: float
+    ) -> tuple[list[int], str | None]:  # (tokens appended, finish reason or None)
+        seq = s.seq
+        old_len = len(seq)
+        seq.num_computed_tokens += s.num_new_tokens + verdict.num_accepted
+        seq.first_token_time_s = seq.first_token_time_s or now_s
+        appended: list[int] = []
+        reason = None
+        for token in verdict.tokens:
+            appended.append(token)
+            reason = self._append_token(seq, token)
+            if reason is not None:
+                break  # nothing past a stop, EOS or the length limit is emitted
+        self._roll_speculation_forward(seq, proposal, verdict, old_len, appended)
+        return appended, reason
+
+    def _append_token(self, seq: Sequence, token: int) -> str | None:
+        """Append one token; returns the finish reason if the sequence is done."""
+        seq.token_ids.append(token)
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.detokenizer.push(token):
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _roll_speculation_forward(
+        self, seq: Sequence, proposal: Proposal | None, verdict: Verdict, old_len: int, appended: list[int]
+    ) -> None:
+        """After `appended` (the verdict's tokens, cut at a stop) joined seq."""
+        spec = seq.spec
+        if spec is None:
+            return
+        if spec.ngram is not None:
+            spec.ngram.extend(appended)
+        if proposal is None:
+            return
+        if verdict.accepted_nodes:
+            self._move_tree_kv(seq, old_len, verdict.accepted_nodes)
+        if proposal.tree is None and spec.method is SpeculativeMethod.DRAFT:
+            spec.draft_num_computed = min(spec.draft_num_computed, old_len + verdict.num_accepted)
+        else:
+            spec.draft_num_computed = min(spec.draft_num_computed, old_len)
+        spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
+        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
+        if self.is_adaptive and proposal.tree is None:
+            if spec.controller.update(proposal.num_tokens, verdict.num_accepted):
+                self._fall_back(seq, "low_acceptance")
+
+    def _move_tree_kv(self, seq: Sequence, old_len: int, path: list[int]) -> None:
+        """Accepted node i sat in slot old_len + node; it belongs in slot old_len + depth."""
+        moves = [(old_len + node, old_len + depth) for depth, node in enumerate(path) if node != depth]
+        if moves:
+            self.target.copy_slots(
+                [self.target.slot(seq.block_table, src) for src, _ in moves],
+                [self.target.slot(seq.block_table, dst) for _, dst in moves],
+            )
+
+    def _fall_back(self, seq: Sequence, reason: str) -> None:
+        assert seq.spec is not None
+        if seq.spec.is_active:
+            seq.spec.fall_back(reason)
+            self.stats.num_fallbacks += 1
