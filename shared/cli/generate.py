@@ -9,6 +9,7 @@ import typer
 
 from shared.speculation import SpeculativeMethod
 
+
 def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text")],
     target: Annotated[str | None, typer.Option(help="Target model dir (HF layout); default: the demo pair")] = None,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from shared.speculation import SpeculativeMethod
 from workers.engine.apply import StepApplier
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
@@ -44,6 +45,8 @@ class Engine:
         model = load_model(target_dir, dtype, cfg.max_model_len or None)
         self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
         draft = load_model(draft_dir, dtype, self.max_model_len) if draft_dir is not None else None
+        if draft is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
+            raise ValueError("speculative_method is draft but there is no draft model: give one, or choose ngram or none")
         if draft is not None and draft.cfg.vocab_size != model.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {model.cfg.vocab_size}")
         bytes_per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size)
@@ -83,8 +86,8 @@ class Engine:
         target_dir = cfg.target_dir
         if target_dir is not None:
             draft_dir = Path(cfg.draft_dir) if cfg.draft_dir else None
-            if draft_dir is None and cfg.speculative_method == "draft":
-                cfg = dataclasses.replace(cfg, speculative_method="ngram")
+            if draft_dir is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
+                cfg = dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NGRAM)
                 log.warning("no draft model configured: default speculation is ngram")
             return cls(cfg, Path(target_dir), draft_dir)
         # the engine builds no model: the caller fills in the demo pair first (workers/demo/resolve.py)

@@ -5,7 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, make_engine, run_all, tokens
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.sampling_params import SamplingParams
 
@@ -149,3 +152,14 @@ def test_request_larger_than_the_whole_kv_cache_is_refused(tiny_models: dict[str
     engine = make_engine(tiny_models["llama"], kv_cache_mb=8 / 1024)  # 8 blocks of 4 tokens
     with pytest.raises(PromptTooLongError):
         engine.add_request("big", [1] * 20, greedy(20))
+
+
+def test_the_draft_method_needs_a_draft_model(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="no draft model"):
+        make_engine(tiny_models["llama"], speculative_method="draft")
+    # from configuration (a worker given a target alone), the default method falls back to n-gram lookup
+    engine = Engine.from_config(EngineConfig(target_dir=str(tiny_models["llama"]), kv_cache_mb=4, num_threads=1))
+    assert EngineConfig().speculative_method is SpeculativeMethod.DRAFT
+    assert engine.cfg.speculative_method is SpeculativeMethod.NGRAM
+    out = run_all(engine, {"a": ([5, 9, 14, 5, 9, 14, 5, 9], greedy(8))})["a"]
+    assert out[-1].metrics["num_spec_steps"] > 0  # it speculated

@@ -54,7 +54,7 @@ def test_chunked_prefill_and_decode_logits_match(tiny_models: dict[str, Path], l
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_greedy_generation_matches_transformers(tiny_models: dict[str, Path], layout: str) -> None:
-    engine = Engine(EngineConfig(dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE), tiny_models[layout])
+    engine = Engine(EngineConfig(dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE, speculative_method="none"), tiny_models[layout])
     model = hf_model(tiny_models[layout])
     for seed, length in [(11, 3), (12, 20), (13, 57)]:
         prompt = random_prompt(length, seed)
