@@ -49,7 +49,7 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | None = Field(None, min_length=1)  # an empty prompt gives the model nothing to continue
+    prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
@@ -72,6 +72,15 @@ class JobRequest(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of `prompt` or `messages`")
         return self
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty_prompt(cls, value: str | None) -> str | None:
+        # not Field(min_length=1): a length constraint makes pydantic refuse a lone surrogate first, with a
+        # vaguer message than the gateway's own Unicode check (gateway/admission.py)
+        if value == "":
+            raise ValueError("the prompt must not be empty: it gives the model nothing to continue")
+        return value
 
     @field_validator("metadata")
     @classmethod

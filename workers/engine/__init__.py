@@ -3,6 +3,6 @@ speculator and draft proposer (orchestration over the runners), and the one plac
 results to its sequences (apply.py).
 
 May import: torch, transformers (tokenizers), the standard library, `shared`, `workers.models` and
-`workers.spec`. Never the worker, tasks, demo or bench code (Engine.from_config's demo-pair lookup aside,
-which is moving out), nor `gateway`. Nothing under `workers.spec` or `workers.models` imports the engine.
+`workers.spec`. Never the worker, tasks, demo or bench code (the demo pair is resolved by the caller:
+workers/demo/resolve.py), nor `gateway`. Nothing under `workers.spec` or `workers.models` imports the engine.
 """
