@@ -26,12 +26,18 @@ def test_path_fails_when_the_pair_is_not_built(tmp_path: Path) -> None:
     assert "not built" in result.output
 
 
-def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None:
-    directory = tmp_path / "models" / DEMO_RECIPE.name
+def built_pair_marker(home: Path, build_time_s: float) -> Path:
+    """The demo pair's directory under `home`, holding only the marker of a finished build of this recipe."""
+    directory = home / "models" / DEMO_RECIPE.name
     directory.mkdir(parents=True)
     (directory / BUILD_MARKER).write_text(
-        json.dumps({"fingerprint": DEMO_RECIPE.fingerprint(), "build_time_s": 1.0})
+        json.dumps({"fingerprint": DEMO_RECIPE.fingerprint(), "build_time_s": build_time_s})
     )
+    return directory
+
+
+def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None:
+    directory = built_pair_marker(tmp_path, build_time_s=1.0)
 
     result = runner.invoke(app, ["models", "path", "--home", str(tmp_path)])
 
@@ -40,11 +46,7 @@ def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None
 
 
 def test_build_demo_reports_an_existing_pair_without_building(tmp_path: Path) -> None:
-    directory = tmp_path / "models" / DEMO_RECIPE.name
-    directory.mkdir(parents=True)
-    (directory / BUILD_MARKER).write_text(
-        json.dumps({"fingerprint": DEMO_RECIPE.fingerprint(), "build_time_s": 201.5})
-    )
+    directory = built_pair_marker(tmp_path, build_time_s=201.5)
 
     result = runner.invoke(app, ["models", "build-demo", "--home", str(tmp_path)])
 
