@@ -57,7 +57,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
     field = _field_of(tuple(first.get("loc", ("body",))))
-    message = f"{field}: {first.get('msg', 'invalid value')}"
+    reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
+    message = f"{field}: {reason}"
     return error_response(422, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=message, field=field))
 
 

@@ -53,6 +53,11 @@ def test_schema_errors_are_422_with_the_field(
     assert all(rclient.xlen(keys.queue_stream(p.value)) == 0 for p in Priority)  # refused before anything is stored
 
 
+def test_empty_prompt_is_422_in_the_validators_words(http: httpx.Client) -> None:
+    error = http.post("/v1/jobs", json={"prompt": "", "max_tokens": 4}).json()["error"]
+    assert error["message"] == "prompt: the prompt must not be empty: it gives the model nothing to continue"
+
+
 def test_malformed_json_is_422(http: httpx.Client) -> None:
     response = http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 422
