@@ -22,6 +22,7 @@ from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, WebhookEvent
+from shared.submit import submit_call
 from workers.tasks import registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
@@ -53,8 +54,6 @@ def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float) -> Jo
 def expand(self: object, batch_id: str) -> str:
     """Submit the next chunk of lines as jobs at `batch` priority (Idempotency-Key per line: a redelivered
     task finds the same jobs), then re-enqueue itself until every line is a job."""
-    from shared.submit import submit_call
-
     r, settings = runtime.redis_client(), runtime.settings()
     fields = runtime.hgetall(keys.batch_hash(batch_id))
     if not fields:
