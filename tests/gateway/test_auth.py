@@ -18,7 +18,9 @@ from gateway.main import create_app
 from shared import keys
 from shared.api_keys import KeyRegistry, digest
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, create_key, wait_until
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import create_key
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

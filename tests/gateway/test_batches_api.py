@@ -9,9 +9,11 @@ import redis
 
 from shared import keys
 from shared.settings import ServiceSettings
-from tests.conftest import PlayedWorker, ThreadedGateway, wait_until
 from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.played_worker import PlayedWorker
 from tests.helpers.tasks import CeleryWorker, Receiver
+from tests.helpers.waiting import wait_until
 
 URLS = ("/v1/completions", "/v1/chat/completions", "/v1/jobs")
 

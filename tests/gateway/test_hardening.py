@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway
+from tests.helpers.gateway import ThreadedGateway
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import redis
 from shared import keys
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, submit_job, wait_until
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import QueueReader
 

@@ -10,8 +10,10 @@ import redis
 
 from shared import keys
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, create_key, wait_until
 from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import create_key
+from tests.helpers.waiting import wait_until
 
 MODEL = "target"  # the tiny pair's target directory name
 GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 12}

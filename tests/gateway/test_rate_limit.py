@@ -11,7 +11,9 @@ import pytest
 import redis
 
 from shared.settings import ServiceSettings
-from tests.conftest import PlayedWorker, ThreadedGateway, create_key
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.played_worker import PlayedWorker
+from tests.helpers.redis_fixtures import create_key
 
 PERIOD_S = 2.0
 

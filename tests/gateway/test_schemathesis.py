@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, create_key, wait_until
 from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import create_key
+from tests.helpers.waiting import wait_until
 
 CHECKS = (
     "not_a_server_error",

@@ -10,7 +10,8 @@ import redis
 
 from shared.client import FleetClient, SseEvent, iter_sse
 from shared.settings import ServiceSettings
-from tests.conftest import PlayedWorker, ThreadedGateway
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.played_worker import PlayedWorker
 
 NUM_STEPS = 40
 

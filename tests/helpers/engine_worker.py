@@ -13,7 +13,7 @@ import redis
 
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
-from tests.conftest import FAST_TIMINGS
+from tests.helpers.redis_fixtures import FAST_TIMINGS
 
 
 class EngineThread:

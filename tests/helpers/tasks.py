@@ -20,8 +20,8 @@ from shared.procs import die_with_parent
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from shared.webhook_signing import verify
-from tests.conftest import wait_until
 from tests.helpers import REPO_ROOT
+from tests.helpers.waiting import wait_until
 
 # Fast retries so that a test sees several attempts in well under a second.
 TASK_TIMINGS = {

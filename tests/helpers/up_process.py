@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import FAST_TIMINGS
 from tests.helpers import REPO_ROOT
+from tests.helpers.redis_fixtures import FAST_TIMINGS
 
 GATEWAY_LINE = "specfleet: gateway at "
 API_KEY_LINE = "specfleet: api key "

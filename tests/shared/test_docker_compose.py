@@ -15,7 +15,8 @@ import yaml
 
 from shared.redis_server import find_redis_server, free_port
 from shared.settings import ServiceSettings
-from tests.conftest import create_key, wait_until
+from tests.helpers.redis_fixtures import create_key
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import httpx
 
 from shared.settings import ServiceSettings
-from tests.conftest import ThreadedGateway, wait_until
 from tests.helpers import REPO_ROOT
 from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.tasks import CeleryWorker, settings_env
+from tests.helpers.waiting import wait_until
 
 
 def cli(settings: ServiceSettings, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ThreadedGateway
 from tests.helpers import REPO_ROOT
+from tests.helpers.gateway import ThreadedGateway
 
 HTTPX_LINE = "HTTP Request: POST"
 

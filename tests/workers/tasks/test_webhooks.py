@@ -7,9 +7,11 @@ import pytest
 import redis
 
 from shared.settings import ServiceSettings
-from tests.conftest import PlayedWorker, ThreadedGateway, wait_until
 from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.played_worker import PlayedWorker
 from tests.helpers.tasks import CeleryWorker, Receiver
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture
@@ -162,7 +164,7 @@ def test_a_keys_own_webhook_secret_signs_its_jobs_webhooks(
     engine_worker: EngineThread,
 ) -> None:
     from shared.webhook_signing import InvalidSignature, verify
-    from tests.conftest import create_key
+    from tests.helpers.redis_fixtures import create_key
 
     assert hook_settings.redis_url is not None
     key, secret = create_key(hook_settings.redis_url, "tenant")

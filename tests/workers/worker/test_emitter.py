@@ -7,7 +7,8 @@ import redis
 
 from shared import keys
 from shared.settings import ServiceSettings
-from tests.conftest import StepOut, submit_job
+from tests.helpers.played_worker import step_output
+from tests.helpers.redis_fixtures import submit_job
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import QueueReader
 
@@ -36,7 +37,7 @@ def test_one_step_of_many_jobs_is_one_round_trip(
         lambda self, *a, **k: round_trips.append(1) or original(self, *a, **k),
     )
     evalsha_before = rclient.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    emitter.emit(running, [StepOut(job_id, [1, 2], "ab") for job_id in jobs])
+    emitter.emit(running, [step_output(job_id, [1, 2], "ab") for job_id in jobs])
     assert len(round_trips) == 1
     assert rclient.info("commandstats")["cmdstat_evalsha"]["calls"] - evalsha_before == 3
     for job_id in jobs:
@@ -52,9 +53,9 @@ def test_one_step_of_many_jobs_is_one_round_trip(
 def test_finish_exactly_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
     (job_id,), running = _start(rclient, settings, 1)
     emitter = Emitter(rclient, settings)
-    emitter.emit(running, [StepOut(job_id, [1], "a")])
-    final = StepOut(
-        job_id, [2], "b", finished=True, finish_reason="stop", metrics={"ttft_ms": 3.5, "other": 1.0}
+    emitter.emit(running, [step_output(job_id, [1], "a")])
+    final = step_output(
+        job_id, [2], "b", finish_reason="stop", metrics={"ttft_ms": 3.5, "other": 1.0}
     )
     assert emitter.emit(running, [final]) == ([job_id], [])
     assert emitter.emit(running, [final]) == (

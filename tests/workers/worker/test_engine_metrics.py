@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared import keys
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
-from tests.conftest import submit_job, wait_until
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
 from workers.worker.engine_metrics import SpecSnapshot, _accepted_length_histogram
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,7 +6,8 @@ import redis
 
 from shared import keys
 from shared.settings import ServiceSettings
-from tests.conftest import submit_job, wait_until
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.queue_reader import QueueReader
 

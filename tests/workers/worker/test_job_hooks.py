@@ -6,7 +6,8 @@ import redis
 from shared import keys
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
-from tests.conftest import PlayedWorker, StepOut, submit_job
+from tests.helpers.played_worker import PlayedWorker, step_output
+from tests.helpers.redis_fixtures import submit_job
 from workers.worker.job_hooks import JobHooks
 
 
@@ -25,17 +26,17 @@ def test_start_and_throttled_output(rclient: redis.Redis, settings: ServiceSetti
     hooks.started("b", only_completed)
     hooks.started("c", JobRequest(prompt="x"))
     for _ in range(3):
-        hooks.emitted([StepOut(job, [1], "t") for job in ("a", "b", "c")])
-    hooks.emitted([StepOut("a", [2], "u", finished=True, finish_reason="stop")])
+        hooks.emitted([step_output(job, [1], "t") for job in ("a", "b", "c")])
+    hooks.emitted([step_output("a", [2], "u", finish_reason="stop")])
     assert notices(rclient) == [("a", "start"), ("a", "output")]
     settings.webhook_output_interval_ms = 0
     hooks = JobHooks(rclient, settings)
     hooks.started("d", wants_all)
-    hooks.emitted([StepOut("d", [1], "t")])
-    hooks.emitted([StepOut("d", [], "")])  # no new tokens: nothing to tell
-    hooks.emitted([StepOut("d", [2], "t")])
+    hooks.emitted([step_output("d", [1], "t")])
+    hooks.emitted([step_output("d", [], "")])  # no new tokens: nothing to tell
+    hooks.emitted([step_output("d", [2], "t")])
     hooks.forget(["d"])
-    hooks.emitted([StepOut("d", [3], "t")])
+    hooks.emitted([step_output("d", [3], "t")])
     assert notices(rclient)[2:] == [("d", "start"), ("d", "output"), ("d", "output")]
 
 

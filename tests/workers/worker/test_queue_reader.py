@@ -8,7 +8,9 @@ import redis
 from shared import keys
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
-from tests.conftest import StepOut, submit_job, wait_until
+from tests.helpers.played_worker import step_output
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import PriorityOrder, QueueReader
 
@@ -100,13 +102,13 @@ def test_dead_worker_job_is_reclaimed_and_resumed(rclient: redis.Redis, settings
     lease = dead.pull(1)[0]
     emitter = Emitter(rclient, settings)
     running = {job_id: Running(job_id, lease.attempt, prompt_tokens=3)}
-    emitter.emit(running, [StepOut(job_id, [5, 6], "ab")])
+    emitter.emit(running, [step_output(job_id, [5, 6], "ab")])
     alive = _reader(rclient, settings, "alive")
     assert alive.pull(1) == []  # not idle long enough yet
     resumed = wait_until(lambda: alive.pull(1), timeout_s=5, what="the reclaim")[0]
     assert resumed.job_id == job_id and resumed.attempt == 2
     assert (resumed.resumed_text, resumed.resumed_token_ids) == ("ab", [5, 6])
-    assert emitter.emit(running, [StepOut(job_id, [7], "c")]) == ([], [job_id])  # the old attempt is out
+    assert emitter.emit(running, [step_output(job_id, [7], "c")]) == ([], [job_id])  # the old attempt is out
     assert rclient.hget(keys.job_hash(job_id), "text") == "ab"
 
 
@@ -129,7 +131,7 @@ def test_hand_back_requeues_with_progress(rclient: redis.Redis, settings: Servic
     job_id = submit_job(rclient, settings)
     leaving = _reader(rclient, settings, "leaving")
     lease = leaving.pull(1)[0]
-    Emitter(rclient, settings).emit({job_id: Running(job_id, 1, 3)}, [StepOut(job_id, [1, 2], "xy")])
+    Emitter(rclient, settings).emit({job_id: Running(job_id, 1, 3)}, [step_output(job_id, [1, 2], "xy")])
     assert leaving.hand_back(lease) == "ok"
     job = rclient.hgetall(keys.job_hash(job_id))
     assert job["status"] == "queued" and job["deliveries"] == "0"

@@ -14,7 +14,8 @@ import redis
 from shared import keys
 from shared.client import FleetClient
 from shared.redis_server import RedisServer
-from tests.conftest import ThreadedGateway, wait_until
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER_ENV = {

@@ -10,7 +10,8 @@ import redis
 from shared import keys
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
-from tests.conftest import FAST_TIMINGS, submit_job, wait_until
+from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from tests.helpers.waiting import wait_until
 from workers.worker.main import Worker
 
 MAX_TOKENS = 480

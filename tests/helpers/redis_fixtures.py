@@ -1,0 +1,73 @@
+"""One real redis-server per test session (flushed per test), service settings pointing at it with fast
+timings, API keys in it, and jobs queued straight through the SUBMIT script."""
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import lua
+from shared.api_keys import ApiKey, KeyRegistry
+from shared.redis_server import RedisServer
+from shared.schemas import JobRequest
+from shared.settings import ServiceSettings
+from shared.submit import submit_call
+
+FAST_TIMINGS = {
+    "heartbeat_interval_s": 0.2,
+    "claim_timeout_s": 1.0,
+    "reclaim_interval_s": 0.2,
+    "sse_keepalive_s": 1.0,
+    "idle_block_ms": 50,
+    "model_info_refresh_s": 0.0,
+    "shutdown_grace_s": 0.0,
+}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def rclient(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def settings(redis_url: str, tmp_path: Path) -> ServiceSettings:
+    return ServiceSettings(redis_url=redis_url, redis_dir=tmp_path / "redis", **FAST_TIMINGS)  # type: ignore[arg-type]
+
+
+def create_key(redis_url: str, name: str = "test", **limits: object) -> tuple[ApiKey, str]:
+    """A new API key in the test Redis (unlimited unless limits are given) -> (its record, its secret)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        options = {"requests_per_min": 0, "tokens_per_min": 0, "max_concurrent_jobs": 0, **limits}
+        return KeyRegistry(client).create(name, **options)  # type: ignore[arg-type]
+    finally:
+        client.close()
+
+
+def submit_job(
+    client: redis.Redis, settings: ServiceSettings, idempotency_key: str | None = None, **request: object
+) -> str:
+    """Queue a job straight through the SUBMIT script (what POST /v1/jobs runs), without a gateway."""
+    body = JobRequest.model_validate({"prompt": "hello", **request})
+    keys_, args = submit_call(body, uuid.uuid4().hex, idempotency_key, settings)
+    result = client.register_script(lua.SUBMIT)(keys=keys_, args=args)
+    assert result[0] in ("ok", "dup"), result
+    return str(result[1])
