@@ -16,6 +16,7 @@ from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
+from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
@@ -85,6 +86,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Prefer"],
             expose_headers=["x-specfleet-job-id", "Retry-After", "Location"],
         )
+    app.add_middleware(RequestMetrics)  # added last: outermost
     return app
 
 

@@ -26,6 +26,7 @@ from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 from workers.worker.emitter import Emitter, Running
+from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
@@ -228,6 +229,8 @@ class Worker:
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
 
     def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.job_finished(JobOutcome.FAILED)
         self.emitter.fail(lease.job_id, lease.attempt, code, message, field_name)
         self._forget([lease.job_id])
 
