@@ -40,10 +40,13 @@ def gateway(
 ) -> None:
     """Serve the HTTP API (needs REDIS_URL)."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
+    from shared.logs import uvicorn_log_config
     from shared.settings import get_settings
 
     settings = get_settings()
+    log_config = uvicorn_log_config(settings.log_json)
     with _shared_metrics_dir(workers):
         uvicorn.run(
             "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
@@ -55,6 +58,7 @@ def gateway(
             log_level="info",
             ws="none",
             timeout_graceful_shutdown=5,
+            log_config=log_config or LOGGING_CONFIG,  # uvicorn's own unless JSON logs
         )
 
 

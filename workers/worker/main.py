@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import redis
 
-from shared import keys
+from shared import keys, logs
 from shared.job_state import ErrorCode
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
@@ -189,6 +189,10 @@ class Worker:
 
     # -- per job -------------------------------------------------------------------------------------------
     def _admit(self, lease: Lease) -> None:
+        with logs.bound(job_id=lease.job_id):
+            self._admit_job(lease)
+
+    def _admit_job(self, lease: Lease) -> None:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
@@ -248,7 +252,7 @@ class Worker:
         for job_id in job_ids:
             if job_id in self.running:
                 self.engine.abort(job_id)
-            log.info("dropped job %s (cancelled or taken over)", job_id)
+            log.info("dropped job %s (cancelled or taken over)", job_id, extra={"job_id": job_id})
         self._forget(list(job_ids))
 
     def _forget(self, job_ids: list[str]) -> None:
