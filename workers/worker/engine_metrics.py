@@ -18,7 +18,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -115,6 +122,7 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
         self.batch_size = Gauge("specfleet_engine_batch_size", "Sequences advanced by the last step", registry=r)
         self.kv_blocks_used = Gauge("specfleet_engine_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_blocks_free = Gauge("specfleet_engine_kv_blocks_free", "KV cache blocks free", registry=r)
