@@ -18,7 +18,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -61,3 +61,9 @@ def render() -> bytes:
         MultiProcessCollector(registry)
         return generate_latest(registry)
     return generate_latest(REGISTRY)
+
+
+def process_exiting() -> None:
+    """This gateway process stops: its live gauges (open SSE streams) leave the sum the others report."""
+    if os.environ.get(MULTIPROC_DIR_ENV):
+        mark_process_dead(os.getpid())
