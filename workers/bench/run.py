@@ -111,11 +111,11 @@ def bench_report_command(quick: bool, json_path: str | None, out: str | None = N
     from workers.demo.corpus import held_out_prompts
     from workers.engine.config import EngineConfig
 
+    today, commit = datetime.date.today(), git_commit()  # of the code measured, taken before it runs
     plan = ReportPlan.of(quick)
     pair = ensure_demo_pair()
     prompts = held_out_prompts(max(plan.engine.num_bs1_prompts, plan.spec.num_bs1_prompts, 8))
     results = run_benches((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
-    today, commit = datetime.date.today(), git_commit()
     meta = {"date": today.isoformat(), "commit": commit, "quick": quick, "model": pair.target_dir.parent.name,
             "new_tokens": plan.spec.num_new_tokens}
     path = write_report(results, Path(out) if out else default_out_dir(today, commit), meta)
