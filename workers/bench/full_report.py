@@ -97,6 +97,14 @@ def _ratios(ratios: dict[str, float]) -> str:
     return "\n".join(f"- `{key}`: {value:.3f}" for key, value in ratios.items())
 
 
+def _load_line(meta: dict[str, Any], cores: int | None) -> str:
+    if "load_avg_1min" not in meta:
+        return ""
+    start, end = meta["load_avg_1min"]
+    busy = " (more than the cores: other work shared the machine, absolute figures are low)" if max(start, end) > (cores or 1) else ""
+    return f"Load average (1 min) at the start and end: {start:.1f} / {end:.1f}{busy}."
+
+
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     machine = machine_info(**meta)
     e2e_rows = results["e2e"]["rows"]
@@ -109,6 +117,7 @@ differ by ±20 % between runs (README, "Benchmarks").
 
 Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} ({machine['cpu_capability']}),
 dtype {results['spec'].get('dtype', '?')}, {meta['new_tokens']} new tokens per request (greedy, EOS ignored).
+{_load_line(meta, machine['cores'])}
 
 ## Throughput against batch size
 

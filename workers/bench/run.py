@@ -96,6 +96,7 @@ def print_e2e(result: dict) -> None:
 
 def bench_report_command(quick: bool, json_path: str | None, out: str | None = None) -> int:
     import datetime
+    import os
     from pathlib import Path
 
     from workers.bench.full_report import (
@@ -112,12 +113,13 @@ def bench_report_command(quick: bool, json_path: str | None, out: str | None = N
     from workers.engine.config import EngineConfig
 
     today, commit = datetime.date.today(), git_commit()  # of the code measured, taken before it runs
+    load_start = os.getloadavg()[0]
     plan = ReportPlan.of(quick)
     pair = ensure_demo_pair()
     prompts = held_out_prompts(max(plan.engine.num_bs1_prompts, plan.spec.num_bs1_prompts, 8))
     results = run_benches((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
     meta = {"date": today.isoformat(), "commit": commit, "quick": quick, "model": pair.target_dir.parent.name,
-            "new_tokens": plan.spec.num_new_tokens}
+            "new_tokens": plan.spec.num_new_tokens, "load_avg_1min": [load_start, os.getloadavg()[0]]}
     path = write_report(results, Path(out) if out else default_out_dir(today, commit), meta)
     typer.echo(print_summary(results))
     typer.echo(f"\nreport: {path}")
