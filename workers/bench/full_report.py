@@ -135,7 +135,8 @@ benchmark, run just before it; transformers' assisted generation and prompt look
 ![tau and acceptance per position]({FIGURES['speculation']})
 
 τ = tokens emitted per target pass while speculating (accepted drafts + one); acceptance at position i =
-drafts that reached depth i and were accepted there.
+the share of the steps whose draft reached depth i that had it accepted (the adaptive speculation length
+decides how often a depth is drafted at all; rarely drafted depths are left out of the plot).
 
 ## Fleet time to first token
 

@@ -12,6 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 DPI = 120
+MIN_DRAFTS = 20  # a draft position shown in the acceptance plot was verified at least this often
 SD_LABELS = {"sd_draft_chain": "SD: draft chain", "sd_draft_tree": "SD: draft tree", "sd_ngram": "SD: n-gram"}
 COLORS = {"plain": "#333333", "sd_draft_chain": "#1f77b4", "sd_draft_tree": "#2ca02c", "sd_ngram": "#ff7f0e",
           "hf": "#d62728", "fleet": "#1f77b4", "engine": "#7f7f7f"}
@@ -30,7 +31,7 @@ def _batch_axis(ax: Axes, batches: list[int]) -> None:
 
 
 def throughput(spec: dict[str, Any], engine: dict[str, Any], path: Path) -> None:
-    fig = Figure(figsize=(8, 5), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(10.5, 5), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     spec_rows, engine_rows = spec["rows"], engine["rows"]
     for system, label in (("plain", "specfleet plain"), *SD_LABELS.items()):
@@ -50,7 +51,7 @@ def throughput(spec: dict[str, Any], engine: dict[str, Any], path: Path) -> None
     ax.set_ylabel("generated tokens/s")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput against batch size (greedy, demo pair)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.savefig(path)
 
 
@@ -63,8 +64,9 @@ def speculation(spec: dict[str, Any], path: Path) -> None:
         xs, ys = _series(rows, system, "batch", "tau")
         tau_ax.plot(xs, ys, marker="o", color=COLORS[system], label=label)
         bs1 = next((r for r in rows if r["system"] == system and r["batch"] == 1), None)
-        rates = bs1.get("acceptance_per_position", []) if bs1 else []
-        pos_ax.plot(range(1, len(rates) + 1), rates, marker="o", color=COLORS[system], label=label)
+        per_position = bs1.get("acceptance_per_position", []) if bs1 else []
+        shown = [(i + 1, rate) for i, (rate, drafted) in enumerate(per_position) if drafted >= MIN_DRAFTS]
+        pos_ax.plot([p for p, _ in shown], [r for _, r in shown], marker="o", color=COLORS[system], label=label)
     _batch_axis(tau_ax, batches)
     tau_ax.axhline(1.0, color=COLORS["plain"], linestyle=":", label="plain decoding (1 token per pass)")
     tau_ax.set_xlabel("batch size")
@@ -77,7 +79,7 @@ def speculation(spec: dict[str, Any], path: Path) -> None:
     pos_ax.set_ylim(0, 1.05)
     pos_ax.xaxis.get_major_locator().set_params(integer=True)
     pos_ax.grid(True, alpha=0.3)
-    pos_ax.set_title("Acceptance per draft position (batch 1)")
+    pos_ax.set_title(f"Acceptance per draft position (batch 1; positions drafted ≥ {MIN_DRAFTS} times)")
     pos_ax.legend(fontsize=8)
     fig.savefig(path)
 

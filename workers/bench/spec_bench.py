@@ -123,14 +123,15 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
 
 
-def _per_position_since(counts: Any, drafted_before: list[int], accepted_before: list[int]) -> list[float]:
-    """[draft position] the share of drafts that reached this depth and were accepted there, in this run."""
-    rates = []
+def _per_position_since(counts: Any, drafted_before: list[int], accepted_before: list[int]) -> list[list[float]]:
+    """[draft position] -> [accepted / drafted, drafted]: of the steps of this run whose draft reached this
+    depth, the share accepted there, and how many there were."""
+    rates: list[list[float]] = []
     for i, drafted in enumerate(counts.drafted_per_position):
         drafted_now = drafted - (drafted_before[i] if i < len(drafted_before) else 0)
         accepted_now = counts.accepted_per_position[i] - (accepted_before[i] if i < len(accepted_before) else 0)
         if drafted_now > 0:
-            rates.append(accepted_now / drafted_now)
+            rates.append([accepted_now / drafted_now, drafted_now])
     return rates
 
 
