@@ -14,6 +14,7 @@ from gateway.errors import ApiError
 from gateway.metrics import JOBS_REJECTED
 from gateway.rate_limit import estimate_tokens
 from gateway.store import IdempotencyConflict, QueueFull, Submitted
+from shared import logs
 from shared.api_keys import ApiKey
 from shared.job_state import ErrorCode
 from shared.schemas import JobRequest
@@ -98,6 +99,7 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
     except BaseException:
         await gw.limiter.release(key, job_id)
         raise
+    logs.JOB_ID.set(submitted.job_id)  # the rest of this request logs about this job
     if not submitted.is_new:
         await gw.limiter.release(key, job_id)
     return Admitted(submitted, decision.headers)

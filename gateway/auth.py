@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
 from gateway.errors import ApiError
-from shared import api_keys, keys
+from shared import api_keys, keys, logs
 from shared.api_keys import ApiKey
 from shared.job_state import ErrorCode
 
@@ -46,6 +46,7 @@ async def api_key(request: Request, credentials: Credentials) -> ApiKey:
     if not key.is_active:
         log.info("refused revoked key %s", key.id)
         raise _unauthorized("this API key was revoked")
+    logs.KEY_NAME.set(key.name)  # this request's log records name the key (never its secret)
     return key
 
 
@@ -70,6 +71,8 @@ async def owned_resources(request: Request, key: CallerDep) -> ApiKey:
         ("batch_id", keys.batch_hash, "batch"),
     ):
         resource_id = request.path_params.get(param)
+        if param == "job_id" and resource_id is not None:
+            logs.JOB_ID.set(resource_id)
         if resource_id is None or key.is_admin:
             continue
         owner: str | None = await redis.hget(hash_of(resource_id), keys.OWNER_FIELD)

@@ -14,8 +14,10 @@ from gateway.auth import num_active_keys, owned_resources
 from gateway.body_limit import BodyLimit
 from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
+from gateway.metrics import process_exiting
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
+from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
@@ -64,6 +66,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         finally:
             await gateway.hub.stop()
             await redis.aclose()
+            process_exiting()
 
     # FastAPI's own OpenTelemetry hooks are off: /metrics (Prometheus) is this service's telemetry.
     telemetry: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
@@ -85,6 +88,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Prefer"],
             expose_headers=["x-specfleet-job-id", "Retry-After", "Location"],
         )
+    app.add_middleware(RequestMetrics)  # added last: outermost
     return app
 
 

@@ -101,5 +101,25 @@ class JobStore:
             pipe.xlen(keys.queue_stream(priority))
         return dict(zip([p.value for p in Priority], await pipe.execute(), strict=True))
 
+    async def oldest_waiting_age_s(self) -> dict[str, float]:
+        """Per priority, how long the oldest job that no worker has taken yet has waited (0: none waits):
+        the first entry after the consumer group's last-delivered id, aged by its id's time (Redis clock)."""
+        seconds, micros = await self.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        ages = {}
+        for priority in Priority:
+            stream = keys.queue_stream(priority)
+            try:
+                groups = await self.redis.xinfo_groups(stream)
+            except ResponseError:  # no stream yet: nothing waits
+                groups = []
+            last_id = next(
+                (g["last-delivered-id"] for g in groups if g["name"] == keys.CONSUMER_GROUP), "0-0"
+            )
+            oldest = await self.redis.xrange(stream, min=f"({last_id}", count=1)
+            enqueued_ms = int(str(oldest[0][0]).split("-")[0]) if oldest else now_ms
+            ages[priority.value] = max(0.0, (now_ms - enqueued_ms) / 1000)
+        return ages
+
     async def num_workers_alive(self, now_s: float) -> int:
         return int(await self.redis.zcount(keys.WORKERS_ZSET, now_s - self.settings.worker_ttl_s, "+inf"))

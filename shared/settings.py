@@ -112,6 +112,11 @@ class ServiceSettings(BaseSettings):
     # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
     batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
+    # Prometheus /metrics of the Celery worker (workers/tasks/metrics.py) on `host`; 0 = off
+    tasks_metrics_port: int = Field(default=0, ge=0, le=65535)
+
+    # logs: one JSON object a line (shared/logs.py) with job id and API key name; off = plain text
+    log_json: bool = False
 
     # API keys and per-key limits (gateway/auth.py, gateway/rate_limit.py); keys live hashed in Redis
     # (`specfleet keys create`). env prod: the gateway refuses to start while no active key exists.

@@ -4,12 +4,11 @@ import time
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from gateway.deps import AdminDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
-from gateway.metrics import QUEUE_DEPTH, WORKERS_ALIVE
+from gateway.metrics import CONTENT_TYPE, QUEUE_DEPTH, QUEUE_OLDEST_AGE, WORKERS_ALIVE, render
 from shared.job_state import ErrorCode
 from shared.schemas import ErrorResponse
 
@@ -55,8 +54,12 @@ async def readyz(gw: GatewayDep) -> Readiness:
     responses={code: METRICS_ERROR for code in (401, 403, 503)},
 )
 async def metrics(gw: GatewayDep, admin: AdminDep) -> Response:
-    """Prometheus text format (admin key only); queue depth and live workers are read from Redis at scrape time."""
+    """Prometheus text format (admin key only); queue depth, the oldest waiting job's age and live workers are
+    read from Redis at scrape time."""
+    now_s = time.time()
     for priority, depth in (await gw.store.queue_depths()).items():
         QUEUE_DEPTH.labels(priority).set(depth)
-    WORKERS_ALIVE.set(await gw.store.num_workers_alive(time.time()))
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    for priority, age_s in (await gw.store.oldest_waiting_age_s()).items():
+        QUEUE_OLDEST_AGE.labels(priority).set(age_s)
+    WORKERS_ALIVE.set(await gw.store.num_workers_alive(now_s))
+    return Response(render(), media_type=CONTENT_TYPE)

@@ -10,6 +10,7 @@ BENCHES = {
     "engine": "workers.bench.run:bench_engine_command",
     "spec": "workers.bench.run:bench_spec_command",
     "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo
+    "report": "workers.bench.run:bench_report_command",  # all three + a Markdown report; also takes --out DIR
 }
 
 
@@ -18,6 +19,9 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="A smaller run of the same measurement (< 3 min)")] = False,
     json_path: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     model: Annotated[str | None, typer.Option(help="e2e only: tiny (random weights, default) | demo")] = None,
+    out: Annotated[
+        str | None, typer.Option(help="report only: the report's folder (default: docs/bench/<date>-<commit>)")
+    ] = None,
 ) -> None:
     """Run a benchmark: print a table, optionally write JSON."""
     if name not in BENCHES:
@@ -26,8 +30,13 @@ def bench(
     if model is not None and name != "e2e":
         typer.echo("error: --model is an option of the e2e benchmark only", err=True)
         raise typer.Exit(2)
+    if out is not None and name != "report":
+        typer.echo("error: --out is an option of the report only", err=True)
+        raise typer.Exit(2)
     module, func = BENCHES[name].split(":")
-    extra = {"model": model} if model is not None else {}
+    extra: dict[str, str] = {"model": model} if model is not None else {}
+    if out is not None:
+        extra["out"] = out
     raise typer.Exit(getattr(importlib.import_module(module), func)(quick=quick, json_path=json_path, **extra))
 
 

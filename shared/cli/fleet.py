@@ -4,9 +4,17 @@
 as docker-compose.yml runs them. The services log their own INFO lines.
 """
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported
 
 
 def up(
@@ -32,21 +40,48 @@ def gateway(
 ) -> None:
     """Serve the HTTP API (needs REDIS_URL)."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
+    from shared.logs import uvicorn_log_config
     from shared.settings import get_settings
 
     settings = get_settings()
-    uvicorn.run(
-        "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
-        factory=True,
-        host=host or settings.host,
-        port=settings.port if port is None else port,
-        workers=workers,
-        access_log=access_log,
-        log_level="info",
-        ws="none",
-        timeout_graceful_shutdown=5,
-    )
+    log_config = uvicorn_log_config(settings.log_json)
+    with _shared_metrics_dir(workers):
+        uvicorn.run(
+            "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
+            factory=True,
+            host=host or settings.host,
+            port=settings.port if port is None else port,
+            workers=workers,
+            access_log=access_log,
+            log_level="info",
+            ws="none",
+            timeout_graceful_shutdown=5,
+            log_config=log_config or LOGGING_CONFIG,  # uvicorn's own unless JSON logs
+        )
+
+
+@contextlib.contextmanager
+def _shared_metrics_dir(num_processes: int) -> Iterator[None]:
+    """Several gateway processes: one prometheus-client multiprocess directory for all of them (gateway/metrics.py),
+    empty at the start of each run and set before any process imports prometheus-client. PROMETHEUS_MULTIPROC_DIR
+    given by the operator is used (its old files removed); otherwise a fresh temporary one, removed afterwards."""
+    if num_processes == 1:
+        yield
+        return
+    given = os.environ.get(MULTIPROC_DIR_ENV)
+    path = Path(given) if given else Path(tempfile.mkdtemp(prefix="specfleet-gateway-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_DIR_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop(MULTIPROC_DIR_ENV, None)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def worker(

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from shared import logs
 from shared.cli import batch, bench, fleet, generate, jobs, keys, models
 
 # root-level commands and groups, in `specfleet --help` order
@@ -40,8 +41,20 @@ register_all(app)
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(json_logs=_log_json())
     app()
+
+
+def _log_json() -> bool:
+    """settings.log_json; text when the settings do not load (the command reports why itself)."""
+    from pydantic import ValidationError
+
+    from shared.settings import get_settings
+
+    try:
+        return get_settings().log_json
+    except ValidationError:
+        return False
 
 
 if __name__ == "__main__":

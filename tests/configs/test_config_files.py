@@ -11,6 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from shared.api_keys import new_webhook_secret
 from shared.settings import ServiceSettings
 from workers.engine.config import ENV_PREFIX as ENGINE_ENV_PREFIX
 from workers.engine.config import EngineConfig
@@ -18,6 +19,7 @@ from workers.engine.config import EngineConfig
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SERVICE_ENV_PREFIX = "SPECFLEET_"
 MARK = "# override:"
+TEST_WEBHOOK_SECRET = new_webhook_secret()  # SPECFLEET_ENV=prod refuses the built-in dev secret
 NO_FILE = CONFIGS / "no-such-file.yaml"  # EngineConfig.load(NO_FILE): environment and defaults only
 
 
@@ -114,6 +116,7 @@ def check_env_file(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             continue
         name, _, value = line.partition("=")
         with monkeypatch.context() as env:
+            env.setenv("SPECFLEET_WEBHOOK_SECRET", TEST_WEBHOOK_SECRET)  # from the environment, as deployed
             env.setenv(name, value)
             if name.startswith(ENGINE_ENV_PREFIX) and name[len(ENGINE_ENV_PREFIX) :].lower() in EngineConfig.field_names():
                 field = name[len(ENGINE_ENV_PREFIX) :].lower()
@@ -148,7 +151,9 @@ def test_fleet_env_holds_only_marked_overrides(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_every_config_file_is_checked() -> None:
-    assert sorted(p.name for p in CONFIGS.iterdir()) == ["engine.yaml", "fleet.env", "service.yaml"]
+    """Settings files here; the monitoring stack's folders are checked by tests/configs/test_monitoring.py."""
+    assert sorted(p.name for p in CONFIGS.iterdir() if p.is_file()) == ["engine.yaml", "fleet.env", "service.yaml"]
+    assert sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()) == ["grafana", "prometheus"]
 
 
 # ---- the checks catch what they are for ----------------------------------------------------------------------

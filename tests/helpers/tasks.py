@@ -43,6 +43,7 @@ def hook_settings(settings: ServiceSettings) -> ServiceSettings:
     settings.webhook_allow_hosts = list(LOOPBACK)
     for name, value in TASK_TIMINGS.items():
         setattr(settings, name, value)
+    settings.tasks_metrics_port = free_port()  # the Celery worker serves /metrics (workers/tasks/metrics.py)
     return settings
 
 
@@ -63,6 +64,8 @@ def settings_env(settings: ServiceSettings) -> dict[str, str]:
         env[f"SPECFLEET_QUEUE_LIMITS__{priority.upper()}"] = str(getattr(settings.queue_limits, priority))
     if settings.public_url:
         env["SPECFLEET_PUBLIC_URL"] = settings.public_url
+    if settings.tasks_metrics_port:
+        env["SPECFLEET_TASKS_METRICS_PORT"] = str(settings.tasks_metrics_port)
     return env
 
 

@@ -92,3 +92,37 @@ def print_e2e(result: dict) -> None:
     typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
+
+
+def bench_report_command(quick: bool, json_path: str | None, out: str | None = None) -> int:
+    import datetime
+    import os
+    from pathlib import Path
+
+    from workers.bench.full_report import (
+        ReportPlan,
+        default_out_dir,
+        git_commit,
+        print_summary,
+        run_benches,
+        write_combined_json,
+        write_report,
+    )
+    from workers.demo.build import ensure_demo_pair
+    from workers.demo.corpus import held_out_prompts
+    from workers.engine.config import EngineConfig
+
+    today, commit = datetime.date.today(), git_commit()  # of the code measured, taken before it runs
+    load_start = os.getloadavg()[0]
+    plan = ReportPlan.of(quick)
+    pair = ensure_demo_pair()
+    prompts = held_out_prompts(max(plan.engine.num_bs1_prompts, plan.spec.num_bs1_prompts, 8))
+    results = run_benches((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
+    meta = {"date": today.isoformat(), "commit": commit, "quick": quick, "model": pair.target_dir.parent.name,
+            "new_tokens": plan.spec.num_new_tokens, "load_avg_1min": [load_start, os.getloadavg()[0]]}
+    path = write_report(results, Path(out) if out else default_out_dir(today, commit), meta)
+    typer.echo(print_summary(results))
+    typer.echo(f"\nreport: {path}")
+    if json_path:
+        write_combined_json(json_path, results, meta)
+    return 0

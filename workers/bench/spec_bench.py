@@ -69,6 +69,7 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         run_ours(engine, prompts[:1], 8)  # warm-up
         for batch in plan.batch_sizes:
             before = dataclasses.replace(engine.speculator.stats.counts)
+            before_per_position = (list(before.drafted_per_position), list(before.accepted_per_position))
             used = prompts[: plan.num_bs1_prompts] if batch == 1 else prompts
             seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
             counts = engine.speculator.stats.counts
@@ -81,6 +82,7 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
                 "tau": (counts.num_emitted - before.num_emitted) / steps if steps else 1.0,
                 "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
                 "match_vs_plain": match_rate(outs, outputs[("plain", batch)]) if name != "plain" else 1.0,
+                "acceptance_per_position": _per_position_since(counts, *before_per_position),
             })
             log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
         dtype = engine.runner.model.embed.weight.dtype
@@ -119,6 +121,18 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         ratios["sd_vs_plain_bs4"] = tps[("sd_draft_chain", 4)] / tps[("plain", 4)]
         ratios["best_sd_vs_plain_bs4"] = max(tps[(v, 4)] for v in VARIANTS if v != "plain") / tps[("plain", 4)]
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _per_position_since(counts: Any, drafted_before: list[int], accepted_before: list[int]) -> list[list[float]]:
+    """[draft position] -> [accepted / drafted, drafted]: of the steps of this run whose draft reached this
+    depth, the share accepted there, and how many there were."""
+    rates: list[list[float]] = []
+    for i, drafted in enumerate(counts.drafted_per_position):
+        drafted_now = drafted - (drafted_before[i] if i < len(drafted_before) else 0)
+        accepted_now = counts.accepted_per_position[i] - (accepted_before[i] if i < len(accepted_before) else 0)
+        if drafted_now > 0:
+            rates.append([accepted_now / drafted_now, drafted_now])
+    return rates
 
 
 def _bf16_match_rate(pair_dirs: tuple[Path, Path], prompts: list[list[int]], plan: SpecBenchPlan, base: EngineConfig) -> float:

@@ -13,9 +13,11 @@ start), their shared tasks bind to it, and they register with workers/tasks/regi
 import logging
 
 from celery import Celery
+from celery.signals import worker_init
 
 from shared import keys
 from shared.settings import ServiceSettings, get_settings
+from workers.tasks import metrics
 from workers.tasks.outbox import OutboxStep
 
 TASK_MODULES = ["workers.tasks.webhooks", "workers.tasks.batches"]
@@ -49,3 +51,9 @@ def make_celery(settings: ServiceSettings) -> Celery:
 
 app = make_celery(get_settings())
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhook attempt is ours already
+
+
+@worker_init.connect
+def _serve_metrics(**_: object) -> None:
+    """The worker's /metrics (settings.tasks_metrics_port; 0 = off), however the worker was started."""
+    metrics.serve(get_settings())

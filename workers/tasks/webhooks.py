@@ -17,7 +17,7 @@ from celery import Task, shared_task
 from shared import api_keys, batch_lua, keys
 from shared.schemas import WebhookDelivery, WebhookEvent
 from shared.webhook_status import webhook_field
-from workers.tasks import delivery, registry, runtime
+from workers.tasks import delivery, metrics, registry, runtime
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ def deliver(self: Task, target: Target, target_id: str, event: str, url: str, ms
             result.message,
             countdown,
         )
+        metrics.WEBHOOK_RETRIES.inc()
         raise self.retry(countdown=countdown, max_retries=None)
     state: Literal["delivered", "failed", "gone"] = "failed" if result.outcome == "retry" else result.outcome
     outcome = WebhookDelivery(
@@ -71,6 +72,7 @@ def deliver(self: Task, target: Target, target_id: str, event: str, url: str, ms
         message=result.message,
         at=time.time(),
     )
+    metrics.WEBHOOK_DELIVERIES.labels(state).inc()
     if state == "delivered":
         log.info("webhook %s delivered (attempt %d)", msg_id, attempt_no)
     else:

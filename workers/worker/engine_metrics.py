@@ -1,17 +1,31 @@
 """The worker's Prometheus metrics (DESIGN.md "Metrics"), served on `/metrics` at settings.worker_metrics_port.
 
 Updated once per worker step, in the worker's thread, from what the engine already counts: batch size, KV
-blocks, waiting/running sequences, TTFT and time per output token of finished jobs, and the speculation figures
-of `engine.speculator.stats`. The speculation figures are copied into a small snapshot each step (the HTTP
+blocks, waiting/running sequences, tokens generated, TTFT and time per output token of finished jobs, and the
+speculation figures of `engine.speculator.stats`; plus the jobs this worker finished, by outcome.
+
+Execution deadlines (a job stopped because it ran past its deadline) are counted here too; the worker code
+that enforces deadlines calls `job_finished(JobOutcome.DEADLINE_EXCEEDED)`:
+    specfleet_jobs_deadline_exceeded_total   counter, no labels: +1 each time a job is stopped at its deadline
+    specfleet_jobs_deadline_exceeded_streak  gauge: jobs in a row this worker stopped at their deadline; back to
+                                              0 when a job finishes any other way (the "5 timeouts in a row" alert) The speculation figures are copied into a small snapshot each step (the HTTP
 thread never reads the engine's live dicts) and rendered at scrape time by a collector.
 """
 
+import enum
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -21,6 +35,14 @@ log = logging.getLogger(__name__)
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class JobOutcome(enum.StrEnum):
+    """The `outcome` label of specfleet_worker_jobs_finished_total."""
+
+    SUCCEEDED = "succeeded"  # the engine finished it (stop, length, EOS)
+    FAILED = "failed"  # refused or failed by the engine
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # stopped at its execution deadline
 
 
 @dataclass
@@ -100,6 +122,7 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
         self.batch_size = Gauge("specfleet_engine_batch_size", "Sequences advanced by the last step", registry=r)
         self.kv_blocks_used = Gauge("specfleet_engine_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_blocks_free = Gauge("specfleet_engine_kv_blocks_free", "KV cache blocks free", registry=r)
@@ -110,6 +133,17 @@ class EngineMetrics:
         self.tpot = Histogram("specfleet_engine_time_per_output_token_seconds",
                               "Decode time per output token of finished requests", buckets=TPOT_BUCKETS_S,
                               registry=r)
+        self.generated_tokens = Counter("specfleet_engine_generated_tokens", "Tokens generated (all jobs)",
+                                        registry=r)
+        self.jobs_finished = Counter("specfleet_worker_jobs_finished", "Jobs this worker finished, by outcome",
+                                     ["outcome"], registry=r)
+        for outcome in JobOutcome:
+            self.jobs_finished.labels(outcome.value)  # every outcome exported from the start (0)
+        self.deadline_exceeded = Counter("specfleet_jobs_deadline_exceeded",
+                                         "Jobs stopped because they ran past their execution deadline", registry=r)
+        self.deadline_streak = Gauge("specfleet_jobs_deadline_exceeded_streak",
+                                     "Jobs in a row this worker stopped at their deadline (0 after any other end)",
+                                     registry=r)
         self.spec = SpecCollector()
         r.register(self.spec)
         self._num_spec_steps_seen = -1
@@ -123,7 +157,9 @@ class EngineMetrics:
         self.kv_blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
         self.waiting.set(len(engine.scheduler.waiting))
         self.running.set(len(engine.scheduler.running))
+        self.generated_tokens.inc(sum(len(out.new_token_ids) for out in outputs))
         for out in _finished(outputs):
+            self.job_finished(JobOutcome.SUCCEEDED)
             if "ttft_ms" in out.metrics:
                 self.ttft.observe(out.metrics["ttft_ms"] / 1e3)
             if out.metrics.get("tokens_per_s", 0.0) > 0:
@@ -132,6 +168,15 @@ class EngineMetrics:
         if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
+
+    def job_finished(self, outcome: JobOutcome) -> None:
+        """One job ended on this worker (successes are counted by `update`)."""
+        self.jobs_finished.labels(outcome.value).inc()
+        if outcome is JobOutcome.DEADLINE_EXCEEDED:
+            self.deadline_exceeded.inc()
+            self.deadline_streak.inc()
+        else:
+            self.deadline_streak.set(0)
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics in a background thread; returns the port (useful with port 0)."""

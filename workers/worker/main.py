@@ -19,13 +19,14 @@ from typing import Any, Protocol
 
 import redis
 
-from shared import keys
+from shared import keys, logs
 from shared.job_state import ErrorCode
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 from workers.worker.emitter import Emitter, Running
+from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
@@ -188,6 +189,10 @@ class Worker:
 
     # -- per job -------------------------------------------------------------------------------------------
     def _admit(self, lease: Lease) -> None:
+        with logs.bound(job_id=lease.job_id):
+            self._admit_job(lease)
+
+    def _admit_job(self, lease: Lease) -> None:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
@@ -228,6 +233,8 @@ class Worker:
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
 
     def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.job_finished(JobOutcome.FAILED)
         self.emitter.fail(lease.job_id, lease.attempt, code, message, field_name)
         self._forget([lease.job_id])
 
@@ -245,7 +252,7 @@ class Worker:
         for job_id in job_ids:
             if job_id in self.running:
                 self.engine.abort(job_id)
-            log.info("dropped job %s (cancelled or taken over)", job_id)
+            log.info("dropped job %s (cancelled or taken over)", job_id, extra={"job_id": job_id})
         self._forget(list(job_ids))
 
     def _forget(self, job_ids: list[str]) -> None:

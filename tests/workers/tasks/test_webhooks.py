@@ -5,6 +5,7 @@ import time
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
@@ -107,6 +108,15 @@ def test_410_stops_retrying_and_exhausted_retries_are_recorded(
     assert len(receiver.received("/down")) == hook_settings.webhook_max_attempts
     for job_id in (gone_id, down_id):  # a webhook failure never changes the job's own status
         assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+    # the Celery worker's /metrics counted both ends and every retry
+    scraped = httpx.get(f"http://127.0.0.1:{hook_settings.tasks_metrics_port}/metrics", timeout=10).text
+    samples = {
+        (s.name, s.labels.get("state")): s.value
+        for family in text_string_to_metric_families(scraped) for s in family.samples
+    }
+    assert samples[("specfleet_webhook_deliveries_total", "gone")] == 1
+    assert samples[("specfleet_webhook_deliveries_total", "failed")] == 1
+    assert samples[("specfleet_webhook_retries_total", None)] == hook_settings.webhook_max_attempts - 1
 
 
 def test_completed_fires_for_cancelled_and_expired_jobs(

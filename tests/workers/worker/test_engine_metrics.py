@@ -17,7 +17,7 @@ from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
-from workers.worker.engine_metrics import SpecSnapshot, _accepted_length_histogram
+from workers.worker.engine_metrics import EngineMetrics, JobOutcome, SpecSnapshot, _accepted_length_histogram
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -94,6 +94,11 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert _value(samples, "specfleet_spec_draft_seconds_total") > 0
     assert _value(samples, "specfleet_spec_verify_seconds_total") > 0
     assert "specfleet_spec_fallbacks_total" in samples
+    assert _value(samples, "specfleet_engine_generated_tokens_total") == 3 * 24
+    finished = {s.labels["outcome"]: s.value for s in samples["specfleet_worker_jobs_finished_total"]}
+    assert finished == {"succeeded": 3, "failed": 0, "deadline_exceeded": 0}
+    assert _value(samples, "specfleet_jobs_deadline_exceeded_total") == 0
+    assert _value(samples, "specfleet_jobs_deadline_exceeded_streak") == 0
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
@@ -103,3 +108,19 @@ def test_accepted_length_histogram_is_cumulative() -> None:
     assert buckets == {"0": 5, "1": 5, "2": 8, "3": 8, "4": 9, "+Inf": 9}
     total = next(s.value for s in family.samples if s.name.endswith("_sum"))
     assert total == 2 * 3 + 4
+
+
+def test_deadline_streak_counts_timeouts_in_a_row() -> None:
+    metrics = EngineMetrics()
+    value = metrics.registry.get_sample_value
+    for _ in range(4):
+        metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
+    assert value("specfleet_jobs_deadline_exceeded_streak") == 4
+    metrics.job_finished(JobOutcome.FAILED)  # any other end breaks the streak; the counter keeps counting
+    assert value("specfleet_jobs_deadline_exceeded_streak") == 0
+    for _ in range(5):
+        metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
+    assert value("specfleet_jobs_deadline_exceeded_streak") == 5  # the alert's threshold
+    assert value("specfleet_jobs_deadline_exceeded_total") == 9
+    assert value("specfleet_worker_jobs_finished_total", {"outcome": "deadline_exceeded"}) == 9
+    assert value("specfleet_worker_jobs_finished_total", {"outcome": "failed"}) == 1
