@@ -31,3 +31,10 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         layout: make_tiny_model(root / layout, model_type=layout, seed=i) for i, layout in enumerate(LAYOUTS)
     }
+
+
+@pytest.fixture(scope="session")
+def compile_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compile cache (EngineConfig.compile_cache_dir) for the run's compiled engines: a model compiled
+    again hits it, and a cached graph must never bring another model's frozen weights."""
+    return tmp_path_factory.mktemp("compile-cache")

@@ -2,12 +2,17 @@
 
 Greedy, 128 new tokens (EOS ignored so every run emits the same count), held-out prompts, one run:
 batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and for transformers
-(one at a time, and one padded batch).
+(one at a time, and one padded batch). Ours runs twice, interleaved run by run: eager (`compile: off`) and
+`compile: auto` (the dense path compiled where it measured faster at start-up); the headline ratios are
+auto's, `compiled_vs_eager_*` compare the two. Also, in the same run: the batch-1 decode rate against the
+memory-bandwidth bound (the weight bytes a decode step reads / a single-thread read bandwidth measured by
+summing a tensor of that size), and the draft model's cost per token, eager and compiled.
 """
 
 import contextlib
 import dataclasses
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +22,12 @@ import torch
 
 from shared.speculation import SpeculativeMethod
 from workers.demo.train import pinned_threads
+from workers.engine.compile_stats import CompileMode
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sampling_params import SamplingParams
+from workers.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,8 @@ class EngineBenchPlan:
 
     @classmethod
     def quick(cls) -> "EngineBenchPlan":
-        return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(4, 16))
+        # 16 only: the engine starts twice (eager, and compile: auto, which compiles at start-up)
+        return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,))
 
 
 def run_ours(engine: Engine, prompts: list[list[int]], num_new: int) -> tuple[float, list[list[int]]]:
@@ -90,42 +99,121 @@ def hf_threads(engine: Engine) -> contextlib.AbstractContextManager[None]:
     return pinned_threads(policy.num_threads if policy is not None else torch.get_num_threads())
 
 
-def bench_engine(target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig) -> dict[str, Any]:
+def decode_weight_bytes(model: LlamaModel) -> int:
+    """Bytes of weights one decode step reads: every parameter once (tied embeddings: once, as the head),
+    except the embedding table when it is not the head (a decode step reads one row of it)."""
+    seen: set[int] = set()
+    total = 0
+    head = model.lm_head.weight.data_ptr()
+    for name, param in model.named_parameters():
+        ptr = param.data_ptr()
+        if ptr in seen or (name == "embed.weight" and ptr != head):
+            continue
+        seen.add(ptr)
+        total += param.numel() * param.element_size()
+    return total
+
+
+def read_bandwidth_bytes_per_s(num_bytes: int, repeats: int = 15) -> float:
+    """Single-thread read bandwidth: the median time of summing a float32 tensor of `num_bytes`."""
+    data = torch.ones(max(1, num_bytes // 4), dtype=torch.float32)
+    with pinned_threads(1):
+        data.sum()  # first touch
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            data.sum()
+            times.append(time.perf_counter() - start)
+    return data.numel() * 4 / statistics.median(times)
+
+
+def draft_ms_per_token(runner: ModelRunner, num_tokens: int = 64) -> float:
+    """One sequence decoding `num_tokens` draft tokens one forward at a time (KV from position 64 on), in ms
+    per token. Run between benchmark runs only: it writes KV blocks no sequence holds then."""
+    block = runner.block_size
+    blocks = list(range(-(-(64 + num_tokens) // block)))
+    runner.forward([ForwardItem([1] * 64, 0, blocks, num_logits=1)])  # a context to attend to
+    start = time.perf_counter()
+    for pos in range(64, 64 + num_tokens):
+        runner.forward([ForwardItem([1], pos, blocks, num_logits=1)])
+    return (time.perf_counter() - start) * 1e3 / num_tokens
+
+
+def bench_engine(
+    target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig, draft_dir: Path | None = None
+) -> dict[str, Any]:
     import transformers
 
-    engine = Engine(dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NONE), target_dir)  # plain decoding
+    plain = dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NONE)  # plain decoding (the draft idle)
+    engines: dict[str, Engine] = {}
+    start_up_s: dict[str, float] = {}
+    for variant, mode in (("eager", CompileMode.OFF), ("auto", CompileMode.AUTO)):
+        start_s = time.perf_counter()
+        engines[variant] = Engine(dataclasses.replace(plain, compile=mode), target_dir, draft_dir)
+        start_up_s[variant] = time.perf_counter() - start_s
+    engine = engines["auto"]
     dtype = engine.runner.model.embed.weight.dtype
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
     pad_id = engine.tokenizer.pad_token_id or next(iter(engine.eos_token_ids), 0)
     prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
     n = plan.num_new_tokens
-    run_ours(engine, prompts[:1], 8)  # warm-up: first-call allocations, thread pools
+    for e in engines.values():
+        run_ours(e, prompts[:1], 8)  # warm-up: first-call allocations, thread pools
     with hf_threads(engine):
         run_hf(hf, prompts[:1], 8, pad_id)
 
     rows: list[dict[str, Any]] = []
     bs1 = prompts[: plan.num_bs1_prompts]
-    ours_s, ours_out = 0.0, []
-    for p in bs1:
-        s, o = run_ours(engine, [p], n)
-        ours_s += s
-        ours_out.extend(o)
+    seconds = {v: 0.0 for v in engines}
+    outs: dict[str, list[list[int]]] = {v: [] for v in engines}
+    for p in bs1:  # interleaved prompt by prompt
+        for variant, e in engines.items():
+            s, o = run_ours(e, [p], n)
+            seconds[variant] += s
+            outs[variant].extend(o)
     with hf_threads(engine):
         hf_s, hf_out = run_hf_serial(hf, bs1, n, pad_id)
-    ours_bs1 = len(bs1) * n / ours_s
+    ours_bs1 = {v: len(bs1) * n / s for v, s in seconds.items()}
     hf_bs1 = len(bs1) * n / hf_s
-    rows.append({"system": "specfleet", "concurrency": 1, "tokens_per_s": ours_bs1, "greedy_match_vs_hf": match_rate(ours_out, hf_out)})
+    for variant in engines:
+        rows.append({"system": f"specfleet_{variant}", "concurrency": 1, "tokens_per_s": ours_bs1[variant],
+                     "greedy_match_vs_hf": match_rate(outs[variant], hf_out)})
     rows.append({"system": "hf_generate", "concurrency": 1, "tokens_per_s": hf_bs1})
-    ratios: dict[str, float] = {"plain_vs_hf_bs1": ours_bs1 / hf_bs1}
+    ratios: dict[str, float] = {"plain_vs_hf_bs1": ours_bs1["auto"] / hf_bs1,
+                                "compiled_vs_eager_bs1": ours_bs1["auto"] / ours_bs1["eager"]}
     for c in plan.concurrencies:
         batch = [prompts[i % len(prompts)] for i in range(c)]
-        s, _ = run_ours(engine, batch, n)
-        rows.append({"system": "specfleet", "concurrency": c, "tokens_per_s": c * n / s})
-        ratios[f"concurrency{c}_vs_bs1"] = c * n / s / ours_bs1
+        tps = {}
+        for variant, e in engines.items():
+            s, _ = run_ours(e, batch, n)
+            tps[variant] = c * n / s
+            rows.append({"system": f"specfleet_{variant}", "concurrency": c, "tokens_per_s": tps[variant]})
         with hf_threads(engine):
             s, _ = run_hf(hf, batch, n, pad_id)
-        rows.append({"system": "hf_generate_padded", "concurrency": c, "tokens_per_s": c * n / s})
+        hf_padded = c * n / s
+        rows.append({"system": "hf_generate_padded", "concurrency": c, "tokens_per_s": hf_padded})
         rows.append({"system": "hf_generate_serial", "concurrency": c, "tokens_per_s": hf_bs1})
-        ratios[f"concurrency{c}_vs_hf_padded"] = rows[-3]["tokens_per_s"] / rows[-2]["tokens_per_s"]
+        ratios[f"concurrency{c}_vs_bs1"] = tps["auto"] / ours_bs1["auto"]
+        ratios[f"concurrency{c}_vs_hf_padded"] = tps["auto"] / hf_padded
+        ratios[f"compiled_vs_eager_c{c}"] = tps["auto"] / tps["eager"]
         log.info("concurrency %d done", c)
-    return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+
+    weight_bytes = decode_weight_bytes(engine.runner.model)
+    bandwidth = read_bandwidth_bytes_per_s(weight_bytes)
+    bound_tps = bandwidth / weight_bytes
+    ratios["decode_vs_bandwidth_bound_bs1"] = ours_bs1["auto"] / bound_tps
+    bound = {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bandwidth / 1e9,
+             "bound_tokens_per_s": bound_tps, "decode_tokens_per_s": ours_bs1["auto"]}
+    compile_info = {
+        "start_up_s": start_up_s,
+        "stats": {m: dataclasses.asdict(st) for m, st in engine.compile_stats.items()},
+    }
+    if engine.speculator.draft is not None:
+        draft_ms = {}
+        for _ in range(2):  # interleaved, twice; the second pair counts
+            for variant, e in engines.items():
+                assert e.speculator.draft is not None
+                draft_ms[variant] = draft_ms_per_token(e.speculator.draft.runner)
+        compile_info["draft_ms_per_token"] = draft_ms
+    return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch."), "bandwidth_bound": bound,
+            "compile": compile_info}

@@ -13,13 +13,26 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
 
     plan = EngineBenchPlan.quick() if quick else EngineBenchPlan()
     pair = ensure_demo_pair()
-    result = bench_engine(pair.target_dir, held_out_prompts(max(plan.num_bs1_prompts, 8)), plan, EngineConfig.load())
+    result = bench_engine(pair.target_dir, held_out_prompts(max(plan.num_bs1_prompts, 8)), plan, EngineConfig.load(),
+                          pair.draft_dir)
     typer.echo(format_table(result["rows"], ["system", "concurrency", "tokens_per_s", "greedy_match_vs_hf"]))
+    typer.echo("")
+    bound, compiled = result["bandwidth_bound"], result["compile"]
+    typer.echo(f"batch-1 decode {bound['decode_tokens_per_s']:.1f} tok/s; bandwidth bound "
+               f"{bound['bound_tokens_per_s']:.1f} tok/s ({bound['weight_bytes_per_token'] / 1e6:.1f} MB of weights "
+               f"a token at {bound['read_bandwidth_gb_s']:.1f} GB/s, one thread)")
+    typer.echo("start-up s: " + ", ".join(f"{k} {v:.1f}" for k, v in compiled["start_up_s"].items()))
+    for model, st in compiled["stats"].items():
+        typer.echo(f"{model}: compiled {st['is_compiled']} in {st['compile_time_s']:.1f} s; eager ms "
+                   f"{st['eager_ms']}, compiled ms {st['compiled_ms']}, failures {st['num_failures']}")
+    if "draft_ms_per_token" in compiled:
+        typer.echo("draft ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in compiled["draft_ms_per_token"].items()))
     typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.2f}")
     if json_path:
-        machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick)
+        machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick,
+                               bandwidth_bound=bound, compile=compiled)
         write_json(json_path, "engine", machine, result["rows"], result["ratios"])
     return 0
 

@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import platform
 import shutil
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from shared.home import specfleet_home
 from workers.demo.corpus import corpus_files, read_source, split_corpus
 from workers.demo.tokenizer import EOS_TOKEN_ID, encode_documents, save_tokenizer, train_tokenizer
 from workers.demo.train import (
@@ -42,8 +42,6 @@ from workers.demo.train import (
 
 logger = logging.getLogger(__name__)
 
-SPECFLEET_HOME_ENV = "SPECFLEET_HOME"
-DEFAULT_SPECFLEET_HOME = Path("~/.cache/specfleet")
 BUILD_MARKER = "build.json"
 
 
@@ -122,11 +120,6 @@ class DemoPair:
 
     target_dir: Path
     draft_dir: Path
-
-
-def specfleet_home(home: Path | None = None) -> Path:
-    """The cache root: `home`, else $SPECFLEET_HOME, else ~/.cache/specfleet."""
-    return (home or Path(os.environ.get(SPECFLEET_HOME_ENV) or DEFAULT_SPECFLEET_HOME)).expanduser()
 
 
 def pair_dir(home: Path | None = None, recipe: DemoRecipe = DEMO_RECIPE) -> Path:

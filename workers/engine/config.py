@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from shared.speculation import SpeculativeMethod
+from workers.engine.compile_stats import CompileMode
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "engine.yaml"
 ENV_PREFIX = "SPECFLEET_ENGINE_"
@@ -46,6 +47,10 @@ class EngineConfig:
     max_num_seqs: PositiveInt = 32  # sequences running at once
     max_num_batched_tokens: PositiveInt = 512  # tokens per forward (prefill chunks + decodes)
     max_model_len: NonNegativeInt = 0  # 0 = the target's max_position_embeddings
+    # torch.compile of the dense path (workers/engine/compilation.py), at start-up: `auto` = where it measured
+    # faster on this host; off by default: the first start compiles for tens of seconds (cached afterwards)
+    compile: CompileMode = CompileMode.OFF
+    compile_cache_dir: str | None = None  # compiled artifacts; None = $SPECFLEET_HOME/compile-cache
     seed: int = 0  # seeds the RNG that unseeded sampling requests draw their generators from
     # speculative decoding (workers/spec/)
     # the method of requests that do not choose; `draft` without a draft model: the caller falls back to ngram

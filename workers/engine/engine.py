@@ -13,9 +13,12 @@ from pathlib import Path
 
 import torch
 
+from shared.home import specfleet_home
 from shared.speculation import SpeculativeMethod
 from workers.engine.apply import StepApplier
 from workers.engine.block_manager import BlockManager
+from workers.engine.compilation import compile_runner, point_cache_at
+from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
@@ -60,6 +63,7 @@ class Engine:
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
         )
+        self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len)
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
@@ -71,6 +75,16 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
                  self.max_model_len)
+
+    def _compile(self, draft_runner: ModelRunner | None) -> dict[str, CompileStats]:
+        """Compile the target's and the draft's dense paths now, before any request (cfg.compile)."""
+        if self.cfg.compile is not CompileMode.OFF:
+            cache_dir = self.cfg.compile_cache_dir
+            point_cache_at(Path(cache_dir) if cache_dir else specfleet_home() / "compile-cache")
+        stats = {"target": compile_runner(self.runner, self.cfg.compile, "target")}
+        if draft_runner is not None:
+            stats["draft"] = compile_runner(draft_runner, self.cfg.compile, "draft")
+        return stats
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -5,12 +5,17 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from workers.engine.compile_stats import Bucket, CompileStats
 from workers.models.attention import AttentionMetadata
+from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -151,7 +156,8 @@ class ThreadPolicy:
 
 
 class ModelRunner:
-    """Owns one model and its paged KV cache."""
+    """Owns one model, its paged KV cache and, once workers/engine/compilation.py set it up, its compiled
+    dense path (used for the shape buckets compile_stats names)."""
 
     def __init__(
         self, model: LlamaModel, num_blocks: int, block_size: int, threads: ThreadPolicy | None = None
@@ -164,6 +170,8 @@ class ModelRunner:
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(model.cfg.num_layers)
         ]
+        self.compiled: CompiledModel | None = None
+        self.compile_stats = CompileStats()
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -183,9 +191,33 @@ class ModelRunner:
     def slot(self, block_table: list[int], pos: int) -> int:
         return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32, S = sum(num_logits)
+        """One forward: compiled where compile_stats says so, else eager. A compiled forward that raises
+        (or would recompile: start-up compiled every bucket) is logged and counted, and this runner stays
+        eager from then on; the pass reruns eager, rewriting the same K/V slots."""
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
+        num_tokens = batch.input_ids.shape[0]
+        if self.compiled is None or not self.compile_stats.uses_compiled(self.bucket_of(num_tokens)):
+            return self._run(batch, None)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self._run(batch, self.compiled)
+        except Exception:
+            log.exception("compiled forward of %d tokens failed: this model runs eager from now on", num_tokens)
+            self.compile_stats.record_failure()
+            return self._run(batch, None)
+
+    def bucket_of(self, num_tokens: int) -> Bucket:
+        return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
+
+    def forward_with(self, items: list[ForwardItem], compiled: CompiledModel | None) -> torch.Tensor:  # [S, V]
+        """One forward through `compiled` (it compiles a new shape bucket if needed), or eager for None."""
+        return self._run(build_batch(items, self.block_size, self.model.cfg.sliding_window), compiled)
+
+    @torch.inference_mode()
+    def _run(self, batch: ForwardBatch, compiled: CompiledModel | None) -> torch.Tensor:  # [S, V] float32
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
+        if compiled is not None:
+            return compiled.forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         return self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_indices)

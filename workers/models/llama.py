@@ -4,6 +4,8 @@ Weights come from a Hugging Face checkpoint (see loader.py); q/k/v and gate/up p
 into one matmul each. The model computes logits only for the rows the caller asks for.
 """
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,6 +13,10 @@ from torch import nn
 from workers.models.attention import AttentionMetadata, paged_attention, write_kv
 from workers.models.config import ModelConfig
 from workers.models.rope import apply_rope, rope_table
+
+# one layer's attention: (q [T, H, D] rotated, k [T, KV, D] rotated, v [T, KV, D]) -> [T, H * D]; it also
+# writes k and v into the layer's paged cache
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -39,16 +45,13 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.scale = cfg.head_dim**-0.5
 
     def forward(
         self,
         h: torch.Tensor,  # [T, hidden]
         cos: torch.Tensor,  # [T, D]
         sin: torch.Tensor,  # [T, D]
-        meta: AttentionMetadata,
-        k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
-        v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
+        attend: Attend,  # this layer's attention: writes k/v into its paged cache, returns [T, H * D]
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens, num_qk_heads = h.shape[0], self.num_heads + self.num_kv_heads
         # modules' weights are used through F.linear: it skips nn.Module call overhead on this hot path
@@ -56,12 +59,23 @@ class DecoderLayer(nn.Module):
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)  # [T, H + 2 KV, D]
         qk = apply_rope(qkv[:, :num_qk_heads], cos, sin)  # [T, H + KV, D]: q and k rotated together
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, D], [T, KV, D]
-        write_kv(k_cache, v_cache, k, qkv[:, num_qk_heads:], meta.slot_mapping)
-        attn = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, H * D]
+        attn = attend(q, k, qkv[:, num_qk_heads:])  # [T, H * D]
         h = h + F.linear(attn, self.o_proj.weight, self.o_proj.bias)
         gate_up = F.linear(self.post_norm(h), self.gate_up.weight, self.gate_up.bias)  # [T, 2 I]
         gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
         return h + F.linear(F.silu(gate) * up, self.down.weight, self.down.bias)
+
+
+def eager_attend(
+    meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+) -> Attend:
+    """Attention in plain PyTorch ops over one layer's cache ([num_blocks, block_size, KV, D] each)."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, meta, scale)
+
+    return attend
 
 
 class LlamaModel(nn.Module):
@@ -71,6 +85,7 @@ class LlamaModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_scale = cfg.head_dim**-0.5  # softmax scale of every layer
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.cos_table = torch.empty(0)  # [max_len, D], set by init_rope
         self.sin_table = torch.empty(0)  # [max_len, D]
@@ -90,9 +105,27 @@ class LlamaModel(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) [num_blocks, block_size, KV, D]
         logits_indices: torch.Tensor,  # [S] long: rows of T whose next-token logits are wanted
     ) -> torch.Tensor:  # [S, V] float32
+        """The eager path: every op dispatched from Python."""
+        attends = [eager_attend(meta, k, v, self.attn_scale) for k, v in kv_caches]
+        return self.logits(self.hidden_states(input_ids, positions, attends), logits_indices)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        attends: Sequence[Attend],  # one per layer
+    ) -> torch.Tensor:  # [T, hidden]: the last layer's output, before the final norm
+        """The dense path (what workers/models/compiled.py compiles, attention left opaque)."""
         h = self.embed(input_ids)  # [T, hidden]
         cos, sin = self.cos_table[positions], self.sin_table[positions]  # [T, D] each
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, meta, k_cache, v_cache)
+        for layer, attend in zip(self.layers, attends, strict=True):
+            h = layer(h, cos, sin, attend)
+        return h
+
+    def logits(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        logits_indices: torch.Tensor,  # [S] long
+    ) -> torch.Tensor:  # [S, V] float32
         h = self.norm(h.index_select(0, logits_indices))  # [S, hidden]
         return self.lm_head(h).float()  # [S, V]

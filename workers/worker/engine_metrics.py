@@ -1,14 +1,18 @@
 """The worker's Prometheus metrics (DESIGN.md "Metrics"), served on `/metrics` at settings.worker_metrics_port.
 
 Updated once per worker step, in the worker's thread, from what the engine already counts: batch size, KV
-blocks, waiting/running sequences, tokens generated, TTFT and time per output token of finished jobs, and the
-speculation figures of `engine.speculator.stats`; plus the jobs this worker finished, by outcome.
+blocks, waiting/running sequences, tokens generated, TTFT and time per output token of finished jobs, the
+speculation figures of `engine.speculator.stats`, and what each model compiled (`engine.compile_stats`: graphs
+in use per shape bucket, start-up compile seconds, compilations or compiled forwards that failed and fell back
+to eager); plus the jobs this worker finished, by outcome.
 
 Execution deadlines (a job stopped because it ran past its deadline) are counted here too; the worker code
 that enforces deadlines calls `job_finished(JobOutcome.DEADLINE_EXCEEDED)`:
     specfleet_jobs_deadline_exceeded_total   counter, no labels: +1 each time a job is stopped at its deadline
     specfleet_jobs_deadline_exceeded_streak  gauge: jobs in a row this worker stopped at their deadline; back to
-                                              0 when a job finishes any other way (the "5 timeouts in a row" alert) The speculation figures are copied into a small snapshot each step (the HTTP
+                                              0 when a job finishes any other way (the "5 timeouts in a row" alert)
+
+The speculation figures are copied into a small snapshot each step (the HTTP
 thread never reads the engine's live dicts) and rendered at scrape time by a collector.
 """
 
@@ -116,6 +120,49 @@ def _accepted_length_histogram(counts: dict[int, int]) -> HistogramMetricFamily:
     )
 
 
+@dataclass(frozen=True)
+class CompileSnapshot:
+    """engine.compile_stats as of the last change: model ("target", "draft") -> its figures."""
+
+    is_compiled: dict[tuple[str, str], bool] = field(default_factory=dict)  # (model, bucket) -> compiled graph in use
+    compile_time_s: dict[str, float] = field(default_factory=dict)  # model -> start-up compile seconds
+    num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
+
+    @classmethod
+    def of(cls, compile_stats: dict[str, Any]) -> "CompileSnapshot":
+        return cls(
+            is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
+            compile_time_s={m: st.compile_time_s for m, st in compile_stats.items()},
+            num_failures={m: st.num_failures for m, st in compile_stats.items()},
+        )
+
+
+class CompileCollector(Collector):
+    def __init__(self) -> None:
+        self.snapshot = CompileSnapshot()
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.snapshot  # replaced whole by the worker thread, never mutated
+        compiled = GaugeMetricFamily(
+            "specfleet_engine_compiled", "1 where a compiled graph serves the model's passes of this shape bucket",
+            labels=["model", "bucket"],
+        )
+        for (model, bucket), on in s.is_compiled.items():
+            compiled.add_metric([model, bucket], float(on))
+        yield compiled
+        seconds = GaugeMetricFamily("specfleet_engine_compile_seconds", "Start-up compilation time", labels=["model"])
+        failures = CounterMetricFamily(
+            "specfleet_engine_compile_failures", "Compilations or compiled forwards that failed (now eager)",
+            labels=["model"],
+        )
+        for model, value in s.compile_time_s.items():
+            seconds.add_metric([model], value)
+        for model, count in s.num_failures.items():
+            failures.add_metric([model], count)
+        yield seconds
+        yield failures
+
+
 class EngineMetrics:
     """One per worker process; `update(engine, outputs)` after each engine step, `serve(host, port)` once."""
 
@@ -146,6 +193,8 @@ class EngineMetrics:
                                      registry=r)
         self.spec = SpecCollector()
         r.register(self.spec)
+        self.compile = CompileCollector()
+        r.register(self.compile)
         self._num_spec_steps_seen = -1
 
     def update(self, engine: Any, outputs: list[StepOutput]) -> None:
@@ -168,6 +217,9 @@ class EngineMetrics:
         if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
+        compile_now = CompileSnapshot.of(engine.compile_stats)  # a few entries: cheap to compare every step
+        if compile_now != self.compile.snapshot:
+            self.compile.snapshot = compile_now
 
     def job_finished(self, outcome: JobOutcome) -> None:
         """One job ended on this worker (successes are counted by `update`)."""

@@ -99,6 +99,10 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert finished == {"succeeded": 3, "failed": 0, "deadline_exceeded": 0}
     assert _value(samples, "specfleet_jobs_deadline_exceeded_total") == 0
     assert _value(samples, "specfleet_jobs_deadline_exceeded_streak") == 0
+    compiled = {(s.labels["model"], s.labels["bucket"]): s.value for s in samples["specfleet_engine_compiled"]}
+    assert set(compiled) >= {("target", "decode"), ("draft", "decode")} and set(compiled.values()) == {0.0}  # off
+    assert {s.labels["model"]: s.value for s in samples["specfleet_engine_compile_failures_total"]} == {
+        "target": 0.0, "draft": 0.0}
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:

@@ -1,0 +1,99 @@
+"""Start-up compilation of a runner's dense path (`EngineConfig.compile`), and the decision to use it.
+
+At engine start-up, for the target and the draft alike: build the model's CompiledModel
+(workers/models/compiled.py), compile each of its shape buckets by running one forward of each (compile_stats.Bucket: one token, the
+batch-1 decode step and every draft token; small passes on one thread; larger passes on every thread, warmed
+at 16 decoding sequences), so no request ever waits for a compilation: afterwards a forward that would
+recompile runs eager instead (ModelRunner.forward). Then, per bucket:
+
+- `on`: use the compiled graph;
+- `auto`: time eager and compiled forwards of that bucket, interleaved, on this host, now, and use the
+  compiled graph only where its median was faster (no constant tuned to one host);
+- `off`: nothing is compiled.
+
+A compilation that raises leaves the runner eager: logged, and counted in CompileStats.num_failures (the
+worker exports it). Compiled artifacts (inductor's FX-graph and AOT caches) go to `cache_dir`, so a restart
+reuses them instead of recompiling.
+"""
+
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+from workers.engine.compile_stats import Bucket, CompileMode, CompileStats
+from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.models.compiled import CompiledModel
+
+log = logging.getLogger(__name__)
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+BATCH_WARM_SEQS = 16  # the multi-thread bucket is compiled and timed at this many decoding sequences
+NUM_TIMED_PASSES = 8  # per variant and bucket, for `auto`
+
+
+def point_cache_at(cache_dir: Path) -> None:
+    """Inductor's on-disk caches (FX graphs, AOT autograd, kernels) live under `cache_dir` from now on, for
+    this process (inductor reads the variable at every cache access)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[INDUCTOR_CACHE_ENV] = str(cache_dir)
+
+
+def warm_passes(runner: ModelRunner) -> dict[Bucket, list[ForwardItem]]:
+    """One decode pass per bucket the runner's thread policy uses: 1 sequence, 2, and the larger of 16 and
+    the smallest multi-thread pass. Start-up only: their K/V writes land in blocks no sequence owns yet."""
+    num_blocks = runner.kv_caches[0][0].shape[0]
+    passes: dict[Bucket, list[ForwardItem]] = {}
+    for num_seqs in (1, 2, BATCH_WARM_SEQS):
+        if num_seqs == BATCH_WARM_SEQS and runner.threads is not None:
+            num_seqs = max(num_seqs, runner.threads.single_thread_max_tokens + 1)
+        items = [ForwardItem([0], runner.block_size - 1, [i % num_blocks], num_logits=1) for i in range(num_seqs)]
+        passes.setdefault(runner.bucket_of(num_seqs), items)
+    return passes
+
+
+def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> CompileStats:
+    """Compile `runner`'s dense path and decide, per bucket, whether to use it (see the module's docstring).
+    Never raises for a compilation failure: the runner then stays eager."""
+    stats = CompileStats()
+    runner.compile_stats = stats
+    if mode is CompileMode.OFF:
+        return stats
+    start_s = time.perf_counter()
+    passes = warm_passes(runner)
+    try:
+        compiled = CompiledModel(runner.model, runner.kv_caches)
+        with compiled.compiling():
+            for items in passes.values():
+                runner.forward_with(items, compiled)
+    except Exception:
+        log.exception("compiling the %s model failed: it runs eager", name)
+        stats.record_failure()
+        return stats
+    stats.compile_time_s = time.perf_counter() - start_s
+    runner.compiled = compiled
+    for bucket, items in passes.items():
+        if mode is CompileMode.ON:
+            stats.is_compiled[bucket.value] = True
+            continue
+        eager_ms, compiled_ms = _time_interleaved(runner, compiled, items)
+        stats.eager_ms[bucket.value], stats.compiled_ms[bucket.value] = eager_ms, compiled_ms
+        stats.is_compiled[bucket.value] = compiled_ms < eager_ms
+    log.info(
+        "%s model compiled in %.1f s; compiled buckets: %s (eager ms %s, compiled ms %s)", name,
+        stats.compile_time_s, [b for b, on in stats.is_compiled.items() if on] or "none", stats.eager_ms,
+        stats.compiled_ms,
+    )
+    return stats
+
+
+def _time_interleaved(runner: ModelRunner, compiled: CompiledModel, items: list[ForwardItem]) -> tuple[float, float]:
+    """Median ms of an eager and a compiled forward of `items`, alternating so load changes hit both alike."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(NUM_TIMED_PASSES):
+        for is_compiled in (False, True):
+            start_s = time.perf_counter()
+            runner.forward_with(items, compiled if is_compiled else None)
+            times[is_compiled].append((time.perf_counter() - start_s) * 1e3)
+    return statistics.median(times[False]), statistics.median(times[True])

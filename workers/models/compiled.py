@@ -1,0 +1,136 @@
+"""The dense path of a model compiled with torch.compile (inductor), paged attention left eager.
+
+One graph covers embedding -> every layer (norm -> qkv -> rotary; o-proj -> residual -> norm -> gate/up ->
+down) -> the last hidden state. Attention is one opaque custom op per layer (`specfleet::paged_attention`,
+as vLLM's piecewise compilation does): it writes the layer's new K/V into the paged cache and attends over
+it in eager PyTorch, reading the step's metadata from an `AttentionContext` the runner fills in before the
+call. So the graph's only inputs are the [T] token ids and positions: dynamo specialises T = 1 (batch-1
+decode, a draft token) and compiles one graph with a dynamic T for everything else. Two graphs per model.
+
+With `freezing` (inductor's inference-only mode) the weights become constants of the graph and linear
+layers run oneDNN's prepacked kernels on CPU; the frozen copies live as long as the compiled module.
+"""
+
+import contextlib
+import itertools
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workers.models.attention import AttentionMetadata, paged_attention, write_kv
+from workers.models.llama import LlamaModel
+
+
+@dataclass
+class AttentionContext:
+    """What the opaque attention op reads: one per compiled model, its metadata replaced every step."""
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v) [num_blocks, block_size, KV, D]
+    scale: float  # softmax scale
+    meta: AttentionMetadata | None = None  # this step's; set by the runner before each compiled call
+
+
+@dataclass
+class _Registry:
+    # context id -> context, while its CompiledModel lives
+    contexts: weakref.WeakValueDictionary[int, AttentionContext] = field(default_factory=weakref.WeakValueDictionary)
+    ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def add(self, context: AttentionContext) -> int:
+        context_id = next(self.ids)
+        self.contexts[context_id] = context
+        return context_id
+
+
+# The op's arguments are tensors and ints only; the context id (a constant of each model's graph) names
+# the caches and metadata it works on.
+_REGISTRY = _Registry()
+# Every CompiledModel's graphs are entries of the same code object (_DenseStack.forward), a few per model
+# (compile_stats.Bucket); dynamo's default limit of 8 would stop the third model in a process (tests make many)
+_MAX_GRAPHS_PER_PROCESS = 256
+
+
+@torch.library.custom_op("specfleet::paged_attention", mutates_args=())
+def _paged_attention_op(
+    q: torch.Tensor,  # [T, H, D] rotated
+    k: torch.Tensor,  # [T, KV, D] rotated
+    v: torch.Tensor,  # [T, KV, D]
+    context_id: int,
+    layer: int,
+) -> torch.Tensor:  # [T, H * D]
+    # the caches are not arguments, so the graph sees no mutation: only this op touches a layer's cache,
+    # and every later layer depends on its output, so the order of writes and reads is the data flow's
+    context = _REGISTRY.contexts[context_id]
+    meta = context.meta
+    assert meta is not None, "the runner sets the step's attention metadata before a compiled forward"
+    k_cache, v_cache = context.kv_caches[layer]
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    return paged_attention(q, k_cache, v_cache, meta, context.scale)
+
+
+@_paged_attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_id: int, layer: int) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
+class _DenseStack(nn.Module):
+    """model.hidden_states with the opaque op as every layer's attention (a module, so freezing sees the
+    model's parameters as parameters)."""
+
+    def __init__(self, model: LlamaModel, context_id: int) -> None:
+        super().__init__()
+        self.model = model
+        self.context_id = context_id
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        op = torch.ops.specfleet.paged_attention
+        attends = [
+            lambda q, k, v, i=i: op(q, k, v, self.context_id, i) for i in range(len(self.model.layers))
+        ]
+        return self.model.hidden_states(input_ids, positions, attends)
+
+
+class CompiledModel:
+    """A model's compiled dense path. Compilation is lazy (the first call of each shape bucket): call it
+    with the shapes you serve inside `compiling()` at start-up. `forward` raises whatever compilation or
+    the graph raises; the caller falls back to the eager model. Inference only: the weights are frozen
+    into the graphs, so they must not change afterwards."""
+
+    def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.model = model
+        self.context = AttentionContext(kv_caches, model.attn_scale)
+        self._stack = torch.compile(_DenseStack(model, _REGISTRY.add(self.context)), fullgraph=True)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def compiling() -> Iterator[None]:
+        """Where compilations happen: with inductor's freezing (it is decided before torch.compile's own
+        `options` apply, so it is patched around the compiling calls), and room for every model's graphs."""
+        with (
+            torch._inductor.config.patch(freezing=True),
+            torch._dynamo.config.patch(recompile_limit=_MAX_GRAPHS_PER_PROCESS),
+        ):
+            yield
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,  # [S] long
+    ) -> torch.Tensor:  # [S, V] float32
+        # fresh tensors: dynamo guards on whether an input is a view (the decode batch's are rows of one
+        # tensor, a prefill's are not), and one graph per bucket must take both
+        input_ids, positions = input_ids.clone(), positions.clone()
+        if input_ids.shape[0] > 1:
+            torch._dynamo.mark_dynamic(input_ids, 0)  # one graph for every T > 1, never one per size
+            torch._dynamo.mark_dynamic(positions, 0)
+        self.context.meta = meta
+        try:
+            h = self._stack(input_ids, positions)  # [T, hidden]
+        finally:
+            self.context.meta = None
+        return self.model.logits(h, logits_indices)
