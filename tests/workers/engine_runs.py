@@ -3,6 +3,7 @@
 from pathlib import Path
 from typing import Any
 
+from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.outputs import StepOutput
@@ -14,6 +15,13 @@ def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: An
     (the configured default method, draft, needs a draft model), unless overridden."""
     settings = dict(dtype="float32", kv_cache_mb=4, block_size=4, speculative_method="none") | overrides
     return Engine(EngineConfig(**settings), target_dir, draft_dir)
+
+
+def spec_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides: Any) -> Engine:
+    """make_engine on the spec_models fixture's checkpoints: float64, 16 MiB of KV, the draft model speculating
+    (draft names one of the fixture's drafts; None: no draft model), unless overridden."""
+    settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
+    return make_engine(models["target"], models[draft] if draft else None, **settings)
 
 
 def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:

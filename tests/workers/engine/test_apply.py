@@ -2,10 +2,8 @@
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
-from shared.speculation import SpeculativeMethod
-from tests.workers.engine_runs import greedy, make_engine
+from tests.workers.engine_runs import greedy, spec_engine
 from workers.engine.engine import Engine, forward_item
 from workers.engine.scheduler_output import SchedulerOutput
 from workers.engine.sequence import Sequence
@@ -14,9 +12,7 @@ from workers.spec.verify_batch import VerifyEntry
 PROMPTS = {"a": [5, 9, 14, 5, 9, 14, 5, 9], "b": [3, 17, 40, 2, 8]}
 
 
-def spec_engine(models: dict[str, Path], draft: str | None, **overrides: Any) -> Engine:
-    settings = dict(dtype="float64", kv_cache_mb=16, is_adaptive=False, num_speculative_tokens=3) | overrides
-    return make_engine(models["target"], models[draft] if draft else None, **settings)
+FIXED_K = {"is_adaptive": False, "num_speculative_tokens": 3}  # every step drafts 3 tokens
 
 
 def decoding_plan(engine: Engine) -> SchedulerOutput:
@@ -43,7 +39,7 @@ def state_of(seq: Sequence) -> tuple:
 def test_draft_proposals_leave_the_sequences_untouched_until_the_engine_applies_them(
     spec_models: dict[str, Path],
 ) -> None:
-    engine = spec_engine(spec_models, "close_draft", speculative_method=SpeculativeMethod.DRAFT)
+    engine = spec_engine(spec_models, "close_draft", **FIXED_K)
     plan = decoding_plan(engine)
     before = {s.request_id: state_of(s.seq) for s in plan.scheduled}
 
@@ -63,7 +59,7 @@ def test_draft_proposals_leave_the_sequences_untouched_until_the_engine_applies_
 
 
 def test_the_verifier_returns_verdicts_and_the_engine_applies_them(spec_models: dict[str, Path]) -> None:
-    engine = spec_engine(spec_models, "close_draft", speculative_method=SpeculativeMethod.DRAFT)
+    engine = spec_engine(spec_models, "close_draft", **FIXED_K)
     plan = decoding_plan(engine)
     proposed = engine.speculator.propose(plan.speculating)
     engine.applier.apply_proposals(proposed, engine.sequences)
@@ -89,7 +85,7 @@ def test_the_verifier_returns_verdicts_and_the_engine_applies_them(spec_models: 
 
 
 def test_a_failing_draft_is_a_fallback_the_engine_applies(spec_models: dict[str, Path]) -> None:
-    engine = spec_engine(spec_models, "poisoned_draft", speculative_method=SpeculativeMethod.DRAFT)
+    engine = spec_engine(spec_models, "poisoned_draft", **FIXED_K)
     plan = decoding_plan(engine)
     before = {s.request_id: state_of(s.seq) for s in plan.scheduled}
     proposed = engine.speculator.propose(plan.speculating)

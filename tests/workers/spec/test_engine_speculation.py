@@ -5,18 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.speculation import SpeculativeMethod
-from tests.workers.engine_runs import greedy, make_engine, run_all, tokens
-from workers.engine.engine import Engine
+from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
 from workers.engine.sampling_params import SamplingParams
 
 NUM_PROMPTS = 52
-
-
-def spec_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides) -> Engine:
-    """make_engine with this module's defaults: float64, 16 MiB of KV, the draft model speculating."""
-    settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
-    return make_engine(models["target"], models[draft] if draft else None, **settings)
 
 
 def make_prompts() -> list[list[int]]:

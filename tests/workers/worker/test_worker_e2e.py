@@ -137,7 +137,7 @@ def test_submit_poll_and_stream_match(fleet: FleetClient) -> None:
     assert job["usage"]["prompt_tokens"] > 0 and job["metrics"]["ttft_ms"] > 0
     assert (
         job["metrics"]["acceptance_rate"] is not None
-    )  # speculative by default (configs/engine.yaml: draft)
+    )  # speculative by default (EngineConfig.speculative_method: draft; n-gram without a draft model)
     assert job["started_at"] >= job["created_at"] and job["completed_at"] >= job["started_at"]
     ready = fleet.http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["workers_alive"] == 2
