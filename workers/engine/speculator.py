@@ -117,7 +117,7 @@ class Speculator:
                 acceptance=spec.controller.acceptance,
                 max_k=chain_max,
                 proposer=proposer,
-                num_catch_up_tokens=max(1, len(seq) - spec.draft_num_computed) if proposer else 1,
+                num_catch_up_tokens=self._catch_up_cost_tokens(seq, spec),
                 tree_size=tree_size,
                 tree_branching=self.cfg.tree_branching,
             )))  # fmt: skip
@@ -140,6 +140,12 @@ class Speculator:
             if k:
                 lengths[seq.request_id] = k if is_tree else max(k, min(self.adaptive.k_min, c.max_k))
         return lengths
+
+    def _catch_up_cost_tokens(self, seq: Sequence, spec: SpecState) -> int:
+        """Tokens a proposer's first pass is charged: those it has not seen, up to a step's worth (k_max + 1).
+        A longer backlog (the prompt, or steps it sat out) is paid whenever it next drafts, so it must not
+        weigh on this step alone: charged in full, it would keep a sequence from ever drafting again."""
+        return max(1, min(len(seq) - spec.draft_num_computed, self.adaptive.k_max + 1))
 
     def propose(self, speculating: list[ScheduledSeq]) -> ProposeOutput:
         """Up to num_lookahead draft tokens for each entry; reads the sequences, writes none of them."""

@@ -3,7 +3,9 @@
 `PassCostTable` keeps a time in seconds at a grid of token counts (1, 2, 3, 4, 6, 8, 12, 16, ... 2048) and
 answers any count by linear interpolation between its two grid neighbours (past the grid's ends: the
 nearest point, scaled by tokens above the grid). It is filled by timing real passes: the engine probes a few
-sizes at start-up (workers/engine/cost_probe.py) and then feeds it every pass it runs. An observation of n
+sizes at start-up (workers/engine/cost_probe.py) and then feeds it every pass it runs. Estimates read the
+table's lower envelope from above - a pass is never taken to cost more than a bigger one - so one stalled
+measurement (another process held the core) cannot make a size look dear for good. An observation of n
 tokens that took t seconds corrects the two neighbours of n by the ratio of t to their estimate, each in
 proportion to its interpolation weight (an exponentially weighted average per point), so the table tracks
 the host as it is now: a noisy neighbour, a compiled path, longer contexts.
@@ -66,19 +68,24 @@ class PassCostTable:
         """One timed pass: a new grid point is set outright; measured ones move toward what it implies."""
         if num_tokens <= 0 or seconds <= 0.0:
             return
-        updates = []
-        for index, weight in self._neighbours(num_tokens):
+        neighbours = self._neighbours(num_tokens)
+        known: list[tuple[int, float, float]] = []  # (grid index, weight, its time) of the measured neighbours
+        for index, weight in neighbours:
             old = self.seconds[index]
             if old is not None:
-                ratio = seconds / self.estimate_s(num_tokens)
-                updates.append((index, old * (1.0 + self.rate * weight * (ratio - 1.0))))
-            elif weight >= 0.5:  # an unmeasured point learns from scratch from the nearer side only
+                known.append((index, weight, old))
+        raw_estimate = sum(w * old for _, w, old in known) / sum(w for _, w, _ in known) if known else 0.0
+        for index, weight, old in known:  # the raw points, not the envelope: a stalled point must recover
+            self.seconds[index] = old * (1.0 + self.rate * weight * (seconds / raw_estimate - 1.0))
+        for index, weight in neighbours:
+            if self.seconds[index] is None and weight >= 0.5:  # unmeasured: learns from the nearer side only
                 scale = self.grid[index] / num_tokens if num_tokens > self.max_tokens else 1.0
-                updates.append((index, seconds * scale))
-        for index, value in updates:
-            self.seconds[index] = value
+                self.seconds[index] = seconds * scale
         measured = [(g, s) for g, s in zip(self.grid, self.seconds, strict=True) if s is not None]
-        self._measured = ([g for g, _ in measured], [s for _, s in measured])
+        envelope = [s for _, s in measured]
+        for i in range(len(envelope) - 2, -1, -1):  # a pass never costs more than a bigger one (a stall did)
+            envelope[i] = min(envelope[i], envelope[i + 1])
+        self._measured = ([g for g, _ in measured], envelope)
 
     def _neighbours(self, num_tokens: int) -> list[tuple[int, float]]:
         """(grid index, interpolation weight) of the grid points around num_tokens."""
@@ -93,4 +100,4 @@ class PassCostTable:
 
     def snapshot(self) -> dict[int, float]:
         """token count -> estimated ms, for the measured grid points (logs, bench JSON)."""
-        return {g: s * 1e3 for g, s in zip(self.grid, self.seconds, strict=True) if s is not None}
+        return {g: s * 1e3 for g, s in zip(*self._measured, strict=True)}

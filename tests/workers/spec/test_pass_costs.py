@@ -47,3 +47,14 @@ def test_passes_beyond_the_grid_scale_onto_its_last_point() -> None:
 def test_the_grid_is_fine_where_threads_and_dispatch_change_costs() -> None:
     assert PassCostTable(max_tokens=64).grid == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     assert PassCostTable(max_tokens=50).grid[-1] == 64  # the grid covers max_tokens
+
+
+def test_one_stalled_measurement_does_not_make_a_size_look_dearer_than_a_bigger_pass() -> None:
+    table = PassCostTable(max_tokens=64)
+    for n, ms in [(8, 10.0), (12, 900.0), (16, 14.0)]:  # the 12-token pass waited on a busy core
+        table.observe(n, ms / 1e3)
+    assert table.estimate_s(12) == pytest.approx(0.014)
+    assert table.estimate_s(8) == pytest.approx(0.010)
+    for _ in range(40):  # real 12-token passes bring the stalled point back
+        table.observe(12, 0.012)
+    assert table.seconds[table.grid.index(12)] == pytest.approx(0.012, rel=0.01)
