@@ -1,5 +1,6 @@
 """Driving an Engine in tests: make one on a test checkpoint, run requests, collect outputs, read their tokens."""
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,19 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
+from workers.spec.pass_costs import PassCostTable
+
+CostFn = Callable[[int], float]  # tokens in a pass -> seconds
+
+
+def target_like_a_cpu(num_tokens: int) -> float:
+    """A target pass that is mostly fixed cost: 10 ms, plus 0.3 ms per token (a small batch is nearly free)."""
+    return 10e-3 + 0.3e-3 * num_tokens
+
+
+def draft_like_a_cpu(num_tokens: int) -> float:
+    """A draft pass one hundredth of the target's."""
+    return 0.1e-3 + 0.003e-3 * num_tokens
 
 
 def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: Any) -> Engine:
@@ -17,11 +31,40 @@ def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: An
     return Engine(EngineConfig(**settings), target_dir, draft_dir)
 
 
-def spec_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides: Any) -> Engine:
+def spec_engine(
+    models: dict[str, Path],
+    draft: str | None = "close_draft",
+    costs: tuple[CostFn, CostFn] | None = (target_like_a_cpu, draft_like_a_cpu),
+    **overrides: Any,
+) -> Engine:
     """make_engine on the spec_models fixture's checkpoints: float64, 16 MiB of KV, the draft model speculating
-    (draft names one of the fixture's drafts; None: no draft model), unless overridden."""
+    (draft names one of the fixture's drafts; None: no draft model), unless overridden. The fixture's drafts
+    cost what their target does, so the engine's measured costs would rightly turn speculation off: `costs`
+    pins the pass costs the length policy sees (target, draft) to a host where speculation pays, so tests
+    get the same lengths on any machine; None keeps the measured ones."""
     settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
-    return make_engine(models["target"], models[draft] if draft else None, **settings)
+    engine = make_engine(models["target"], models[draft] if draft else None, **settings)
+    if costs is not None:
+        pin_costs(engine, *costs)
+    return engine
+
+
+def pin_costs(engine: Engine, target_s: CostFn, draft_s: CostFn) -> None:
+    """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs."""
+    speculator = engine.speculator
+    speculator.target_costs = fixed_table(target_s, speculator.target_costs.max_tokens)
+    engine.runner.on_pass = None
+    for name, table in list(speculator.proposer_costs.items()):
+        speculator.proposer_costs[name] = fixed_table(draft_s, table.max_tokens)
+    if speculator.draft is not None:
+        speculator.draft.runner.on_pass = None
+
+
+def fixed_table(cost_s: CostFn, max_tokens: int) -> PassCostTable:
+    table = PassCostTable(max_tokens=max_tokens)
+    for num_tokens in table.grid:
+        table.observe(num_tokens, cost_s(num_tokens))
+    return table
 
 
 def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:

@@ -69,6 +69,7 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         run_ours(engine, prompts[:1], 8)  # warm-up
         for batch in plan.batch_sizes:
             before = dataclasses.replace(engine.speculator.stats.counts)
+            chosen_before = _chosen_totals(engine)
             before_per_position = (list(before.drafted_per_position), list(before.accepted_per_position))
             used = prompts[: plan.num_bs1_prompts] if batch == 1 else prompts
             seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
@@ -83,6 +84,7 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
                 "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
                 "match_vs_plain": match_rate(outs, outputs[("plain", batch)]) if name != "plain" else 1.0,
                 "acceptance_per_position": _per_position_since(counts, *before_per_position),
+                "chosen_draft_tokens_per_seq_step": _chosen_since(engine, chosen_before),
             })
             log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
         dtype = engine.runner.model.embed.weight.dtype
@@ -121,6 +123,18 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         ratios["sd_vs_plain_bs4"] = tps[("sd_draft_chain", 4)] / tps[("plain", 4)]
         ratios["best_sd_vs_plain_bs4"] = max(tps[(v, 4)] for v in VARIANTS if v != "plain") / tps[("plain", 4)]
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _chosen_totals(engine: Engine) -> tuple[int, int]:
+    """(sequence-steps planned, draft tokens chosen) so far, over every batch size."""
+    chosen = engine.speculator.chosen_by_batch
+    return sum(n * b for b, (n, _) in chosen.items()), sum(t for _, t in chosen.values())
+
+
+def _chosen_since(engine: Engine, before: tuple[int, int]) -> float:
+    """What the length policy chose in this run: draft tokens (tree: nodes) per decoding sequence per step."""
+    seq_steps, tokens = (now - then for now, then in zip(_chosen_totals(engine), before, strict=True))
+    return tokens / seq_steps if seq_steps else 0.0
 
 
 def _per_position_since(counts: Any, drafted_before: list[int], accepted_before: list[int]) -> list[list[float]]:

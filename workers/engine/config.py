@@ -15,7 +15,6 @@ import yaml
 from pydantic import (
     ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -62,9 +61,10 @@ class EngineConfig:
     tree_branching: PositiveInt = 2  # children per tree node at most
     ngram_min_n: PositiveInt = 1
     ngram_max_n: PositiveInt = 4
-    spec_batch_token_budget: PositiveInt = 64  # target pass tokens before it is compute-bound
-    spec_max_batch_size: NonNegativeInt = 16  # more decoding sequences than this: nobody speculates
-    spec_draft_cost_per_token: NonNegativeFloat = 0.15  # one more draft token's cost, in target decode steps
+    # lengths come from pass costs measured at run time (workers/spec/length_policy.py), except for seeded
+    # sampling requests, whose draws must not depend on timing: their k weighs acceptance against this
+    # nominal cost of one more draft token, in target decode steps
+    spec_draft_cost_per_token: PositiveFloat = 0.15
     spec_fallback_acceptance: Annotated[float, Field(ge=0, le=1)] = 0.15  # below this for `patience` steps: plain
     spec_fallback_patience_steps: PositiveInt = 16
 

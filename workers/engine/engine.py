@@ -20,6 +20,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.compilation import compile_runner, point_cache_at
 from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
+from workers.engine.cost_probe import probe, probe_sizes
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
@@ -65,11 +66,12 @@ class Engine:
         )
         self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len)
+        self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
         )
         self.scheduler = Scheduler(
-            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, lookahead=self.speculator.lookahead
+            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.speculator.plan_lookahead
         )
         self.sequences: dict[str, Sequence] = {}
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
@@ -85,6 +87,18 @@ class Engine:
         if draft_runner is not None:
             stats["draft"] = compile_runner(draft_runner, self.cfg.compile, "draft")
         return stats
+
+    def _measure_costs(self, draft_runner: ModelRunner | None) -> None:
+        """Time the target's and the draft's passes now (cost_probe.py), then feed every later pass to the
+        speculator's tables: speculation lengths follow this host's costs as they are."""
+        costs = self.speculator
+        per_seq = 1 + self.cfg.num_speculative_tokens  # a verify pass: the last token + k drafts per sequence
+        probe(self.runner, costs.target_costs, probe_sizes(self.cfg.max_num_batched_tokens), per_seq)
+        self.runner.on_pass = costs.target_costs.observe
+        if draft_runner is not None:
+            table = costs.proposer_costs[SpeculativeMethod.DRAFT.value]
+            probe(draft_runner, table, probe_sizes(min(self.cfg.max_num_seqs, self.cfg.max_num_batched_tokens)), 1)
+            draft_runner.on_pass = table.observe
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

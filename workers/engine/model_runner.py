@@ -6,6 +6,8 @@ may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -172,6 +174,8 @@ class ModelRunner:
         ]
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
+        # called after every forward with (tokens in the pass, seconds it took): the speculator's cost tables
+        self.on_pass: Callable[[int, float], None] | None = None
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -195,8 +199,15 @@ class ModelRunner:
         """One forward: compiled where compile_stats says so, else eager. A compiled forward that raises
         (or would recompile: start-up compiled every bucket) is logged and counted, and this runner stays
         eager from then on; the pass reruns eager, rewriting the same K/V slots."""
+        start_s = time.perf_counter()
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
         num_tokens = batch.input_ids.shape[0]
+        logits = self._forward_batch(batch, num_tokens)
+        if self.on_pass is not None:
+            self.on_pass(num_tokens, time.perf_counter() - start_s)
+        return logits
+
+    def _forward_batch(self, batch: ForwardBatch, num_tokens: int) -> torch.Tensor:  # [S, V] float32
         if self.compiled is None or not self.compile_stats.uses_compiled(self.bucket_of(num_tokens)):
             return self._run(batch, None)
         try:

@@ -14,6 +14,9 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence, SequenceStatus
 
+# (decoding sequences, the pass's tokens before drafts, room left for drafts) -> request_id -> draft tokens
+PlanLookahead = Callable[[list[Sequence], int, int], dict[str, int]]
+
 
 class Scheduler:
     def __init__(
@@ -21,10 +24,10 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        lookahead: Callable[[Sequence, int], int] = lambda seq, batch_size: 0,
+        plan_lookahead: PlanLookahead = lambda decodes, num_base_tokens, max_extra_tokens: {},
     ) -> None:
         self.block_manager = block_manager
-        self.lookahead = lookahead  # speculative tokens a decoding sequence gets, given the batch size
+        self.plan_lookahead = plan_lookahead  # draft tokens per decoding sequence, chosen for the whole step
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -40,13 +43,13 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        batch_size = len(self.running) + min(len(self.waiting), self.max_num_seqs - len(self.running))
+        lookaheads = self._plan_lookahead()
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
             is_decode = num_new == seq.num_uncomputed_tokens == 1
-            num_extra = min(self.lookahead(seq, batch_size), budget - num_new) if is_decode else 0
+            num_extra = min(lookaheads.get(seq.request_id, 0), budget - num_new) if is_decode else 0
             if not self._reserve(seq, seq.num_computed_tokens + num_new + num_extra, preempted):
                 break  # seq itself was preempted; it was the newest, nothing runs after it
             scheduled.append(_entry(seq, num_new, num_extra))
@@ -67,6 +70,18 @@ class Scheduler:
             scheduled.append(_entry(seq, num_new, 0))
             budget -= num_new
         return SchedulerOutput(scheduled, self.max_num_batched_tokens - budget, preempted)
+
+    def _plan_lookahead(self) -> dict[str, int]:
+        """Ask for the step's draft lengths, with the pass it will run: the running sequences' chunks and
+        decodes, plus the prompt tokens the waiting queue is likely to add (KV permitting)."""
+        budget = self.max_num_batched_tokens
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        num_base = min(budget, sum(s.num_uncomputed_tokens for s in self.running))
+        num_admissible = max(0, self.max_num_seqs - len(self.running))
+        num_base += min(budget - num_base, sum(s.num_uncomputed_tokens for s in list(self.waiting)[:num_admissible]))
+        if not decodes:
+            return {}
+        return self.plan_lookahead(decodes, num_base, budget - num_base)
 
     def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         """Give `seq` KV room for `num_tokens`, preempting the newest running sequences if needed."""

@@ -1,7 +1,9 @@
 """Speculative decoding inside continuous batching: who speculates how much, proposing, verifying.
 
-Per step, for every decoding sequence that speculates: `lookahead` (asked by the scheduler) decides its
-k (or tree size) from its own acceptance and the batch; `propose` runs the n-gram index or the draft model;
+Per step, for the decoding sequences that speculate: `plan_lookahead` (asked by the scheduler) chooses
+each one's k (or tree) from its acceptance and the pass costs measured on this host (workers/spec/
+length_policy.py; the tables are fed by every forward the runners time); `propose` runs the n-gram index or
+the draft model;
 the engine scores everything in ONE target forward; `verify` accepts. The speculator reads sequences and
 returns values (ProposeOutput, Verdicts): the engine applies them (workers/engine/apply.py). A failing draft
 makes its sequences fall back to plain decoding (the engine counts it) and the step goes on.
@@ -20,8 +22,10 @@ from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
-from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, batch_k_limit
+from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
+from workers.spec.length_policy import Candidate, LengthPlan, choose_lengths
 from workers.spec.ngram import NgramIndex
+from workers.spec.pass_costs import PassCostTable
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.state import SpecState, SpecStats
 from workers.spec.verify_batch import VerifyEntry, verify_batch
@@ -54,10 +58,16 @@ class Speculator:
             draft_cost_per_token=cfg.spec_draft_cost_per_token,
             fallback_acceptance=cfg.spec_fallback_acceptance,
             fallback_patience_steps=cfg.spec_fallback_patience_steps,
-            batch_token_budget=cfg.spec_batch_token_budget,
-            max_spec_batch_size=cfg.spec_max_batch_size,
         )
         self.stats = SpecStats()  # engine-wide figures; draft time here, the rest where the engine applies
+        # pass costs measured on this host (the engine probes them at start-up, then every forward feeds them)
+        self.target_costs = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
+        self.proposer_costs: dict[str, PassCostTable] = {}  # proposer -> its passes; n-gram lookup has none
+        if draft is not None:
+            self.proposer_costs[SpeculativeMethod.DRAFT.value] = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
+        self.last_plan: LengthPlan | None = None  # the latest step's choice (logs, bench)
+        # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
+        self.chosen_by_batch: dict[int, list[int]] = {}
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
         method = SpeculativeMethod(params.speculative or self.cfg.speculative_method)
@@ -78,23 +88,64 @@ class Speculator:
         return spec.method is SpeculativeMethod.DRAFT and self.cfg.tree_size > 0
 
     # ---- before the forward ---------------------------------------------------------------------
-    def lookahead(self, seq: Sequence, batch_size: int) -> int:
-        """Draft tokens (tree: nodes) this decoding sequence verifies this step; 0 = plain decoding."""
-        spec = seq.spec
-        if spec is None or not spec.is_active:
-            return 0
-        # a seeded sampling request keeps its own k whatever the batch, so its draws stay reproducible
-        is_batch_free = seq.params.seed is not None and not seq.params.is_greedy
-        if self.uses_tree(spec):  # a tree's nodes share the batch's spare target tokens like chain tokens do
-            tree_size = self.cfg.tree_size
-            limit = tree_size if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size, tree_size)
-            # a tree cut below its size spends its few nodes on siblings: a chain uses them better
-            want = limit if limit >= tree_size else spec.controller.k_for_step(min(limit, self.adaptive.k_max))
-        else:
-            limit = self.adaptive.k_max if is_batch_free else batch_k_limit(self.adaptive, batch_size, batch_size)
-            want = spec.controller.k_for_step(limit)
-        useful = seq.params.max_tokens - seq.num_output_tokens - 1  # the step adds one token on top
-        return max(0, min(want, useful, self.max_model_len - len(seq)))
+    def plan_lookahead(self, decodes: list[Sequence], num_base_tokens: int, max_extra_tokens: int) -> dict[str, int]:
+        """request_id -> draft tokens (tree: nodes) each decoding sequence verifies this step; absent = 0.
+
+        num_base_tokens: the target pass's tokens before speculation; max_extra_tokens: room left for drafts.
+        A seeded sampling request keeps its own nominal k (see adaptive.py) so its draws do not depend on
+        timing; with is_adaptive off every sequence takes num_speculative_tokens (or its tree); the rest are
+        chosen together, from measured costs, to maximise the step's expected tokens per second."""
+        fixed: dict[str, int] = {}
+        chosen: list[tuple[Sequence, Candidate]] = []
+        for seq in decodes:
+            spec = seq.spec
+            if spec is None or not spec.is_active:
+                continue
+            useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
+            if useful <= 0:  # the step's own token is the last one: nothing to draft
+                continue
+            is_tree_seq = self.uses_tree(spec)
+            tree_size = self.cfg.tree_size if is_tree_seq and useful >= self.cfg.tree_size else 0
+            # a lookahead of tree_size or more means a tree (see _propose_with_draft): chains stay shorter
+            chain_max = min(self.adaptive.k_max, useful, self.cfg.tree_size - 1 if is_tree_seq else useful)
+            if (seq.params.seed is not None and not seq.params.is_greedy) or not self.cfg.is_adaptive:
+                nominal = self.adaptive.k_max if not self.cfg.is_adaptive else spec.controller.k
+                fixed[seq.request_id] = tree_size or min(nominal, chain_max)
+                continue
+            proposer = spec.method.value if spec.method.value in self.proposer_costs else None
+            chosen.append((seq, Candidate(
+                acceptance=spec.controller.acceptance,
+                max_k=chain_max,
+                proposer=proposer,
+                num_catch_up_tokens=self._catch_up_cost_tokens(seq, spec),
+                tree_size=tree_size,
+                tree_branching=self.cfg.tree_branching,
+            )))  # fmt: skip
+        num_fixed = sum(fixed.values())
+        plan = choose_lengths(
+            [c for _, c in chosen],
+            num_sure_tokens=len(decodes),
+            num_base_tokens=num_base_tokens + num_fixed,
+            max_extra_tokens=max(0, max_extra_tokens - num_fixed),
+            target=self.target_costs,
+            proposers=self.proposer_costs,
+        )
+        if chosen:
+            self.last_plan = plan
+        lengths = dict(fixed)
+        tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
+        tally[0] += 1
+        tally[1] += num_fixed + sum(plan.lengths)
+        for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):
+            if k:
+                lengths[seq.request_id] = k if is_tree else max(k, min(self.adaptive.k_min, c.max_k))
+        return lengths
+
+    def _catch_up_cost_tokens(self, seq: Sequence, spec: SpecState) -> int:
+        """Tokens a proposer's first pass is charged: those it has not seen, up to a step's worth (k_max + 1).
+        A longer backlog (the prompt, or steps it sat out) is paid whenever it next drafts, so it must not
+        weigh on this step alone: charged in full, it would keep a sequence from ever drafting again."""
+        return max(1, min(len(seq) - spec.draft_num_computed, self.adaptive.k_max + 1))
 
     def propose(self, speculating: list[ScheduledSeq]) -> ProposeOutput:
         """Up to num_lookahead draft tokens for each entry; reads the sequences, writes none of them."""

@@ -1,17 +1,17 @@
-"""How many tokens to speculate: per sequence from its recent acceptance, capped by the batch.
+"""One sequence's acceptance estimate, and its speculation length where timing must not decide it.
 
 Per sequence, `SpecLengthController` keeps an exponentially weighted estimate of the per-token acceptance
-probability alpha and picks the k in [k_min, k_max] that maximises expected tokens per unit of cost:
+probability alpha. The engine chooses each step's lengths from it and from costs measured on this host
+(length_policy.py). The controller's own `k` - the k in [k_min, k_max] with the most expected tokens per
+unit of a *nominal* cost,
     tokens(k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)   (accepted + the one emitted)
     cost(k)   = 1 + draft_cost_per_token * k                                 (in target decode steps)
+- is used only where the length must not depend on timing: a seeded sampling request, whose draws (and so
+its output) depend on how many tokens each step drafts, must reproduce on any host and under any load.
 The estimate counts *tested* positions: after the first rejection the rest of the draft was never judged,
 so a step with n accepted of k drafted is n successes in n + (1 if n < k) trials - dividing by k instead
 would bias alpha downwards for long drafts. When the estimate stays below `fallback_acceptance` for
 `fallback_patience_steps` steps in a row, the sequence falls back to plain decoding for good.
-
-Per batch, `batch_k_limit` caps k: a target pass is memory-bound (extra tokens nearly free) until the batch
-holds about `batch_token_budget` tokens; the spare tokens are shared among the decoding sequences, and above
-`max_spec_batch_size` decoding sequences nobody speculates.
 """
 
 from dataclasses import dataclass
@@ -23,11 +23,9 @@ class AdaptiveConfig:
     k_max: int = 8  # largest k
     initial_acceptance: float = 0.6  # prior alpha, worth one tested token
     decay: float = 0.7  # weight past observations keep per step (EWMA); 0 = only the last step
-    draft_cost_per_token: float = 0.1  # drafting + verifying one more token, in target decode steps
+    draft_cost_per_token: float = 0.1  # nominal cost of one more draft token, in target steps (seeded requests)
     fallback_acceptance: float = 0.2  # alpha below this makes a step poor
     fallback_patience_steps: int = 16  # consecutive poor steps before the sequence stops speculating
-    batch_token_budget: int = 512  # tokens per target pass before it is compute-bound
-    max_spec_batch_size: int = 64  # more decoding sequences than this: no speculation
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -42,11 +40,6 @@ class AdaptiveConfig:
             raise ValueError(f"fallback_acceptance must be in [0, 1), got {self.fallback_acceptance}")
         if self.fallback_patience_steps < 1:
             raise ValueError(f"fallback_patience_steps must be >= 1, got {self.fallback_patience_steps}")
-        if self.batch_token_budget < 1 or self.max_spec_batch_size < 1:
-            raise ValueError(
-                f"batch_token_budget and max_spec_batch_size must be >= 1, "
-                f"got {self.batch_token_budget}, {self.max_spec_batch_size}"
-            )
 
 
 def expected_tokens_per_cost(acceptance: float, k: int, draft_cost_per_token: float) -> float:
@@ -62,7 +55,7 @@ def best_k(acceptance: float, config: AdaptiveConfig) -> int:
 
 
 class SpecLengthController:
-    """One sequence's speculation length: call `k_for_step` before drafting and `update` after verifying."""
+    """One sequence's acceptance estimate (and nominal k): call `update` after each verified chain."""
 
     def __init__(self, config: AdaptiveConfig) -> None:
         self.config = config
@@ -76,10 +69,6 @@ class SpecLengthController:
     def acceptance(self) -> float:
         """Estimated probability that the target accepts a draft token."""
         return self._num_accepted_ewma / self._num_tested_ewma
-
-    def k_for_step(self, batch_limit: int) -> int:
-        """Draft tokens to propose this step, under the batch's cap (see batch_k_limit); 0 = plain decoding."""
-        return min(self.k, batch_limit)
 
     def update(self, num_drafted: int, num_accepted: int) -> bool:
         """Record one verified step; returns True exactly on the step this sequence falls back (count it)."""
@@ -100,18 +89,3 @@ class SpecLengthController:
         self.k = best_k(self.acceptance, self.config)
         return False
 
-
-def batch_k_limit(
-    config: AdaptiveConfig,
-    num_decode_seqs: int,  # sequences in the step that could speculate
-    num_scheduled_tokens: int,  # tokens in the step before speculation: prefill chunks + 1 per decode
-    max_tokens: int | None = None,  # per-sequence ceiling: None = config.k_max (chains); trees pass their size
-) -> int:
-    """Largest number of draft tokens (chain k, or tree nodes) any sequence may verify this step."""
-    ceiling = config.k_max if max_tokens is None else max_tokens
-    if num_decode_seqs > config.max_spec_batch_size:
-        return 0
-    if num_decode_seqs == 0:
-        return ceiling
-    num_spare_tokens = max(0, config.batch_token_budget - num_scheduled_tokens)
-    return min(ceiling, num_spare_tokens // num_decode_seqs)

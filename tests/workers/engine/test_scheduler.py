@@ -26,8 +26,13 @@ def run_plan(scheduler: Scheduler) -> None:
 
 def test_the_plan_of_a_mixed_prefill_decode_and_speculating_batch() -> None:
     blocks = BlockManager(num_blocks=64, block_size=4)
-    scheduler = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=16,
-                          lookahead=lambda seq, batch_size: 3 if seq.request_id == "spec" else 0)
+    asked: list[tuple[list[str], int, int]] = []  # the planner's arguments: decodes, base tokens, room left
+
+    def plan_lookahead(decodes: list[Sequence], num_base_tokens: int, max_extra_tokens: int) -> dict[str, int]:
+        asked.append(([s.request_id for s in decodes], num_base_tokens, max_extra_tokens))
+        return {"spec": 3}
+
+    scheduler = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=16, plan_lookahead=plan_lookahead)
     spec, plain, long = new_seq("spec", 5), new_seq("plain", 3), new_seq("long", 40)
     scheduler.add(spec)
     scheduler.add(plain)
@@ -48,6 +53,9 @@ def test_the_plan_of_a_mixed_prefill_decode_and_speculating_batch() -> None:
         assert s.block_table is s.seq.block_table
         assert len(s.block_table) * 4 >= s.start_pos + s.num_new_tokens + s.num_lookahead
     assert spec.num_computed_tokens == 5 and long.num_computed_tokens == 0  # scheduling computes nothing
+    # asked with the pass it would run: 2 decodes + the waiting prompt's chunk fill the 16 tokens, no room left
+    # (the planner's answer is still capped by the budget: the prefill chunk shrinks to make room)
+    assert asked[-1] == (["spec", "plain"], 16, 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.scheduled[0].num_new_tokens = 2  # type: ignore[misc]
 

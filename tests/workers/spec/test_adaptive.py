@@ -1,8 +1,8 @@
-"""Adaptive speculation length: follows acceptance, falls back, shrinks with the batch."""
+"""The per-sequence acceptance estimate and nominal k: follows acceptance, falls back."""
 
 import pytest
 
-from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, batch_k_limit, best_k
+from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, best_k
 
 CONFIG = AdaptiveConfig(k_min=1, k_max=8, fallback_acceptance=0.2, fallback_patience_steps=5)
 
@@ -39,7 +39,6 @@ def test_fallback_after_patience_steps_of_poor_acceptance() -> None:
     events = [controller.update(num_drafted=max(controller.k, 1), num_accepted=0) for _ in range(12)]
     assert events.count(True) == 1  # counted once
     assert controller.is_fallen_back and controller.k == 0
-    assert controller.k_for_step(batch_limit=8) == 0
     assert controller.update(num_drafted=4, num_accepted=4) is False  # stays off
     assert controller.k == 0
 
@@ -63,17 +62,6 @@ def test_best_k_grows_with_acceptance_and_shrinks_with_draft_cost() -> None:
     assert best_k(0.7, cheap) > best_k(0.7, dear)
 
 
-def test_batch_limit_shrinks_as_the_batch_grows_and_turns_off() -> None:
-    config = AdaptiveConfig(k_max=8, batch_token_budget=256, max_spec_batch_size=64)
-    limits = [batch_k_limit(config, n, num_scheduled_tokens=n) for n in (1, 16, 32, 48, 64)]
-    assert limits == [8, 8, 7, 4, 3]  # (256 - n) // n, capped at k_max
-    assert batch_k_limit(config, 65, num_scheduled_tokens=65) == 0  # above the batch size: off
-    assert batch_k_limit(config, 4, num_scheduled_tokens=300) == 0  # a big prefill fills the pass
-    assert batch_k_limit(config, 0, num_scheduled_tokens=0) == 8
-    controller = SpecLengthController(config)
-    assert controller.k_for_step(batch_limit=2) == min(controller.k, 2)
-
-
 @pytest.mark.parametrize(
     "fields",
     [
@@ -84,8 +72,6 @@ def test_batch_limit_shrinks_as_the_batch_grows_and_turns_off() -> None:
         {"draft_cost_per_token": 0.0},
         {"fallback_acceptance": 1.0},
         {"fallback_patience_steps": 0},
-        {"batch_token_budget": 0},
-        {"max_spec_batch_size": 0},
     ],
 )
 def test_config_rejects_bad_values(fields: dict[str, float]) -> None:
@@ -97,9 +83,3 @@ def test_update_rejects_impossible_counts() -> None:
     with pytest.raises(ValueError):
         SpecLengthController(CONFIG).update(num_drafted=2, num_accepted=3)
 
-
-def test_tree_nodes_share_the_batch_budget_up_to_the_tree_size() -> None:
-    config = AdaptiveConfig(k_max=4, batch_token_budget=64, max_spec_batch_size=32)
-    trees = [batch_k_limit(config, n, num_scheduled_tokens=n, max_tokens=12) for n in (1, 4, 8, 16)]
-    assert trees == [12, 12, 7, 3]  # min(tree size, (64 - n) // n): not capped at the chain's k_max
-    assert batch_k_limit(config, 33, num_scheduled_tokens=33, max_tokens=12) == 0

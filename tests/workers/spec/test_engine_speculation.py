@@ -33,16 +33,8 @@ def plain_reference(spec_models: dict[str, Path]) -> dict[str, list[int]]:
 SPEC_CONFIGS = {
     "ngram": dict(speculative_method="ngram"),
     "draft-chain": dict(speculative_method="draft"),
-    "draft-chain-fixed-k": dict(
-        speculative_method="draft", is_adaptive=False, spec_max_batch_size=64, spec_batch_token_budget=1024
-    ),
-    "draft-tree": dict(
-        speculative_method="draft",
-        tree_size=6,
-        tree_branching=2,
-        spec_max_batch_size=64,
-        spec_batch_token_budget=1024,
-    ),
+    "draft-chain-fixed-k": dict(speculative_method="draft", is_adaptive=False),
+    "draft-tree": dict(speculative_method="draft", tree_size=6, tree_branching=2),
 }
 
 
@@ -63,7 +55,7 @@ def test_greedy_speculation_equals_plain_decoding_alone(spec_models, plain_refer
 
 
 def test_mixed_batch_some_speculate_some_do_not(spec_models, plain_reference) -> None:
-    engine = spec_engine(spec_models, spec_max_batch_size=64, spec_batch_token_budget=1024)
+    engine = spec_engine(spec_models)
     choices = [None, "none", "ngram", "draft"]
     requests = {
         str(i): (p, greedy(24 + i % 9, speculative=choices[i % 4])) for i, p in enumerate(make_prompts())
@@ -150,8 +142,10 @@ def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
     ]  # prefill's token, then 4 accepted + 1 bonus
 
 
-def test_large_batches_switch_speculation_off(spec_models) -> None:
-    engine = spec_engine(spec_models, spec_max_batch_size=4)
+def test_a_compute_bound_target_switches_speculation_off_for_a_large_batch(spec_models) -> None:
+    """Where every target token costs as much as a pass's fixed part, drafting for 12 sequences cannot pay:
+    the length policy chooses plain decoding for the batch, and still speculates for a lone sequence."""
+    engine = spec_engine(spec_models, costs=(lambda n: 2e-3 + 1e-3 * n, lambda n: 0.1e-3 + 0.05e-3 * n))
     run_all(engine, {str(i): (p, greedy(10)) for i, p in enumerate(make_prompts()[:12])})
     assert engine.speculator.stats.counts.num_steps == 0
     run_all(engine, {"solo": (make_prompts()[0], greedy(10))})
@@ -171,23 +165,36 @@ def test_engine_speculation_metrics_per_position(spec_models) -> None:
 def test_a_tree_cut_by_the_batch_budget_becomes_a_chain(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
     engine = spec_engine(
-        models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False, spec_batch_token_budget=4
+        models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False, max_num_batched_tokens=4
     )  # one sequence: 4 - 1 = 3 spare target tokens, too few for the 6-node tree
 
     out = run_all(engine, {"a": (make_prompts()[1], greedy(13))})["a"]
 
-    assert [len(o.new_token_ids) for o in out] == [1, 4, 4, 4]  # chains of 3, all accepted, + bonus
+    # the 9-token prompt runs in chunks of 4, 4, 1; its last token already decodes, so every step is a chain
+    # of 3, all accepted, + bonus; the 13th token is the last: nothing left to draft
+    assert [len(o.new_token_ids) for o in out] == [4, 4, 4, 1]
     counts = engine.speculator.stats.counts
     assert counts.num_steps == 3 and counts.num_drafted == 9
 
 
 def test_a_full_size_tree_is_proposed_when_the_budget_allows(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
-    engine = spec_engine(models, draft="same", tree_size=6, tree_branching=2, spec_batch_token_budget=64)
+    engine = spec_engine(models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False)
 
     run_all(engine, {"a": (make_prompts()[1], greedy(13))})
 
     counts = engine.speculator.stats.counts
     assert counts.num_steps == 3
-    assert counts.num_drafted == 6 + 6 + 5  # two 6-node trees; the last step has room for 5 tokens only
-    assert counts.drafted_per_position[2:] == [1, 1, 1]  # ... and drafts them as a chain
+    assert counts.num_drafted == 6 + 6 + 4  # two 6-node trees; then 5 tokens to go, too few for a tree ...
+    assert counts.drafted_per_position[2:] == [1, 1]  # ... so a chain of k_max = 4
+
+
+def test_the_engine_measures_pass_costs_at_start_and_keeps_them_current(spec_models) -> None:
+    engine = spec_engine(spec_models, costs=None)  # the costs this host measures
+    target, draft = engine.speculator.target_costs, engine.speculator.proposer_costs["draft"]
+    assert target.is_measured and draft.is_measured  # probed before the first request
+    assert 1 in target.snapshot() and 32 in target.snapshot()
+    before = dict(target.snapshot())
+    run_all(engine, {str(i): (p, greedy(12)) for i, p in enumerate(make_prompts()[:4])})
+    assert target.snapshot() != before  # every pass the engine ran moved the table
+    assert sum(n for n, _ in engine.speculator.chosen_by_batch.values()) > 0  # the policy planned steps

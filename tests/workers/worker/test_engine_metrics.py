@@ -31,6 +31,9 @@ def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path)
         "SPECFLEET_WORKER_METRICS_PORT": str(port),
         "SPECFLEET_IDLE_BLOCK_MS": "50",
         "SPECFLEET_HEARTBEAT_INTERVAL_S": "0.2",
+        # the tiny draft costs what its target does, so lengths from measured costs would rightly draft
+        # nothing; a fixed k makes every step speculate, and the speculation metrics are what this checks
+        "SPECFLEET_ENGINE_IS_ADAPTIVE": "false",
     }
     target, draft = tiny_pair
     args = [sys.executable, "-m", "shared.cli", "worker", "--target", str(target), "--draft", str(draft),

@@ -1,0 +1,91 @@
+"""The length policy: per-step speculation lengths from acceptance and measured pass costs."""
+
+import pytest
+
+from workers.spec.length_policy import Candidate, chain_gain, choose_lengths, tree_gain, tree_shape
+from workers.spec.pass_costs import PassCostTable
+
+
+def table(cost_s, max_tokens: int = 512) -> PassCostTable:
+    t = PassCostTable(max_tokens=max_tokens)
+    for n in t.grid:
+        t.observe(n, cost_s(n))
+    return t
+
+
+MEMORY_BOUND = table(lambda n: 10e-3 + 0.1e-3 * n)  # a pass costs about the same for 1 or 30 tokens
+COMPUTE_BOUND = table(lambda n: 1e-3 * n)  # every token costs the same
+CHEAP_DRAFT = {"draft": table(lambda n: 0.5e-3 + 0.01e-3 * n)}  # 1/20 of a target pass
+DEAR_DRAFT = {"draft": table(lambda n: 10e-3 + 0.1e-3 * n)}  # as dear as the target
+
+
+def candidates(n: int, acceptance: float, proposer: str | None = "draft", max_k: int = 8) -> list[Candidate]:
+    return [Candidate(acceptance=acceptance, max_k=max_k, proposer=proposer) for _ in range(n)]
+
+
+def test_a_cheap_draft_with_good_acceptance_speculates_deep_at_batch_1() -> None:
+    plan = choose_lengths(candidates(1, 0.8), 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT)
+    assert plan.lengths[0] >= 5 and plan.goodput > 2 * plan.goodput_plain
+
+
+def test_length_grows_with_acceptance() -> None:
+    ks = [choose_lengths(candidates(1, a / 10), 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT).lengths[0] for a in range(10)]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] > 3
+
+
+def test_zero_where_it_does_not_pay() -> None:
+    dear = choose_lengths(candidates(1, 0.5), 1, 1, 512, MEMORY_BOUND, DEAR_DRAFT)  # draft costs a target pass
+    assert dear.lengths == [0] and dear.goodput == dear.goodput_plain
+    compute_bound = choose_lengths(candidates(16, 0.5), 16, 16, 512, COMPUTE_BOUND, CHEAP_DRAFT)
+    assert compute_bound.lengths == [0] * 16
+
+
+def test_a_large_batch_speculates_less_than_one_sequence() -> None:
+    solo = choose_lengths(candidates(1, 0.7), 1, 1, 512, table(lambda n: 10e-3 + 0.5e-3 * n), CHEAP_DRAFT)
+    batch = choose_lengths(candidates(32, 0.7), 32, 32, 512, table(lambda n: 10e-3 + 0.5e-3 * n), CHEAP_DRAFT)
+    assert 0 < sum(batch.lengths) / 32 < solo.lengths[0]
+
+
+def test_free_proposals_fill_what_the_memory_bound_pass_gives_for_free() -> None:
+    plan = choose_lengths(candidates(1, 0.8, proposer=None, max_k=6), 1, 1, 512, MEMORY_BOUND, {})
+    assert plan.lengths == [6]
+
+
+def test_better_sequences_get_longer_chains_in_a_mixed_batch() -> None:
+    mixed = [Candidate(0.9, 8, "draft"), Candidate(0.3, 8, "draft"), Candidate(0.05, 8, "draft")]
+    lengths = choose_lengths(mixed, 3, 3, 512, table(lambda n: 10e-3 + 0.3e-3 * n), CHEAP_DRAFT).lengths
+    assert lengths[0] > lengths[1] >= lengths[2] and lengths[2] == 0
+
+
+def test_the_budget_and_each_sequences_limit_hold() -> None:
+    plan = choose_lengths(candidates(4, 0.95, max_k=3), 4, 4, 5, MEMORY_BOUND, CHEAP_DRAFT)
+    assert sum(plan.lengths) <= 5 and max(plan.lengths) <= 3
+    assert choose_lengths(candidates(2, 0.9), 2, 2, 0, MEMORY_BOUND, CHEAP_DRAFT).lengths == [0, 0]
+
+
+def test_an_unmeasured_target_means_plain_decoding() -> None:
+    assert choose_lengths(candidates(2, 0.9), 2, 2, 64, PassCostTable(), CHEAP_DRAFT).lengths == [0, 0]
+
+
+def test_the_chosen_plan_is_never_expected_slower_than_plain() -> None:
+    for target in (MEMORY_BOUND, COMPUTE_BOUND):
+        for drafts in (CHEAP_DRAFT, DEAR_DRAFT):
+            for n in (1, 4, 16, 32):
+                for acceptance in (0.0, 0.3, 0.6, 0.9):
+                    plan = choose_lengths(candidates(n, acceptance), n, n, 512, target, drafts)
+                    assert plan.goodput >= plan.goodput_plain
+
+
+def test_a_tree_replaces_a_chain_when_it_promises_more() -> None:
+    tree_candidate = [Candidate(0.5, 5, "draft", tree_size=6, tree_branching=2)]
+    plan = choose_lengths(tree_candidate, 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT)
+    assert plan.is_tree == [True] and plan.lengths == [6]
+    dear = choose_lengths(tree_candidate, 1, 1, 512, COMPUTE_BOUND, CHEAP_DRAFT)  # extra target tokens are dear
+    assert dear.is_tree == [False]
+
+
+def test_gains() -> None:
+    assert chain_gain(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert tree_shape(6, 2) == [2, 4] and tree_shape(5, 2) == [2, 3] and tree_shape(3, 1) == [1, 1, 1]
+    assert tree_gain(0.5, 3, 1) == pytest.approx(chain_gain(0.5, 3))  # branching 1 is a chain
+    assert tree_gain(0.5, 6, 2) > chain_gain(0.5, 2)  # two tries per level beat one

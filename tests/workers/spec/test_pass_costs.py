@@ -1,0 +1,60 @@
+"""PassCostTable: measured pass times by token count, interpolated, tracking the host."""
+
+import pytest
+
+from workers.spec.pass_costs import PassCostTable
+
+
+def test_an_empty_table_refuses_to_guess() -> None:
+    table = PassCostTable()
+    assert not table.is_measured and table.estimate_s(0) == 0.0
+    with pytest.raises(ValueError, match="no pass has been measured"):
+        table.estimate_s(4)
+
+
+def test_grid_points_are_exact_and_counts_between_them_interpolate() -> None:
+    table = PassCostTable(max_tokens=64)
+    table.observe(8, 0.010)
+    table.observe(16, 0.018)
+    assert table.estimate_s(8) == pytest.approx(0.010) and table.estimate_s(16) == pytest.approx(0.018)
+    assert table.estimate_s(12) == pytest.approx(0.014)  # halfway
+    assert table.estimate_s(2) == pytest.approx(0.010)  # below the smallest measured: never cheaper than it
+    assert table.estimate_s(32) == pytest.approx(0.018 + 16 * 0.001)  # above the largest: at the last slope
+
+
+def test_observations_move_the_estimate_toward_what_the_host_does_now() -> None:
+    table = PassCostTable(max_tokens=64, rate=0.5)
+    table.observe(4, 0.010)
+    for _ in range(20):  # the host got twice as slow (a noisy neighbour)
+        table.observe(4, 0.020)
+    assert table.estimate_s(4) == pytest.approx(0.020, rel=1e-3)
+
+
+def test_an_observation_between_grid_points_corrects_both_neighbours_by_weight() -> None:
+    table = PassCostTable(max_tokens=64, rate=1.0)
+    table.observe(8, 0.010)
+    table.observe(12, 0.010)
+    table.observe(10, 0.020)  # halfway: each neighbour moves by half the implied ratio
+    assert table.estimate_s(8) == pytest.approx(0.015) and table.estimate_s(12) == pytest.approx(0.015)
+
+
+def test_passes_beyond_the_grid_scale_onto_its_last_point() -> None:
+    table = PassCostTable(max_tokens=64)
+    table.observe(128, 0.128)
+    assert table.grid[-1] == 64 and table.estimate_s(64) == pytest.approx(0.064)
+
+
+def test_the_grid_is_fine_where_threads_and_dispatch_change_costs() -> None:
+    assert PassCostTable(max_tokens=64).grid == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert PassCostTable(max_tokens=50).grid[-1] == 64  # the grid covers max_tokens
+
+
+def test_one_stalled_measurement_does_not_make_a_size_look_dearer_than_a_bigger_pass() -> None:
+    table = PassCostTable(max_tokens=64)
+    for n, ms in [(8, 10.0), (12, 900.0), (16, 14.0)]:  # the 12-token pass waited on a busy core
+        table.observe(n, ms / 1e3)
+    assert table.estimate_s(12) == pytest.approx(0.014)
+    assert table.estimate_s(8) == pytest.approx(0.010)
+    for _ in range(40):  # real 12-token passes bring the stalled point back
+        table.observe(12, 0.012)
+    assert table.seconds[table.grid.index(12)] == pytest.approx(0.012, rel=0.01)

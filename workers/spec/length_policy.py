@@ -1,0 +1,188 @@
+"""Speculation lengths for one step, chosen from measured costs (SmartSpec's goodput, per step).
+
+Each decoding sequence that may speculate is a `Candidate` with its acceptance estimate alpha (per draft
+token, see adaptive.SpecLengthController). A chain of k draft tokens emits, in expectation,
+    1 + alpha + alpha^2 + ... + alpha^k   tokens   (the j-th draft token is kept with probability alpha^j)
+so the j-th draft token of sequence i is worth gain(i, j) = alpha_i^j tokens. The step costs
+    target(n_base + sum_i k_i)  +  sum over proposers m, depths j of  proposer_m(tokens of its j-th pass)
+where target() and proposer_m() are PassCostTables measured on this host (pass_costs.py): the proposer's
+j-th pass carries one token per sequence drafting at least j tokens (its first pass also catches the
+proposer up on the tokens committed since it last ran). Proposers without a table (n-gram lookup) are free.
+
+The step's goodput is expected tokens per second: (num_sure_tokens + sum of gains) / cost. `choose_lengths`
+walks the draft tokens in order of decreasing gain - each sequence's chain grows one token at a time, the
+most likely token first - and keeps the prefix of that walk with the best goodput. The empty prefix is plain
+decoding, so zero is chosen whenever speculation does not pay; speculation must beat it by `min_gain`, so
+measurement noise does not flip a batch between the two. Token trees (`tree_size`): a sequence whose chain
+came out non-empty gets its tree instead when the tree's estimate (below) gives the batch more goodput.
+"""
+
+from dataclasses import dataclass
+
+from workers.spec.pass_costs import PassCostTable
+
+MIN_GAIN = 1.02  # speculation must promise 2 % more goodput than plain decoding (hysteresis, not tuning)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    acceptance: float  # alpha: estimated probability the target accepts one draft token
+    max_k: int  # most draft tokens it can take this step (k_max, tokens left, context left)
+    proposer: str | None  # key of its proposer's cost table; None = free (n-gram lookup)
+    num_catch_up_tokens: int = 1  # tokens the proposer's first pass feeds (committed tokens it has not seen)
+    tree_size: int = 0  # > 0: it may propose a token tree of this many nodes instead of a chain
+    tree_branching: int = 1
+
+
+@dataclass(frozen=True)
+class LengthPlan:
+    lengths: list[int]  # [num_candidates] draft tokens (tree: nodes) per candidate; 0 = plain decoding
+    is_tree: list[bool]  # [num_candidates]
+    goodput_plain: float  # expected tokens per second with no speculation
+    goodput: float  # expected tokens per second of the chosen plan
+
+
+class _StepCost:
+    """Running cost of a step as draft tokens are added: target pass + each proposer's passes."""
+
+    def __init__(self, target: PassCostTable, proposers: dict[str, PassCostTable], num_base_tokens: int) -> None:
+        self.target = target
+        self.proposers = proposers
+        self.num_base_tokens = num_base_tokens
+        self.num_extra_tokens = 0
+        self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
+        self.proposer_s = 0.0
+
+    def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
+        """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
+        self.num_extra_tokens += 1
+        if proposer is None:
+            return
+        passes = self.pass_tokens[proposer]
+        while len(passes) < depth:
+            passes.append(0)
+        table = self.proposers[proposer]
+        before = passes[depth - 1]
+        passes[depth - 1] = before + num_tokens
+        self.proposer_s += table.estimate_s(before + num_tokens) - table.estimate_s(before)
+
+    @property
+    def seconds(self) -> float:
+        return self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s
+
+
+def chain_gain(acceptance: float, k: int) -> float:
+    """Expected accepted draft tokens of a chain of k: alpha + ... + alpha^k."""
+    return sum(acceptance**j for j in range(1, k + 1))
+
+
+def tree_shape(size: int, branching: int) -> list[int]:
+    """Nodes per level of a tree grown level by level with `branching` children per node, up to size nodes."""
+    levels: list[int] = []
+    width = branching
+    while sum(levels) < size:
+        levels.append(min(width, size - sum(levels)))
+        width *= branching
+    return levels
+
+
+def tree_gain(acceptance: float, size: int, branching: int) -> float:
+    """Expected accepted tokens of a tree: at each level one of up to `branching` siblings must match, each
+    with probability alpha (taken as independent), so a level is passed with 1 - (1 - alpha)^b."""
+    gain, reach = 0.0, 1.0
+    for width in tree_shape(size, branching):
+        reach *= 1.0 - (1.0 - acceptance) ** min(width, branching)
+        gain += reach
+    return gain
+
+
+def choose_lengths(
+    candidates: list[Candidate],
+    num_sure_tokens: int,  # tokens the step emits whatever is drafted (one per sampling sequence)
+    num_base_tokens: int,  # tokens of the target pass before speculation (prefill chunks + decodes)
+    max_extra_tokens: int,  # room left in the pass's token budget for draft tokens
+    target: PassCostTable,
+    proposers: dict[str, PassCostTable],
+    min_gain: float = MIN_GAIN,
+) -> LengthPlan:
+    no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
+    if not candidates or not target.is_measured:
+        return no_plan
+    cost = _StepCost(target, proposers, num_base_tokens)
+    plain = num_sure_tokens / cost.seconds
+    # every (gain, candidate, depth), best first; within a candidate the depths come in order (alpha^j falls)
+    steps = sorted(
+        ((c.acceptance**j, -j, i) for i, c in enumerate(candidates) for j in range(1, c.max_k + 1) if c.acceptance > 0),
+        reverse=True,
+    )
+    lengths = [0] * len(candidates)
+    best_lengths, best = list(lengths), plain * min_gain
+    num_tokens = float(num_sure_tokens)
+    for gain, neg_depth, i in steps[:max_extra_tokens]:
+        c, depth = candidates[i], -neg_depth
+        cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
+        lengths[i] = depth
+        num_tokens += gain
+        goodput = num_tokens / cost.seconds
+        if goodput > best:
+            best_lengths, best = list(lengths), goodput
+    is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
+                                target, proposers)  # fmt: skip
+    chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
+    goodput = _goodput(candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers)
+    return LengthPlan(chosen, is_tree, plain, goodput if any(chosen) else plain)
+
+
+def _goodput(
+    candidates: list[Candidate],
+    lengths: list[int],
+    is_tree: list[bool],
+    num_sure_tokens: int,
+    num_base_tokens: int,
+    target: PassCostTable,
+    proposers: dict[str, PassCostTable],
+) -> float:
+    cost = _StepCost(target, proposers, num_base_tokens)
+    num_tokens = float(num_sure_tokens)
+    for c, k, tree in zip(candidates, lengths, is_tree, strict=True):
+        if tree:
+            # pass 1 catches up and scores the first level; pass d feeds level d - 1 to score level d
+            levels = tree_shape(c.tree_size, c.tree_branching)
+            for depth, width in enumerate(levels, start=1):
+                fed = c.num_catch_up_tokens if depth == 1 else levels[depth - 2]
+                for node in range(width):
+                    cost.add(c.proposer, depth, fed if node == 0 else 0)
+            num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching)
+        else:
+            for depth in range(1, k + 1):
+                cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
+            num_tokens += chain_gain(c.acceptance, k)
+    return num_tokens / cost.seconds
+
+
+def _upgrade_to_trees(
+    candidates: list[Candidate],
+    lengths: list[int],
+    num_sure_tokens: int,
+    num_base_tokens: int,
+    max_extra_tokens: int,
+    target: PassCostTable,
+    proposers: dict[str, PassCostTable],
+) -> list[bool]:
+    """Swap a chain for its sequence's tree, one sequence at a time, wherever that raises the goodput."""
+    is_tree = [False] * len(candidates)
+    current = list(lengths)
+    best = _goodput(candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers)
+    for i, c in enumerate(candidates):
+        if not c.tree_size or not lengths[i]:
+            continue
+        if sum(current) - current[i] + c.tree_size > max_extra_tokens:
+            continue
+        trial_tree = list(is_tree)
+        trial_tree[i] = True
+        trial = list(current)
+        trial[i] = c.tree_size
+        goodput = _goodput(candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers)
+        if goodput > best:
+            is_tree, current, best = trial_tree, trial, goodput
+    return is_tree

@@ -1,0 +1,103 @@
+"""What a forward pass costs on this host, as a function of the tokens in it: measured, never configured.
+
+`PassCostTable` keeps a time in seconds at a grid of token counts (1, 2, 3, 4, 6, 8, 12, 16, ... 2048) and
+answers any count by linear interpolation between its two grid neighbours (past the grid's ends: the
+nearest point, scaled by tokens above the grid). It is filled by timing real passes: the engine probes a few
+sizes at start-up (workers/engine/cost_probe.py) and then feeds it every pass it runs. Estimates read the
+table's lower envelope from above - a pass is never taken to cost more than a bigger one - so one stalled
+measurement (another process held the core) cannot make a size look dear for good. An observation of n
+tokens that took t seconds corrects the two neighbours of n by the ratio of t to their estimate, each in
+proportion to its interpolation weight (an exponentially weighted average per point), so the table tracks
+the host as it is now: a noisy neighbour, a compiled path, longer contexts.
+
+Costs are only compared within one table and between tables of the same process, so what matters is that
+ratios hold - the absolute times drift with the host.
+"""
+
+import bisect
+from dataclasses import dataclass, field
+
+
+def _grid(max_tokens: int) -> list[int]:
+    """1 2 3 4 6 8 12 16 24 32 ... up to max_tokens: fine where the thread policy and dispatch change costs."""
+    points = [1, 2, 3, 4]
+    while points[-1] < max_tokens:
+        last = points[-1]
+        points.append(last * 3 // 2 if last & (last - 1) == 0 else last * 4 // 3)
+    return points
+
+
+@dataclass
+class PassCostTable:
+    max_tokens: int = 2048  # the grid's last point; larger passes are extrapolated from it
+    rate: float = 0.2  # weight of one observation at a grid point it falls on
+    grid: list[int] = field(init=False)  # [G] token counts
+    seconds: list[float | None] = field(init=False)  # [G] estimated pass time; None = never measured
+    _measured: tuple[list[int], list[float]] = field(init=False, repr=False)  # the measured points, for estimate_s
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"rate must be in (0, 1], got {self.rate}")
+        self.grid = _grid(self.max_tokens)
+        self.seconds = [None] * len(self.grid)
+        self._measured = ([], [])
+
+    @property
+    def is_measured(self) -> bool:
+        return bool(self._measured[0])
+
+    def estimate_s(self, num_tokens: int) -> float:
+        """Seconds a pass of num_tokens takes (0 for none); needs at least one measured point."""
+        if num_tokens <= 0:
+            return 0.0
+        tokens, seconds = self._measured
+        if not tokens:
+            raise ValueError("no pass has been measured yet")
+        i = bisect.bisect_left(tokens, num_tokens)
+        if i < len(tokens) and tokens[i] == num_tokens:
+            return seconds[i]
+        if i == 0:  # below the smallest measured count: a pass costs at least what the smallest one does
+            return seconds[0]
+        if i == len(tokens):  # above the largest: the last point, growing with tokens at the last slope
+            slope = (seconds[-1] - seconds[-2]) / (tokens[-1] - tokens[-2]) if len(tokens) > 1 else seconds[-1] / tokens[-1]
+            return seconds[-1] + max(slope, 0.0) * (num_tokens - tokens[-1])
+        g0, g1, s0, s1 = tokens[i - 1], tokens[i], seconds[i - 1], seconds[i]
+        return s0 + (s1 - s0) * (num_tokens - g0) / (g1 - g0)
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """One timed pass: a new grid point is set outright; measured ones move toward what it implies."""
+        if num_tokens <= 0 or seconds <= 0.0:
+            return
+        neighbours = self._neighbours(num_tokens)
+        known: list[tuple[int, float, float]] = []  # (grid index, weight, its time) of the measured neighbours
+        for index, weight in neighbours:
+            old = self.seconds[index]
+            if old is not None:
+                known.append((index, weight, old))
+        raw_estimate = sum(w * old for _, w, old in known) / sum(w for _, w, _ in known) if known else 0.0
+        for index, weight, old in known:  # the raw points, not the envelope: a stalled point must recover
+            self.seconds[index] = old * (1.0 + self.rate * weight * (seconds / raw_estimate - 1.0))
+        for index, weight in neighbours:
+            if self.seconds[index] is None and weight >= 0.5:  # unmeasured: learns from the nearer side only
+                scale = self.grid[index] / num_tokens if num_tokens > self.max_tokens else 1.0
+                self.seconds[index] = seconds * scale
+        measured = [(g, s) for g, s in zip(self.grid, self.seconds, strict=True) if s is not None]
+        envelope = [s for _, s in measured]
+        for i in range(len(envelope) - 2, -1, -1):  # a pass never costs more than a bigger one (a stall did)
+            envelope[i] = min(envelope[i], envelope[i + 1])
+        self._measured = ([g for g, _ in measured], envelope)
+
+    def _neighbours(self, num_tokens: int) -> list[tuple[int, float]]:
+        """(grid index, interpolation weight) of the grid points around num_tokens."""
+        i = bisect.bisect_left(self.grid, num_tokens)
+        if i < len(self.grid) and self.grid[i] == num_tokens:
+            return [(i, 1.0)]
+        if i == len(self.grid):
+            return [(i - 1, 1.0)]
+        g0, g1 = self.grid[i - 1], self.grid[i]
+        w1 = (num_tokens - g0) / (g1 - g0)
+        return [(i - 1, 1.0 - w1), (i, w1)]
+
+    def snapshot(self) -> dict[int, float]:
+        """token count -> estimated ms, for the measured grid points (logs, bench JSON)."""
+        return {g: s * 1e3 for g, s in zip(*self._measured, strict=True)}
