@@ -86,6 +86,7 @@ def context(maxlen: int, ttl_s: int) -> str:
             "chprefix": keys.CHANNEL_PREFIX,
             "qprefix": keys.queue_stream(""),
             "cancel_channel": keys.CANCEL_CHANNEL,
+            "queued_channel": keys.QUEUED_CHANNEL,
             "outbox": keys.OUTBOX_STREAM,
             "outbox_maxlen": str(keys.OUTBOX_MAXLEN),
             "maxlen": str(maxlen),
@@ -94,6 +95,7 @@ def context(maxlen: int, ttl_s: int) -> str:
     )
 
 
+# Queue a job (and tell the busy workers on ctx.queued_channel: they pull only when told or due).
 # KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
 # max_depth idem_ttl_s use_idem(0/1) owner(the API key id that owns the job; '': none) request_hash.
 # -> {'dup', job_id, request_hash of the job's request ('' from older entries)} | {'full', depth} | {'ok', job_id, created_at}
@@ -121,6 +123,7 @@ redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', S_QUEUED, 'priority', ARGV[
   'metadata', ARGV[6], 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
 if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[10]) end
 if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[2] .. ':' .. ARGV[11], 'EX', ARGV[8]) end
+if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, ARGV[3]) end
 return {'ok', ARGV[2], created}
 """
 )
@@ -218,17 +221,55 @@ return {started, waiting, last_ids}
 # Append one batch of tokens of a running job. KEYS: job hash, event stream.
 # ARGV: ctx job_id attempt text token_ids_csv num_tokens prompt_tokens token_event_json
 # -> 'ok' | 'gone' (no longer running: cancelled, finished, unknown) | 'lost' (another attempt holds it)
+_EMIT_TOKENS = """
+local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_new, prompt_tokens, token_event)
+  local st, at, text, ids = unpack(redis.call('HMGET', job, 'status', 'attempt', 'text', 'token_ids'))
+  if st ~= S_RUNNING then return 'gone' end
+  if at ~= attempt then return 'lost' end
+  if ids and ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
+  redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens)
+  redis.call('HINCRBY', job, 'completion_tokens', num_new)
+  event(ctx, events, job_id, 'token', token_event)
+  return 'ok'
+end
+"""
+
 EMIT = (
     PRELUDE
+    + _EMIT_TOKENS
     + """
-local st, at, text, ids = unpack(redis.call('HMGET', KEYS[1], 'status', 'attempt', 'text', 'token_ids'))
-if st ~= S_RUNNING then return 'gone' end
-if at ~= ARGV[3] then return 'lost' end
-if ids and ids ~= '' then ids = ids .. ',' .. ARGV[5] else ids = ARGV[5] end
-redis.call('HSET', KEYS[1], 'text', (text or '') .. ARGV[4], 'token_ids', ids, 'prompt_tokens', ARGV[7])
-redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[6])
-event(ctx, KEYS[2], ARGV[2], 'token', ARGV[8])
-return 'ok'
+return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+"""
+)
+
+# One engine step of one worker: every job's tokens and finishes, in order, as ONE script call (so a step is
+# one round trip, and a NOSCRIPT after a Redis restart refuses the whole step: nothing half-written to retry).
+# KEYS: job hash, event stream, per write. ARGV: ctx, then per write: kind job_id attempt, and
+#   kind 'emit':   text token_ids_csv num_tokens prompt_tokens token_event_json          (EMIT's arguments)
+#   kind 'finish': to_status event_type event_data num_fields field value ...             (FINISH's arguments)
+# -> one reply per write: EMIT's or FINISH's ('ok' | 'gone' | 'lost' | 'missing' | a status)
+STEP = (
+    PRELUDE
+    + _EMIT_TOKENS
+    + """
+local replies = {}
+local i, k = 2, 1
+while i <= #ARGV do
+  local kind, job_id, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if kind == 'emit' then
+    replies[#replies + 1] = emit_tokens(KEYS[k], KEYS[k + 1], job_id, attempt, ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    i = i + 8
+  else
+    local num_fields = tonumber(ARGV[i + 6])
+    local fields = {}
+    for j = 1, num_fields do fields[j] = ARGV[i + 6 + j] end
+    replies[#replies + 1] = finish(ctx, job_id, ARGV[i + 3], attempt, fields, ARGV[i + 4], ARGV[i + 5])
+    i = i + 7 + num_fields
+  end
+  k = k + 2
+end
+return replies
 """
 )
 
@@ -246,6 +287,7 @@ local new_entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[2])
 redis.call('HSET', KEYS[1], 'status', S_QUEUED, 'entry', new_entry, 'worker', '')
 redis.call('HINCRBY', KEYS[1], 'deliveries', -1)
 event(ctx, KEYS[2], ARGV[2], 'status', cjson.encode({status=S_QUEUED}))
+if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, redis.call('HGET', KEYS[1], 'priority')) end
 return 'ok'
 """
 )
