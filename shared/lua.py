@@ -233,10 +233,20 @@ return {started, waiting, last_ids}
 # ARGV: ctx job_id attempt text token_ids_csv num_tokens prompt_tokens token_event_json
 # -> 'ok' | 'gone' (no longer running: cancelled, finished, unknown) | 'lost' (another attempt holds it)
 _EMIT_TOKENS = """
-local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_new, prompt_tokens, token_event)
-  local st, at, text, ids = unpack(redis.call('HMGET', job, 'status', 'attempt', 'text', 'token_ids'))
+-- tokens_before (optional): the job's completion_tokens this write follows. A write already in (a retried
+-- pipeline) is not applied twice ('ok'); a write that does not follow the last one written (an earlier write of
+-- the job failed) is refused ('lost': the worker drops the job, which resumes from what is written).
+local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_new, prompt_tokens, token_event,
+                           tokens_before)
+  local st, at, text, ids, done = unpack(redis.call('HMGET', job, 'status', 'attempt', 'text', 'token_ids',
+    'completion_tokens'))
   if st ~= S_RUNNING then return 'gone' end
   if at ~= attempt then return 'lost' end
+  if tokens_before then
+    done, tokens_before = tonumber(done or '0'), tonumber(tokens_before)
+    if done >= tokens_before + tonumber(num_new) then return 'ok' end
+    if done ~= tokens_before then return 'lost' end
+  end
   if ids and ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
   redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens)
   redis.call('HINCRBY', job, 'completion_tokens', num_new)
@@ -256,7 +266,7 @@ return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 # One engine step of one worker: every job's tokens and finishes, in order, as ONE script call (so a step is
 # one round trip, and a NOSCRIPT after a Redis restart refuses the whole step: nothing half-written to retry).
 # KEYS: job hash, event stream, per write. ARGV: ctx, then per write: kind job_id attempt, and
-#   kind 'emit':   text token_ids_csv num_tokens prompt_tokens token_event_json          (EMIT's arguments)
+#   kind 'emit':   text token_ids_csv num_tokens prompt_tokens token_event_json completion_tokens_before
 #   kind 'finish': to_status event_type event_data num_fields field value ...             (FINISH's arguments)
 # -> one reply per write: EMIT's or FINISH's ('ok' | 'gone' | 'lost' | 'missing' | a status)
 STEP = (
@@ -269,8 +279,8 @@ while i <= #ARGV do
   local kind, job_id, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if kind == 'emit' then
     replies[#replies + 1] = emit_tokens(KEYS[k], KEYS[k + 1], job_id, attempt, ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
-    i = i + 8
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
+    i = i + 9
   else
     local num_fields = tonumber(ARGV[i + 6])
     local fields = {}

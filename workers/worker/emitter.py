@@ -158,7 +158,7 @@ class Emitter:
         token_ids = list(write.new_token_ids)
         event = TokenEvent(text=write.new_text, token_ids=token_ids).model_dump_json()
         return ["emit", write.job_id, write.attempt, write.new_text, token_ids_csv(token_ids), len(token_ids),
-                write.prompt_tokens, event]  # fmt: skip
+                write.prompt_tokens, event, write.completion_tokens - len(token_ids)]  # fmt: skip
 
     def _success_args(self, write: JobWrite) -> list[str | int]:
         usage = Usage(prompt_tokens=write.prompt_tokens, completion_tokens=write.completion_tokens)

@@ -73,12 +73,28 @@ def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> 
         writer.submit(StepWrite(0, [_tokens(job, 2)]))  # queued before the loop saw the failure: skipped
         assert writer.drain(30) == [Report([], [])]
         assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"  # no gap: token 2 never landed
-        writer.discard(0)  # the loop dropped its jobs; a new epoch writes again
-        writer.submit(StepWrite(1, [_tokens(job, 3)]))
-        writer.drain(30)
-        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0,3"
+        writer.discard(0)  # the loop dropped its jobs; a new epoch writes again, and Redis itself refuses a gap:
+        writer.submit(StepWrite(1, [_tokens(job, 3)]))  # it follows tokens 1 and 2, which never landed
+        assert writer.drain(30) == [Report([], [job.job_id])]
+        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"
     finally:
         writer.stop()
         client.close()
         server.stop()
 
+
+
+def test_a_replayed_write_lands_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    (job,) = _take(rclient, settings, 1).values()
+    writer = StepWriter(rclient, Emitter(rclient, settings), JobHooks(rclient, settings))
+    writer.start()
+    try:
+        write = _tokens(job, 7)
+        writer.submit(StepWrite(0, [write]))
+        writer.submit(StepWrite(0, [write]))  # as a pipeline retried after its reply was lost would send it
+        reports = writer.drain(30)
+    finally:
+        writer.stop()
+    assert not any(r.gone for r in reports)
+    assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "7"
+    assert len(_streamed(rclient, job.job_id)) == 1
