@@ -2,8 +2,9 @@
 
     size limits (settings) -> model context (413) -> the key's limits (429) -> SUBMIT with the key as owner
 
-The Idempotency-Key is scoped to the key (one tenant's key never finds another tenant's job). A job admitted by
-the limiter but not created (queue full, idempotent replay, Redis error) gives its reservation back at once.
+The Idempotency-Key is scoped to the key (one tenant's key never finds another tenant's job). The limits and the
+SUBMIT run as ONE script (ADMIT_SUBMIT, shared/lua.py): a job admitted but not created (queue full, idempotent
+replay) gives its reservation back in the same script.
 """
 
 import uuid
@@ -75,8 +76,19 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
             field="max_tokens",
         )
     job_id = uuid.uuid4().hex
-    decision = await gw.limiter.admit(key, job_id, cost)
-    if not decision.admitted:
+    scoped_key = f"{key.id}:{idempotency_key}" if idempotency_key else None
+    admit_call = gw.limiter.admit_call(key, job_id, cost)
+    try:  # ONE round trip: the limits, then the job (not created: its reservation is given back in the script)
+        submitted, raw_decision = await gw.store.admit_and_submit(request, scoped_key, job_id, key.id, admit_call)
+    except IdempotencyConflict as exc:
+        JOBS_REJECTED.labels("idempotency_conflict").inc()
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
+    except QueueFull as exc:
+        JOBS_REJECTED.labels("queue_full").inc()
+        headers = {"Retry-After": str(gw.settings.retry_after_s)}
+        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
+    decision = gw.limiter.decision(key, raw_decision)
+    if submitted is None:
         JOBS_REJECTED.labels(f"rate_limit_{decision.refused_by}").inc()
         raise ApiError(
             429,
@@ -84,22 +96,5 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
             f"rate limit reached ({decision.refused_by}); retry after {decision.retry_after_s}s",
             headers=decision.headers,
         )
-    scoped_key = f"{key.id}:{idempotency_key}" if idempotency_key else None
-    try:
-        submitted = await gw.store.submit(request, scoped_key, job_id=job_id, owner=key.id)
-    except IdempotencyConflict as exc:
-        await gw.limiter.release(key, job_id)
-        JOBS_REJECTED.labels("idempotency_conflict").inc()
-        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
-    except QueueFull as exc:
-        await gw.limiter.release(key, job_id)
-        JOBS_REJECTED.labels("queue_full").inc()
-        headers = {"Retry-After": str(gw.settings.retry_after_s)}
-        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
-    except BaseException:
-        await gw.limiter.release(key, job_id)
-        raise
     logs.JOB_ID.set(submitted.job_id)  # the rest of this request logs about this job
-    if not submitted.is_new:
-        await gw.limiter.release(key, job_id)
     return Admitted(submitted, decision.headers)

@@ -1,6 +1,7 @@
 """The gateway app: thin FastAPI over Redis (jobs store, one pub/sub fan-out, prompt-length check)."""
 
 import logging
+import resource
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,8 +27,22 @@ from shared.settings import ServiceSettings, get_settings
 log = logging.getLogger(__name__)
 
 
+def raise_open_files_limit() -> int:
+    """Each SSE stream holds one socket: take the soft limit on open files up to the hard one (thousands of
+    streams per process need more than a common default of 1,024) -> the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel caps lower
+            log.warning("open files limit stays at %d: %s", soft, exc)
+    return int(soft)
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    raise_open_files_limit()
     if settings.redis_url is None:
         raise ValueError("the gateway needs REDIS_URL (`specfleet up` starts a private Redis and sets it)")
     redis_url = settings.redis_url

@@ -1,4 +1,5 @@
-"""Per-key limits, enforced atomically in Redis by ONE script per submit: requests and tokens per
+"""Per-key limits, enforced atomically in Redis by ONE script per submit (the ADMIT part of ADMIT_SUBMIT in
+shared/lua.py: the limits and the job in one round trip): requests and tokens per
 `rate_limit_period_s` (GCRA, a leaky bucket that allows a full period's worth at once) and concurrent jobs.
 
     settle:  every job of the key in keys.inflight_jobs that has finished (or vanished) leaves it; its token
@@ -19,95 +20,13 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from shared import keys
+from shared import keys, lua
 from shared.api_keys import ApiKey
-from shared.job_state import TERMINAL
 from shared.settings import ServiceSettings
 
 CHARS_PER_TOKEN = (
     4  # the prompt estimate reserved at submit (OpenAI's rule of thumb), corrected on completion
 )
-
-_TERMINAL = "{" + ", ".join(f"['{s.value}']=true" for s in TERMINAL) + "}"
-
-# KEYS: rate-limit state hash, in-flight hash.
-# ARGV: job_prefix period_s requests_limit tokens_limit concurrency_limit job_id cost inflight_ttl_s
-# -> {admitted 0|1, refused_by ('' | requests | tokens | concurrency), retry_after_ms,
-#     remaining_requests, remaining_tokens, reset_requests_ms, reset_tokens_ms}   (numbers as strings)
-ADMIT = (
-    f"local TERMINAL = {_TERMINAL}\n"
-    + """
-local state, inflight = KEYS[1], KEYS[2]
-local jprefix, period = ARGV[1], tonumber(ARGV[2])
-local rpm, tpm, maxc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local job_id, cost = ARGV[6], tonumber(ARGV[7])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local rtat = tonumber(redis.call('HGET', state, 'requests_tat') or '0')
-local ttat = tonumber(redis.call('HGET', state, 'tokens_tat') or '0')
-local rT = rpm > 0 and period / rpm or 0
-local tT = tpm > 0 and period / tpm or 0
-
--- settle: finished jobs leave; their reservation becomes what they used. Only a key with a token or
--- concurrency limit tracks in-flight jobs: an unlimited key's submits stay O(1) however much it has queued
-local tracks = tT > 0 or maxc > 0
-local held = tracks and redis.call('HGETALL', inflight) or {}
-local running = 0
-for i = 1, #held, 2 do
-  local jid, reserved = held[i], tonumber(held[i + 1])
-  local st, pt, ct = unpack(redis.call('HMGET', jprefix .. jid, 'status', 'prompt_tokens', 'completion_tokens'))
-  if (not st) or TERMINAL[st] then
-    redis.call('HDEL', inflight, jid)
-    if st and tT > 0 then
-      local delta = ((tonumber(pt) or 0) + (tonumber(ct) or 0) - reserved) * tT
-      if delta < 0 then ttat = math.max(now, ttat + delta) else ttat = math.max(now, ttat) + delta end
-    end
-  else
-    running = running + 1
-  end
-end
-
-local rnew = math.max(rtat, now) + rT
-local tnew = math.max(ttat, now) + cost * tT
-local refused, wait = '', 0
-if rT > 0 and rnew - now > period then refused, wait = 'requests', rnew - now - period end
-if tT > 0 and tnew - now > period and tnew - now - period > wait then refused, wait = 'tokens', tnew - now - period end
-if refused == '' and maxc > 0 and running >= maxc then refused = 'concurrency' end
-
-local admitted = 0
-if refused == '' then
-  admitted = 1
-  rtat, ttat = rnew, tnew
-  if tracks then redis.call('HSET', inflight, job_id, cost) end
-end
-redis.call('HSET', state, 'requests_tat', tostring(rtat), 'tokens_tat', tostring(ttat))
-redis.call('PEXPIRE', state, math.ceil((math.max(rtat, ttat, now) - now + period) * 1000))
-redis.call('EXPIRE', inflight, ARGV[8])
-
-local function remaining(tat, T)
-  if T == 0 then return -1 end
-  return math.floor((period - math.max(tat - now, 0)) / T + 1e-9)
-end
-return {tostring(admitted), refused, tostring(math.ceil(wait * 1000)),
-  tostring(remaining(rtat, rT)), tostring(remaining(ttat, tT)),
-  tostring(math.ceil(math.max(rtat - now, 0) * 1000)), tostring(math.ceil(math.max(ttat - now, 0) * 1000))}
-"""
-)
-
-# Release an admitted job that was never created. KEYS: state hash, in-flight hash. ARGV: job_id period tpm
-RELEASE = """
-local reserved = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-redis.call('HDEL', KEYS[2], ARGV[1])
-local tpm = tonumber(ARGV[3])
-if tpm > 0 and reserved > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-  local tat = tonumber(redis.call('HGET', KEYS[1], 'tokens_tat') or '0')
-  redis.call('HSET', KEYS[1], 'tokens_tat', tostring(math.max(now, tat - reserved * tonumber(ARGV[2]) / tpm)))
-end
-return 'ok'
-"""
-
 
 @dataclass
 class Decision:
@@ -133,24 +52,28 @@ def estimate_tokens(text_chars: int, max_tokens: int) -> int:
 class RateLimiter:
     def __init__(self, redis: Redis, settings: ServiceSettings) -> None:
         self.settings = settings
-        self._admit = redis.register_script(ADMIT)
-        self._release = redis.register_script(RELEASE)
+        self._admit = redis.register_script(lua.ADMIT)
+        self._release = redis.register_script(lua.RELEASE)
+
+    def admit_call(self, key: ApiKey, job_id: str, cost: int) -> tuple[list[str], list[str | int]]:
+        """KEYS and ARGV of the ADMIT script (also the last ones of ADMIT_SUBMIT: shared/lua.py)."""
+        return [keys.rate_limit_state(key.id), keys.inflight_jobs(key.id)], [
+            keys.JOB_PREFIX,
+            repr(self.settings.rate_limit_period_s),
+            key.requests_per_min,
+            key.tokens_per_min,
+            key.max_concurrent_jobs,
+            job_id,
+            cost,
+            keys.INFLIGHT_TTL_S,
+        ]
 
     async def admit(self, key: ApiKey, job_id: str, cost: int) -> Decision:
-        period_s = self.settings.rate_limit_period_s
-        raw = await self._admit(
-            keys=[keys.rate_limit_state(key.id), keys.inflight_jobs(key.id)],
-            args=[
-                keys.JOB_PREFIX,
-                repr(period_s),
-                key.requests_per_min,
-                key.tokens_per_min,
-                key.max_concurrent_jobs,
-                job_id,
-                cost,
-                keys.INFLIGHT_TTL_S,
-            ],
-        )
+        call_keys, args = self.admit_call(key, job_id, cost)
+        return self.decision(key, await self._admit(keys=call_keys, args=args))
+
+    def decision(self, key: ApiKey, raw: list[object]) -> Decision:
+        """The ADMIT script's answer -> the decision and its x-ratelimit-* headers."""
         admitted, refused_by, wait_ms, left_req, left_tok, reset_req_ms, reset_tok_ms = (str(v) for v in raw)
         headers: dict[str, str] = {}
         if key.requests_per_min:

@@ -1,5 +1,6 @@
 """The gateway's Redis side (a client with decode_responses=True) of jobs: submit (one script: idempotency, queue
-limit, hash, enqueue; its KEYS/ARGV from shared/submit.py), read, cancel."""
+limit, hash, enqueue; its KEYS/ARGV from shared/submit.py; with the key's limits in front of it: ADMIT_SUBMIT,
+one round trip), read, cancel."""
 
 import uuid
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ class JobStore:
         self.settings = settings
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
         self._submit = redis.register_script(lua.SUBMIT)
+        self._admit_submit = redis.register_script(lua.ADMIT_SUBMIT)
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
@@ -65,7 +67,27 @@ class JobStore:
         keys_, args = submit_call(
             request, job_id or uuid.uuid4().hex, idempotency_key, self.settings, self._ctx, owner
         )
-        result = await self._submit(keys=keys_, args=args)
+        return self._submitted(request, await self._submit(keys=keys_, args=args))
+
+    async def admit_and_submit(
+        self,
+        request: JobRequest,
+        idempotency_key: str | None,
+        job_id: str,
+        owner: str,
+        admit_call: tuple[list[str], list[str | int]],
+    ) -> tuple[Submitted | None, list[object]]:
+        """The key's limits (`admit_call`: RateLimiter.admit_call) and the submit, ONE round trip -> (the job, or
+        None when the limits refused it; the ADMIT answer). A job not created gave its reservation back."""
+        keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx, owner)
+        result, decision = await self._admit_submit(keys=keys_ + admit_call[0], args=args + admit_call[1])
+        if result[0] == "refused":
+            return None, decision
+        return self._submitted(request, result), decision
+
+    @staticmethod
+    def _submitted(request: JobRequest, result: list[str]) -> Submitted:
+        """SUBMIT's answer -> the job (raises QueueFull, IdempotencyConflict)."""
         if result[0] == "full":
             raise QueueFull(request.priority, int(result[1]))
         if result[0] == "dup":

@@ -14,6 +14,7 @@ CHANNEL_PREFIX = f"{NAMESPACE}:wake:"  # + job id -> pub/sub channel announcing 
 
 DEAD_LETTER_STREAM = f"{NAMESPACE}:jobs:dead"  # jobs that exceeded max_deliveries
 CANCEL_CHANNEL = f"{NAMESPACE}:control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
+QUEUED_CHANNEL = f"{NAMESPACE}:control:queued"  # pub/sub: a job was queued (payload: its priority)
 WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
 HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
 MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model

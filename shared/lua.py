@@ -14,7 +14,7 @@ prompt_tokens completion_tokens finish_reason metrics (json) error (json).
 import json
 
 from shared import keys
-from shared.job_state import JobStatus, sources_of
+from shared.job_state import TERMINAL, JobStatus, sources_of
 
 
 def _lua_set(name: str, statuses: list[JobStatus]) -> str:
@@ -86,6 +86,7 @@ def context(maxlen: int, ttl_s: int) -> str:
             "chprefix": keys.CHANNEL_PREFIX,
             "qprefix": keys.queue_stream(""),
             "cancel_channel": keys.CANCEL_CHANNEL,
+            "queued_channel": keys.QUEUED_CHANNEL,
             "outbox": keys.OUTBOX_STREAM,
             "outbox_maxlen": str(keys.OUTBOX_MAXLEN),
             "maxlen": str(maxlen),
@@ -94,34 +95,47 @@ def context(maxlen: int, ttl_s: int) -> str:
     )
 
 
-# KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
-# max_depth idem_ttl_s use_idem(0/1) owner(the API key id that owns the job; '': none) request_hash.
+# Queue a job (and tell the busy workers on ctx.queued_channel: they pull only when told or due).
+# submit(job hash, queue stream, idempotency key, job_id, priority, ttl_s, request_json, metadata_json, max_depth,
+#        idem_ttl_s, use_idem(0/1), owner(the API key id that owns the job; '': none), request_hash)
 # -> {'dup', job_id, request_hash of the job's request ('' from older entries)} | {'full', depth} | {'ok', job_id, created_at}
+_SUBMIT_FN = """
+local function submit(job, queue, idem, job_id, priority, ttl_s, request, metadata, max_depth, idem_ttl, use_idem,
+                      owner, request_hash)
+  if use_idem == '1' then
+    local existing = redis.call('GET', idem)  -- '<job id>:<request hash>'
+    if existing then
+      local sep = string.find(existing, ':', 1, true)
+      if sep then return {'dup', string.sub(existing, 1, sep - 1), string.sub(existing, sep + 1)} end
+      return {'dup', existing, ''}
+    end
+  end
+  local depth = redis.call('XLEN', queue)
+  if depth > 0 then
+    local ok, pending = pcall(redis.call, 'XPENDING', queue, ctx.group)
+    if ok then depth = depth - pending[1] end
+  end
+  if depth >= tonumber(max_depth) then return {'full', tostring(depth)} end
+  local created = now()
+  local entry = redis.call('XADD', queue, '*', 'id', job_id)
+  redis.call('HSET', job, 'id', job_id, 'status', S_QUEUED, 'priority', priority, 'created_at', created,
+    'expires_at', string.format('%.6f', tonumber(created) + tonumber(ttl_s)), 'request', request,
+    'metadata', metadata, 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
+  if owner and owner ~= '' then redis.call('HSET', job, 'owner', owner) end
+  if use_idem == '1' then redis.call('SET', idem, job_id .. ':' .. request_hash, 'EX', idem_ttl) end
+  if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, priority) end
+  return {'ok', job_id, created}
+end
+"""
+
+# KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
+# max_depth idem_ttl_s use_idem(0/1) owner request_hash -> submit()'s answer (above)
 SUBMIT = (
     PRELUDE
+    + _SUBMIT_FN
     + """
-if ARGV[9] == '1' then
-  local existing = redis.call('GET', KEYS[3])  -- '<job id>:<request hash>'
-  if existing then
-    local sep = string.find(existing, ':', 1, true)
-    if sep then return {'dup', string.sub(existing, 1, sep - 1), string.sub(existing, sep + 1)} end
-    return {'dup', existing, ''}
-  end
-end
-local depth = redis.call('XLEN', KEYS[2])
-if depth > 0 then
-  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[2], ctx.group)
-  if ok then depth = depth - pending[1] end
-end
-if depth >= tonumber(ARGV[7]) then return {'full', tostring(depth)} end
-local created = now()
-local entry = redis.call('XADD', KEYS[2], '*', 'id', ARGV[2])
-redis.call('HSET', KEYS[1], 'id', ARGV[2], 'status', S_QUEUED, 'priority', ARGV[3], 'created_at', created,
-  'expires_at', string.format('%.6f', tonumber(created) + tonumber(ARGV[4])), 'request', ARGV[5],
-  'metadata', ARGV[6], 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
-if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[10]) end
-if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[2] .. ':' .. ARGV[11], 'EX', ARGV[8]) end
-return {'ok', ARGV[2], created}
+return submit(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9],
+  ARGV[10], ARGV[11])
 """
 )
 
@@ -218,17 +232,65 @@ return {started, waiting, last_ids}
 # Append one batch of tokens of a running job. KEYS: job hash, event stream.
 # ARGV: ctx job_id attempt text token_ids_csv num_tokens prompt_tokens token_event_json
 # -> 'ok' | 'gone' (no longer running: cancelled, finished, unknown) | 'lost' (another attempt holds it)
+_EMIT_TOKENS = """
+-- tokens_before (optional): the job's completion_tokens this write follows. A write already in (a retried
+-- pipeline) is not applied twice ('ok'); a write that does not follow the last one written (an earlier write of
+-- the job failed) is refused ('lost': the worker drops the job, which resumes from what is written).
+local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_new, prompt_tokens, token_event,
+                           tokens_before)
+  local st, at, text, ids, done = unpack(redis.call('HMGET', job, 'status', 'attempt', 'text', 'token_ids',
+    'completion_tokens'))
+  if st ~= S_RUNNING then return 'gone' end
+  if at ~= attempt then return 'lost' end
+  if tokens_before then
+    done, tokens_before = tonumber(done or '0'), tonumber(tokens_before)
+    if done >= tokens_before + tonumber(num_new) then return 'ok' end
+    if done ~= tokens_before then return 'lost' end
+  end
+  if ids and ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
+  redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens)
+  redis.call('HINCRBY', job, 'completion_tokens', num_new)
+  event(ctx, events, job_id, 'token', token_event)
+  return 'ok'
+end
+"""
+
 EMIT = (
     PRELUDE
+    + _EMIT_TOKENS
     + """
-local st, at, text, ids = unpack(redis.call('HMGET', KEYS[1], 'status', 'attempt', 'text', 'token_ids'))
-if st ~= S_RUNNING then return 'gone' end
-if at ~= ARGV[3] then return 'lost' end
-if ids and ids ~= '' then ids = ids .. ',' .. ARGV[5] else ids = ARGV[5] end
-redis.call('HSET', KEYS[1], 'text', (text or '') .. ARGV[4], 'token_ids', ids, 'prompt_tokens', ARGV[7])
-redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[6])
-event(ctx, KEYS[2], ARGV[2], 'token', ARGV[8])
-return 'ok'
+return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+"""
+)
+
+# One engine step of one worker: every job's tokens and finishes, in order, as ONE script call (so a step is
+# one round trip, and a NOSCRIPT after a Redis restart refuses the whole step: nothing half-written to retry).
+# KEYS: job hash, event stream, per write. ARGV: ctx, then per write: kind job_id attempt, and
+#   kind 'emit':   text token_ids_csv num_tokens prompt_tokens token_event_json completion_tokens_before
+#   kind 'finish': to_status event_type event_data num_fields field value ...             (FINISH's arguments)
+# -> one reply per write: EMIT's or FINISH's ('ok' | 'gone' | 'lost' | 'missing' | a status)
+STEP = (
+    PRELUDE
+    + _EMIT_TOKENS
+    + """
+local replies = {}
+local i, k = 2, 1
+while i <= #ARGV do
+  local kind, job_id, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if kind == 'emit' then
+    replies[#replies + 1] = emit_tokens(KEYS[k], KEYS[k + 1], job_id, attempt, ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
+    i = i + 9
+  else
+    local num_fields = tonumber(ARGV[i + 6])
+    local fields = {}
+    for j = 1, num_fields do fields[j] = ARGV[i + 6 + j] end
+    replies[#replies + 1] = finish(ctx, job_id, ARGV[i + 3], attempt, fields, ARGV[i + 4], ARGV[i + 5])
+    i = i + 7 + num_fields
+  end
+  k = k + 2
+end
+return replies
 """
 )
 
@@ -246,6 +308,7 @@ local new_entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[2])
 redis.call('HSET', KEYS[1], 'status', S_QUEUED, 'entry', new_entry, 'worker', '')
 redis.call('HINCRBY', KEYS[1], 'deliveries', -1)
 event(ctx, KEYS[2], ARGV[2], 'status', cjson.encode({status=S_QUEUED}))
+if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, redis.call('HGET', KEYS[1], 'priority')) end
 return 'ok'
 """
 )
@@ -260,5 +323,119 @@ if st ~= S_RUNNING then return 'gone' end
 if at ~= ARGV[3] then return 'lost' end
 redis.call('XCLAIM', KEYS[2], ctx.group, ARGV[2], 0, entry, 'JUSTID')
 return 'ok'
+"""
+)
+
+
+# -- per-key limits (gateway/rate_limit.py says what they mean) ------------------------------------------------
+# admit(state hash, in-flight hash, job_prefix, period_s, requests_limit, tokens_limit, concurrency_limit, job_id,
+#       cost, inflight_ttl_s)
+# -> {admitted 0|1, refused_by ('' | requests | tokens | concurrency), retry_after_ms,
+#     remaining_requests, remaining_tokens, reset_requests_ms, reset_tokens_ms}   (numbers as strings)
+_ADMIT_FN = (
+    _lua_set("TERMINAL", sorted(TERMINAL, key=lambda s: s.value))
+    + """
+local function admit(state, inflight, jprefix, period, rpm, tpm, maxc, job_id, cost, inflight_ttl)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  local rtat = tonumber(redis.call('HGET', state, 'requests_tat') or '0')
+  local ttat = tonumber(redis.call('HGET', state, 'tokens_tat') or '0')
+  local rT = rpm > 0 and period / rpm or 0
+  local tT = tpm > 0 and period / tpm or 0
+
+  -- settle: finished jobs leave; their reservation becomes what they used. Only a key with a token or
+  -- concurrency limit tracks in-flight jobs: an unlimited key's submits stay O(1) however much it has queued
+  local tracks = tT > 0 or maxc > 0
+  local held = tracks and redis.call('HGETALL', inflight) or {}
+  local running = 0
+  for i = 1, #held, 2 do
+    local jid, reserved = held[i], tonumber(held[i + 1])
+    local st, pt, ct = unpack(redis.call('HMGET', jprefix .. jid, 'status', 'prompt_tokens', 'completion_tokens'))
+    if (not st) or TERMINAL[st] then
+      redis.call('HDEL', inflight, jid)
+      if st and tT > 0 then
+        local delta = ((tonumber(pt) or 0) + (tonumber(ct) or 0) - reserved) * tT
+        if delta < 0 then ttat = math.max(now, ttat + delta) else ttat = math.max(now, ttat) + delta end
+      end
+    else
+      running = running + 1
+    end
+  end
+
+  local rnew = math.max(rtat, now) + rT
+  local tnew = math.max(ttat, now) + cost * tT
+  local refused, wait = '', 0
+  if rT > 0 and rnew - now > period then refused, wait = 'requests', rnew - now - period end
+  if tT > 0 and tnew - now > period and tnew - now - period > wait then refused, wait = 'tokens', tnew - now - period end
+  if refused == '' and maxc > 0 and running >= maxc then refused = 'concurrency' end
+
+  local admitted = 0
+  if refused == '' then
+    admitted = 1
+    rtat, ttat = rnew, tnew
+    if tracks then redis.call('HSET', inflight, job_id, cost) end
+  end
+  redis.call('HSET', state, 'requests_tat', tostring(rtat), 'tokens_tat', tostring(ttat))
+  redis.call('PEXPIRE', state, math.ceil((math.max(rtat, ttat, now) - now + period) * 1000))
+  redis.call('EXPIRE', inflight, inflight_ttl)
+
+  local function remaining(tat, T)
+    if T == 0 then return -1 end
+    return math.floor((period - math.max(tat - now, 0)) / T + 1e-9)
+  end
+  return {tostring(admitted), refused, tostring(math.ceil(wait * 1000)),
+    tostring(remaining(rtat, rT)), tostring(remaining(ttat, tT)),
+    tostring(math.ceil(math.max(rtat - now, 0) * 1000)), tostring(math.ceil(math.max(ttat - now, 0) * 1000))}
+end
+"""
+)
+
+# release(state hash, in-flight hash, job_id, period_s, tokens_limit): give back an admitted job never created
+_RELEASE_FN = """
+local function release(state, inflight, job_id, period, tpm)
+  local reserved = tonumber(redis.call('HGET', inflight, job_id) or '0')
+  redis.call('HDEL', inflight, job_id)
+  tpm = tonumber(tpm)
+  if tpm > 0 and reserved > 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+    local tat = tonumber(redis.call('HGET', state, 'tokens_tat') or '0')
+    redis.call('HSET', state, 'tokens_tat', tostring(math.max(now, tat - reserved * tonumber(period) / tpm)))
+  end
+  return 'ok'
+end
+"""
+
+# KEYS: rate-limit state hash, in-flight hash.
+# ARGV: job_prefix period_s requests_limit tokens_limit concurrency_limit job_id cost inflight_ttl_s -> admit()'s
+ADMIT = (
+    _ADMIT_FN
+    + """
+return admit(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+  ARGV[6], tonumber(ARGV[7]), ARGV[8])
+"""
+)
+
+# KEYS: state hash, in-flight hash. ARGV: job_id period_s tokens_limit -> 'ok'
+RELEASE = _RELEASE_FN + "\nreturn release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
+
+# A submit in ONE round trip: the key's limits, then the job (a job admitted but not created, an idempotent replay
+# or a full queue, gives its reservation back at once).
+# KEYS: SUBMIT's (job hash, queue stream, idempotency key) + ADMIT's (state hash, in-flight hash).
+# ARGV: SUBMIT's 11 (ctx ... request_hash) + ADMIT's 8 (job_prefix ... inflight_ttl_s)
+# -> {submit()'s answer, or {'refused'}; admit()'s answer}
+ADMIT_SUBMIT = (
+    PRELUDE
+    + _SUBMIT_FN
+    + _ADMIT_FN
+    + _RELEASE_FN
+    + """
+local decision = admit(KEYS[4], KEYS[5], ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]),
+  tonumber(ARGV[16]), ARGV[17], tonumber(ARGV[18]), ARGV[19])
+if decision[1] ~= '1' then return {{'refused'}, decision} end
+local result = submit(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
+  ARGV[9], ARGV[10], ARGV[11])
+if result[1] ~= 'ok' then release(KEYS[4], KEYS[5], ARGV[17], ARGV[13], ARGV[15]) end
+return {result, decision}
 """
 )

@@ -206,3 +206,14 @@ def test_redis_down_is_503_not_500(settings: ServiceSettings) -> None:
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         assert response.json()["error"]["code"] == "unavailable"
         assert http.get("/readyz").status_code == 503
+
+
+def test_the_limits_and_the_submit_are_one_script_call(http: httpx.Client, rclient: redis.Redis) -> None:
+    def evalsha_calls() -> int:
+        return int(rclient.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    assert http.post("/v1/jobs", json={"prompt": "a", "max_tokens": 2}).status_code == 202  # scripts loaded
+    before = evalsha_calls()
+    job = http.post("/v1/jobs", json={"prompt": "b", "max_tokens": 2}).json()
+    assert evalsha_calls() - before == 1  # ADMIT_SUBMIT: the key's limits and the job, one round trip
+    assert rclient.hget(keys.job_hash(job["id"]), "status") == "queued"

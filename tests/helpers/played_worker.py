@@ -44,7 +44,9 @@ class PlayedWorker:
         from workers.worker.emitter import Running
 
         lease = wait_until(lambda: self.reader.pull(1), timeout_s, what="a job to take")[0]
-        self.running[lease.job_id] = Running(lease.job_id, lease.attempt, prompt_tokens=3)
+        self.running[lease.job_id] = Running(
+            lease.job_id, lease.attempt, prompt_tokens=3, completion_tokens=len(lease.resumed_token_ids)
+        )
         return lease.job_id
 
     def emit(self, job_id: str, token_ids: list[int], text: str, finish_reason: str | None = None):  # noqa: ANN201

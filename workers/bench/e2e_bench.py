@@ -4,7 +4,13 @@
 2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
    request mix straight into an in-process engine (same engine settings and torch thread count as the worker).
-4. Many SSE streams held at once by the gateway, every token counted against the job's final count.
+4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
+   output: in order, none missing, none repeated (`sse_lost_tokens`).
+
+Headline ratios: `fleet_vs_engine_tokens_per_s_c{N}` (fleet tokens/s over the in-process engine's, same request
+mix, same minute), `fleet_ttft_overhead_ms_p50[_c{N}]`, `submit_rate_jobs_s` with the gateway's CPU per submit
+(`submit_gateway_cpu_ms_per_job`), `sse_streams`, `sse_lost_tokens`; the machine's load average before and
+after (the benchmark shares its cores with whatever else runs).
 
 Everything runs on this machine: the benchmark client competes with the gateway, Redis and the worker for the
 same cores, so its CPU use is reported too.
@@ -13,6 +19,7 @@ same cores, so its CPU use is reported too.
 import asyncio
 import dataclasses
 import logging
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +31,13 @@ import torch
 from shared.settings import ServiceSettings
 from workers.bench.e2e_fleet import ROOT, BenchFleet
 from workers.bench.e2e_latency import request_mix, run_engine, run_fleet, summary
-from workers.bench.e2e_load import hold_streams, submit_rate, submit_script_ceiling, xadd_ceiling
+from workers.bench.e2e_load import (
+    hold_streams,
+    raise_fd_limit,
+    submit_rate,
+    submit_script_ceiling,
+    xadd_ceiling,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +50,7 @@ class E2EBenchPlan:
     num_submit_jobs: int = 10_000
     num_submit_clients: int = 32
     num_ceiling_ops: int = 50_000
-    num_sse_streams: int = 500
+    num_sse_streams: int = 2_000
     sse_max_tokens: int = 16
     num_engine_threads: int = 1  # torch threads of the worker and of the in-process engine
     num_gateway_procs: int = 2  # the submit rate is measured with 1 and with this many; the rest with 1
@@ -45,7 +58,8 @@ class E2EBenchPlan:
 
     @classmethod
     def quick(cls) -> "E2EBenchPlan":
-        return cls(requests_per_client=2, min_requests=8, num_submit_jobs=3_000, num_ceiling_ops=16_000)
+        return cls(requests_per_client=2, min_requests=8, num_submit_jobs=3_000, num_ceiling_ops=16_000,
+                   sse_max_tokens=8)
 
     @classmethod
     def tiny(cls) -> "E2EBenchPlan":
@@ -75,6 +89,9 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
         if r["phase"] == "latency":
             by_c.setdefault(r["concurrency"], {})[r["system"]] = r
     for c, pair in sorted(by_c.items()):
+        engine_tokens_per_s = pair["engine"]["tokens_per_s"]
+        if engine_tokens_per_s > 0:
+            ratios[f"fleet_vs_engine_tokens_per_s_c{c}"] = pair["fleet"]["tokens_per_s"] / engine_tokens_per_s
         for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
             name = f"fleet_{metric.split('_')[0]}_overhead_ms_{metric.rsplit('_', 1)[1]}"
             value = pair["fleet"][metric] - pair["engine"][metric]
@@ -91,6 +108,9 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
     settings = ServiceSettings()
     rows: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
+    load_before = os.getloadavg()[0]
+    num_fds = raise_fd_limit(2 * plan.num_sse_streams + 1024)  # the fleet's processes inherit it
+    log.info("open files limit %d; load average %.2f", num_fds, load_before)
     with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
         fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
                            num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
@@ -119,14 +139,18 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
 
             # 4: many SSE streams, ONE gateway process
             body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
+            gateway_cpu0_s = fleet.cpu_seconds()["gateway"]
             streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
+            gateway_cpu_s = fleet.cpu_seconds()["gateway"] - gateway_cpu0_s
             rows.append({"phase": "sse", "system": "gateway_x1",
                          "concurrency": streams.num_streams, "peak_open": streams.peak_open,
                          "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
-                         "failed_jobs": streams.num_failed})
+                         "out_of_order": streams.num_out_of_order, "failed_jobs": streams.num_failed,
+                         "gateway_cpu_s": gateway_cpu_s})
             ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
                            "sse_lost_tokens": float(streams.lost_tokens)})
-    return {"rows": rows, "ratios": ratios, "engine": _engine_info(cfg, plan)}
+    info = {**_engine_info(cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
+    return {"rows": rows, "ratios": ratios, "engine": info}
 
 
 def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettings) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ held at once with every token counted."""
 
 import asyncio
 import json
+import resource
 import socket
 import time
 import uuid
@@ -105,37 +106,69 @@ def submit_script_ceiling(redis_url: str, num: int, settings: ServiceSettings) -
 
 
 # -- SSE ---------------------------------------------------------------------------------------------------
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft limit on open files toward `wanted` (never past the hard limit; child processes
+    inherit it) -> the soft limit now. Each SSE stream is one socket in the client and one in the gateway."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return int(soft)
+
+
 @dataclass
 class StreamCount:
     num_streams: int = 0
     num_open: int = 0
     peak_open: int = 0
     num_token_events: int = 0
-    lost_tokens: int = 0  # |tokens the job reports - tokens its stream carried|, summed over streams
+    lost_tokens: int = 0  # tokens of the job's output its stream did not carry in place (missing, extra, moved)
+    num_out_of_order: int = 0  # events whose id was not after the previous one's
     num_failed: int = 0
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def lost_tokens(expected: list[int], streamed: list[int]) -> int:
+    """0 when the stream carried exactly the job's tokens in order; else how many are missing or out of place."""
+    if streamed == expected:
+        return 0
+    num_same = next((i for i, (a, b) in enumerate(zip(expected, streamed, strict=False)) if a != b),
+                    min(len(expected), len(streamed)))  # fmt: skip
+    return max(len(expected), len(streamed)) - num_same
 
 
 async def _follow(endpoint: Endpoint, job_id: str, count: StreamCount) -> None:
     conn = await endpoint.connect()
-    streamed = 0
+    streamed: list[int] = []
+    last_key = (0, 0)
     try:
         count.num_open += 1
         count.peak_open = max(count.peak_open, count.num_open)
         async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):
+            key = _entry_key(frame.id) if frame.id else last_key
+            count.num_out_of_order += key <= last_key
+            last_key = key
             if frame.event == EventType.TOKEN.value:
                 count.num_token_events += 1
-                streamed += len(json.loads(frame.data)["token_ids"])
-            elif frame.event == EventType.DONE.value:
-                count.lost_tokens += abs(json.loads(frame.data)["usage"]["completion_tokens"] - streamed)
+                streamed += json.loads(frame.data)["token_ids"]
             elif frame.event == EventType.ERROR.value:
                 count.num_failed += 1
+        status, raw = await conn.request(endpoint.get(f"/v1/jobs/{job_id}"))
+        output = json.loads(raw).get("output") or {} if status == 200 else {}
+        count.lost_tokens += lost_tokens(list(output.get("token_ids") or []), streamed)
     finally:
         count.num_open -= 1
         await conn.close()
 
 
 async def hold_streams(endpoint: Endpoint, num_streams: int, body: dict[str, Any]) -> StreamCount:
-    """Submit `num_streams` jobs, follow each on its own SSE connection (all opened at once), count tokens."""
+    """Submit `num_streams` jobs, then follow each on its own SSE connection, all opened at once; every stream's
+    tokens are checked against its job's final output (GET /v1/jobs/{id}) once the stream ends."""
     raw = endpoint.post("/v1/jobs", body)
     conn = await endpoint.connect()
     job_ids = []

@@ -19,6 +19,7 @@ from typing import Any
 class SseFrame:
     event: str
     data: str  # json text
+    id: str = ""  # the SSE `id:` (the event's entry id in the job's event stream)
 
 
 def post_request(host: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
@@ -120,13 +121,15 @@ class Connection:
 
 
 def _parse_frame(block: str) -> SseFrame | None:
-    event, data = "message", ""
+    event, data, frame_id = "message", "", ""
     for line in block.split("\n"):
         if line.startswith("event: "):
             event = line[7:]
         elif line.startswith("data: "):
             data = line[6:]
-    return SseFrame(event, data) if data else None
+        elif line.startswith("id: "):
+            frame_id = line[4:]
+    return SseFrame(event, data, frame_id) if data else None
 
 
 def cpu_seconds(pid: int | None = None) -> float:

@@ -102,7 +102,8 @@ def print_e2e(result: dict) -> None:
                              "tokens_per_s", "num_requests"]))
     typer.echo("")
     typer.echo(format_table([r for r in rows if r["phase"] == "sse"],
-                            ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "failed_jobs"]))
+                            ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
+                             "failed_jobs", "gateway_cpu_s"]))
     typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")

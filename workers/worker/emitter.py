@@ -1,6 +1,12 @@
-"""Writing one engine step's results to Redis: every job's new tokens, and the finish of finished jobs,
-in ONE pipelined round trip (EMIT and FINISH scripts, shared/lua.py). A job that is no longer this
-attempt's (cancelled, reclaimed by another worker, finished) comes back as `gone` so the worker drops it.
+"""Writing one engine step's results to Redis: every job's new tokens, and the finish (or failure) of the
+jobs that ended, as ONE call of the STEP script (shared/lua.py: EMIT's and FINISH's work per job, in order). A job that is no
+longer this attempt's (cancelled, reclaimed by another worker, finished) comes back as `gone` so the worker
+drops it.
+
+Two halves, so the worker's loop does only the cheap one:
+    writes_for(running, outputs)   loop thread: count tokens, snapshot what to write (plain JobWrite values)
+    queue(pipe, writes) / settle   writer thread: build the events and the script call; read the replies
+`emit()` does both in one call and executes the pipeline (tests, and anything that writes in step).
 """
 
 from dataclasses import dataclass, field
@@ -26,96 +32,159 @@ class Running:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class JobFailure:
+    code: ErrorCode
+    message: str
+    field_name: str | None = None
+
+
+@dataclass(frozen=True)
+class JobWrite:
+    """What one step writes for one job, snapshotted on the loop thread (immutable from then on)."""
+
+    job_id: str
+    attempt: int
+    prompt_tokens: int
+    completion_tokens: int  # after this step's tokens
+    new_text: str = ""
+    new_token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None  # with is_finished: the job succeeded
+    is_finished: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure: JobFailure | None = None  # the job failed (the engine refused it)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script call queued on a pipeline: whose, and whether it ends the job."""
+
+    job_id: str
+    is_final: bool
+
+
 class Emitter:
     def __init__(self, client: redis.Redis, settings: ServiceSettings) -> None:
         self.redis = client
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
-        self._emit = client.register_script(lua.EMIT)
-        self._finish = client.register_script(lua.FINISH)
+        self._step = client.register_script(lua.STEP)
 
-    def emit(self, running: dict[str, Running], outputs: list[StepOutput]) -> tuple[list[str], list[str]]:
-        """Write `outputs` (one engine step) -> (job ids finished now, job ids no longer this worker's)."""
-        pipe = self.redis.pipeline(transaction=False)
-        calls: list[tuple[str, bool]] = []  # (job id, is a finish) per script call, in pipeline order
+    # -- loop thread ----------------------------------------------------------------------------------------
+    @staticmethod
+    def writes_for(running: dict[str, Running], outputs: list[StepOutput]) -> list[JobWrite]:
+        """One step's outputs of the jobs in `running` -> what to write (their token counts move on)."""
+        writes = []
         for out in outputs:
             job = running.get(out.request_id)
-            if job is None:
+            if job is None or not (out.new_token_ids or out.finished):
                 continue
-            if out.new_token_ids:
-                job.completion_tokens += len(out.new_token_ids)
-                event = TokenEvent(text=out.new_text, token_ids=out.new_token_ids).model_dump_json()
-                self._emit(
-                    keys=[keys.job_hash(job.job_id), keys.job_events(job.job_id)],
-                    args=[
-                        self._ctx,
-                        job.job_id,
-                        job.attempt,
-                        out.new_text,
-                        token_ids_csv(out.new_token_ids),
-                        len(out.new_token_ids),
-                        job.prompt_tokens,
-                        event,
-                    ],
-                    client=pipe,
+            job.completion_tokens += len(out.new_token_ids)
+            writes.append(
+                JobWrite(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    prompt_tokens=job.prompt_tokens,
+                    completion_tokens=job.completion_tokens,
+                    new_text=out.new_text,
+                    new_token_ids=tuple(out.new_token_ids),
+                    finish_reason=out.finish_reason,
+                    is_finished=out.finished,
+                    metrics=dict(out.metrics) if out.finished else {},
                 )
-                calls.append((job.job_id, False))
-            if out.finished:
-                self._queue_success(pipe, job, out.finish_reason, out.metrics)
-                calls.append((job.job_id, True))
+            )
+        return writes
+
+    @staticmethod
+    def failure(job_id: str, attempt: int, failure: JobFailure) -> JobWrite:
+        return JobWrite(job_id=job_id, attempt=attempt, prompt_tokens=0, completion_tokens=0, failure=failure)
+
+    # -- writer thread ---------------------------------------------------------------------------------------
+    def step_call(self, writes: list[JobWrite]) -> tuple[list[str], list[str | int], list[Call]]:
+        """KEYS and ARGV of the STEP script for `writes`, and one Call per reply it will give."""
+        call_keys: list[str] = []
+        args: list[str | int] = [self._ctx]
+        calls = []
+        for write in writes:
+            job_keys = [keys.job_hash(write.job_id), keys.job_events(write.job_id)]
+            if write.failure is not None:
+                call_keys += job_keys
+                args += self._failure_args(write.job_id, write.attempt, write.failure)
+                calls.append(Call(write.job_id, is_final=True))
+                continue
+            if write.new_token_ids:
+                call_keys += job_keys
+                args += self._token_args(write)
+                calls.append(Call(write.job_id, is_final=False))
+            if write.is_finished:
+                call_keys += job_keys
+                args += self._success_args(write)
+                calls.append(Call(write.job_id, is_final=True))
+        return call_keys, args, calls
+
+    def queue(self, pipe: redis.client.Pipeline, writes: list[JobWrite]) -> list[Call]:
+        """Queue ONE STEP call for `writes` on `pipe` (none when there is nothing to write) -> its Calls."""
+        call_keys, args, calls = self.step_call(writes)
+        if calls:
+            pipe.evalsha(self._step.sha, len(call_keys), *call_keys, *args)
+        return calls
+
+    @property
+    def step_sha(self) -> str:
+        return str(self._step.sha)
+
+    def load_script(self) -> None:
+        """(Re)load the STEP script: after a NOSCRIPT reply (a restarted or flushed Redis)."""
+        self._step.sha = self.redis.script_load(lua.STEP)
+
+    @staticmethod
+    def settle(calls: list[Call], replies: list[object]) -> tuple[list[str], list[str]]:
+        """The replies of `calls` -> (job ids ended now, job ids no longer this worker's)."""
+        ended, gone = [], []
+        for call, reply in zip(calls, replies, strict=True):
+            if reply != "ok":
+                gone.append(call.job_id)
+            elif call.is_final:
+                ended.append(call.job_id)
+        return [j for j in ended if j not in gone], list(dict.fromkeys(gone))
+
+    def emit(self, running: dict[str, Running], outputs: list[StepOutput]) -> tuple[list[str], list[str]]:
+        """Write `outputs` (one engine step) now, one round trip -> (job ids finished now, ids no longer ours)."""
+        call_keys, args, calls = self.step_call(self.writes_for(running, outputs))
         if not calls:
             return [], []
-        finished, gone = [], []
-        for (job_id, is_finish), result in zip(calls, pipe.execute(), strict=True):
-            if result != "ok":
-                gone.append(job_id)
-            elif is_finish:
-                finished.append(job_id)
-        return [j for j in finished if j not in gone], list(dict.fromkeys(gone))
+        return self.settle(calls, self._step(keys=call_keys, args=args))
 
-    def _queue_success(
-        self, pipe: redis.client.Pipeline, job: Running, finish_reason: str | None, metrics: dict[str, float]
-    ) -> None:
-        usage = Usage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens)
-        job_metrics = metrics_from(metrics)
+    def _token_args(self, write: JobWrite) -> list[str | int]:
+        token_ids = list(write.new_token_ids)
+        event = TokenEvent(text=write.new_text, token_ids=token_ids).model_dump_json()
+        return ["emit", write.job_id, write.attempt, write.new_text, token_ids_csv(token_ids), len(token_ids),
+                write.prompt_tokens, event, write.completion_tokens - len(token_ids)]  # fmt: skip
+
+    def _success_args(self, write: JobWrite) -> list[str | int]:
+        usage = Usage(prompt_tokens=write.prompt_tokens, completion_tokens=write.completion_tokens)
+        job_metrics = metrics_from(write.metrics)
         done = DoneEvent(
-            status=JobStatus.SUCCEEDED, finish_reason=finish_reason, usage=usage, metrics=job_metrics
+            status=JobStatus.SUCCEEDED, finish_reason=write.finish_reason, usage=usage, metrics=job_metrics
         )
-        self._finish(
-            keys=[keys.job_hash(job.job_id), keys.job_events(job.job_id)],
-            args=[
-                self._ctx,
-                job.job_id,
-                JobStatus.SUCCEEDED.value,
-                job.attempt,
-                "done",
-                done.model_dump_json(),
-                "finish_reason",
-                finish_reason or "",
-                "metrics",
-                job_metrics.model_dump_json(exclude_none=True),
-                "prompt_tokens",
-                job.prompt_tokens,
-            ],
-            client=pipe,
-        )
+        fields: list[str | int] = [
+            "finish_reason", write.finish_reason or "",
+            "metrics", job_metrics.model_dump_json(exclude_none=True),
+            "prompt_tokens", write.prompt_tokens,
+        ]  # fmt: skip
+        return ["finish", write.job_id, write.attempt, JobStatus.SUCCEEDED.value, "done", done.model_dump_json(),
+                len(fields), *fields]  # fmt: skip
+
+    @staticmethod
+    def _failure_args(job_id: str, attempt: int, failure: JobFailure) -> list[str | int]:
+        info = ErrorInfo(code=failure.code, message=failure.message, field=failure.field_name)
+        event = ErrorEvent(status=JobStatus.FAILED, error=info).model_dump_json(exclude_none=True)
+        return ["finish", job_id, attempt, JobStatus.FAILED.value, "error", event, 2, "error",
+                info.model_dump_json(exclude_none=True)]  # fmt: skip
 
     def fail(
         self, job_id: str, attempt: int, code: ErrorCode, message: str, field_name: str | None = None
     ) -> str:
-        """Finish a held job as failed (e.g. the engine refused it) -> 'ok' | 'lost' | its status."""
-        info = ErrorInfo(code=code, message=message, field=field_name)
-        event = ErrorEvent(status=JobStatus.FAILED, error=info).model_dump_json(exclude_none=True)
-        result = self._finish(
-            keys=[keys.job_hash(job_id), keys.job_events(job_id)],
-            args=[
-                self._ctx,
-                job_id,
-                JobStatus.FAILED.value,
-                attempt,
-                "error",
-                event,
-                "error",
-                info.model_dump_json(exclude_none=True),
-            ],
-        )
-        return str(result)
+        """Finish a held job as failed now (e.g. the engine refused it) -> 'ok' | 'lost' | its status."""
+        write = self.failure(job_id, attempt, JobFailure(code, message, field_name))
+        call_keys, args, _ = self.step_call([write])
+        return str(self._step(keys=call_keys, args=args)[0])

@@ -18,6 +18,8 @@ from workers.engine.outputs import StepOutput
 
 log = logging.getLogger(__name__)
 
+Notice = tuple[str, WebhookEvent]  # (job id, webhook event)
+
 
 class JobHooks:
     def __init__(self, client: redis.Redis, settings: ServiceSettings) -> None:
@@ -28,17 +30,25 @@ class JobHooks:
 
     def started(self, job_id: str, request: JobRequest) -> None:
         """A job started running (every attempt: a resumed job's receiver dedupes on webhook-id)."""
-        if request.webhook is None:
-            return
-        if WebhookEvent.OUTPUT in request.webhook_events_filter:
-            self._wants_output.add(job_id)
-        if WebhookEvent.START in request.webhook_events_filter:
-            self._notify([job_id], WebhookEvent.START)
+        self._notify(self.on_start(job_id, request))
 
     def emitted(self, outputs: list[StepOutput]) -> None:
         """After one engine step's output was written: an `output` notice for each due job."""
+        self._notify(self.on_output(outputs))
+
+    # -- the notices, as values (the worker's writer sends them in the step's round trip) -------------------
+    def on_start(self, job_id: str, request: JobRequest) -> list[Notice]:
+        if request.webhook is None:
+            return []
+        if WebhookEvent.OUTPUT in request.webhook_events_filter:
+            self._wants_output.add(job_id)
+        if WebhookEvent.START in request.webhook_events_filter:
+            return [(job_id, WebhookEvent.START)]
+        return []
+
+    def on_output(self, outputs: list[StepOutput]) -> list[Notice]:
         if not self._wants_output:
-            return
+            return []
         now = time.monotonic()
         due = []
         for out in outputs:
@@ -47,21 +57,25 @@ class JobHooks:
                 continue
             if now - self._last_output_s.get(job_id, -float("inf")) >= self.output_interval_s:
                 self._last_output_s[job_id] = now
-                due.append(job_id)
-        self._notify(due, WebhookEvent.OUTPUT)
+                due.append((job_id, WebhookEvent.OUTPUT))
+        return due
+
+    @staticmethod
+    def queue(pipe: redis.client.Pipeline, notices: list[Notice]) -> None:
+        for job_id, event in notices:
+            pipe.xadd(fields=notice_fields(NoticeKind.JOB, job_id, event.value), **OUTBOX_XADD)  # type: ignore[arg-type]
 
     def forget(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
             self._wants_output.discard(job_id)
             self._last_output_s.pop(job_id, None)
 
-    def _notify(self, job_ids: list[str], event: WebhookEvent) -> None:
-        if not job_ids:
+    def _notify(self, notices: list[Notice]) -> None:
+        if not notices:
             return
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.xadd(fields=notice_fields(NoticeKind.JOB, job_id, event.value), **OUTBOX_XADD)  # type: ignore[arg-type]
+            self.queue(pipe, notices)
             pipe.execute()
         except redis.RedisError as exc:  # a lost start/output notice never stops the job
-            log.warning("webhook %s notice for %d jobs not written: %s", event.value, len(job_ids), exc)
+            log.warning("webhook notices for %d jobs not written: %s", len(notices), exc)

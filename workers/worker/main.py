@@ -1,9 +1,14 @@
 """The worker process: one loop whose step reads like the data flow.
 
-    step:  drop lost/cancelled jobs -> pull what the engine can admit -> engine.step() -> emit -> retire
+    step:  retire what was written -> drop lost/cancelled jobs -> pull what the engine can admit
+           -> engine.step() -> emit (hand the step's writes to the writer thread)
 
-Redis I/O stays here (queue_reader, emitter, heartbeat); the engine never sees Redis. SIGTERM/SIGINT:
-stop pulling, keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
+Step N's writes (tokens, finishes, failures, webhook notices: ONE pipelined round trip, workers/worker/writer.py)
+go to Redis while step N+1 computes; a job is retired (its lease forgotten) only once its final write landed.
+The loop pulls only when the engine has room and jobs may be waiting (a pull left some, a job was queued since:
+keys.QUEUED_CHANNEL, or `reclaim_interval_s` passed), and only as many as the engine admits. Redis I/O stays
+here (queue_reader, emitter, writer, heartbeat); the engine never sees Redis. SIGTERM/SIGINT: stop pulling,
+keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
 """
 
 import logging
@@ -25,16 +30,19 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
-from workers.worker.emitter import Emitter, Running
+from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
 from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
+from workers.worker.writer import StepWrite, StepWriter
 
 log = logging.getLogger(__name__)
 
 REDIS_RETRY_S = 1.0  # pause after a failed Redis call before the loop tries again
+RETIRE_WAIT_S = 0.05  # with nothing in the engine, how long one step waits for the writer's report
+DRAIN_TIMEOUT_S = 10.0  # at shutdown, how long the loop waits for the writer to land what it holds
 
 
 class EngineLike(Protocol):
@@ -83,12 +91,17 @@ class Worker:
         }
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
+        self.writer = StepWriter(client, self.emitter, self.hooks)
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
         self._leases_lock = threading.Lock()
-        self._cancels = client.pubsub(ignore_subscribe_messages=True)
+        self._control = client.pubsub(ignore_subscribe_messages=True)  # cancels and "a job was queued"
         self.stop_deadline: float | None = None  # set on SIGTERM: hand back what is unfinished by then
         self.num_pulled_last = 0
+        self.epoch = 0  # +1 after each Redis failure: the writer skips writes of a failed epoch
+        self._pending = StepWrite(self.epoch)  # what admission wrote this step (failures, start notices)
+        self._jobs_queued = True  # a job may be waiting that no pull saw yet
+        self._last_pull_s = -float("inf")
 
     @property
     def is_stopping(self) -> bool:
@@ -100,19 +113,52 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def step(self) -> None:
+        self._retire()
         self._drop(self._lost_jobs())
-        if not self.is_stopping:
-            leases = self.reader.pull(self.engine.free_capacity())
-            self.num_pulled_last = len(leases)
-            for lease in leases:
-                self._admit(lease)
+        if self._may_pull():
+            self._pull()
         outputs = self.engine.step() if self.running else []
+        # per-step hooks (metrics, deadlines) go here: after the engine step, before its writes are handed over
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
-        finished, gone = self.emitter.emit(self.running, outputs)
-        self.hooks.emitted(outputs)
-        self._forget(finished)
-        self._drop(gone)
+        self._emit(outputs)
+
+    def _retire(self) -> None:
+        """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours."""
+        wait_s = RETIRE_WAIT_S if not self.running and self.writer.num_unsettled else 0.0
+        for report in self.writer.take_reports(wait_s):
+            self._forget(report.ended)
+            self._drop(report.gone)
+
+    def _may_pull(self) -> bool:
+        """Room in the engine, and a job may be waiting (cheap: no Redis call when no pull is due)."""
+        if self.is_stopping or self.engine.free_capacity() <= 0:
+            self.num_pulled_last = 0
+            return False
+        is_due = time.monotonic() - self._last_pull_s >= self.settings.reclaim_interval_s
+        if self.burst or self._jobs_queued or is_due or any(self.reader.waiting.values()):
+            return True
+        self.num_pulled_last = 0
+        return False
+
+    def _pull(self) -> None:
+        self._jobs_queued = False
+        self._last_pull_s = time.monotonic()
+        leases = self.reader.pull(self.engine.free_capacity())
+        self.num_pulled_last = len(leases)
+        for lease in leases:
+            self._admit(lease)
+
+    def _emit(self, outputs: list[StepOutput]) -> None:
+        """Hand this step's writes to the writer; a job the engine finished leaves `running` (its KV is free)
+        but stays held until its final write landed."""
+        step, self._pending = self._pending, StepWrite(self.epoch)
+        step.writes += self.emitter.writes_for(self.running, outputs)
+        step.output_notices += self.hooks.on_output(outputs)
+        for out in outputs:
+            if out.finished:
+                self.running.pop(out.request_id, None)
+        self.writer.submit(step)
 
     def run(self) -> None:
         self.start()
@@ -122,19 +168,25 @@ class Worker:
                     self.step()
                     if self._is_idle():
                         self.reader.wait_for_jobs(self.settings.idle_block_ms)
+                        self._jobs_queued = True
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
         finally:
             self.shutdown()
 
     def _on_redis_error(self, exc: redis.RedisError) -> None:
-        """Redis is unreachable: what was generated since the last write cannot be recorded, so drop every held
-        job (its KV is freed); once Redis answers again its entry is reclaimed (by this worker or another) and
-        resumed from the last token written. Then back off."""
+        """Redis is unreachable (here or on the writer thread): what was generated since the last write cannot be
+        recorded, so drop every held job (its KV is freed) and every write not sent yet; once Redis answers again
+        its entry is reclaimed (by this worker or another) and resumed from the last token written. Then back
+        off."""
         log.warning(
             "redis error (%s): dropping %d held jobs; retrying in %.1fs", exc, len(self.leases), REDIS_RETRY_S
         )
         self._drop(list(self.leases))
+        self.writer.discard(self.epoch)
+        self.epoch += 1
+        self._pending = StepWrite(self.epoch)
+        self._jobs_queued = True
         time.sleep(REDIS_RETRY_S)
 
     def _is_idle(self) -> bool:
@@ -153,9 +205,10 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
         self.reader.ensure_groups()
-        self._cancels.subscribe(keys.CANCEL_CHANNEL)
+        self._control.subscribe(keys.CANCEL_CHANNEL, keys.QUEUED_CHANNEL)
         self.heartbeat.beat()
         self.heartbeat.start()
+        self.writer.start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -176,7 +229,16 @@ class Worker:
         self.request_stop()
 
     def shutdown(self) -> None:
-        """Hand every unfinished job back to its queue, then unregister."""
+        """Land what the writer holds, hand every unfinished job back to its queue, then unregister."""
+        try:
+            self._pending.epoch = self.epoch
+            self.writer.submit(self._pending)
+            for report in self.writer.drain(DRAIN_TIMEOUT_S):
+                self._forget(report.ended)
+                self._drop(report.gone)
+        except redis.RedisError as exc:  # what was not written is resumed from the last token that was
+            log.warning("could not write the last steps: %s", exc)
+        self.writer.stop()
         for lease in self.held_leases():
             self.engine.abort(lease.job_id)
             try:
@@ -185,7 +247,7 @@ class Worker:
                 log.warning("could not hand job %s back: %s", lease.job_id, exc)
         self._forget(list(self.leases))
         self.heartbeat.stop()
-        self._cancels.close()
+        self._control.close()
 
     # -- per job -------------------------------------------------------------------------------------------
     def _admit(self, lease: Lease) -> None:
@@ -196,25 +258,24 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
-        self.hooks.started(lease.job_id, request)
+        self._pending.start_notices += self.hooks.on_start(lease.job_id, request)
         num_resumed = len(lease.resumed_token_ids)
         remaining = request.max_tokens - num_resumed
         try:
             prompt = engine_prompt(request, self.engine.tokenizer, lease.resumed_token_ids)
             if remaining <= 0:
                 num_prompt = len(prompt) - num_resumed if isinstance(prompt, list) else 0
-                self.running[lease.job_id] = Running(lease.job_id, lease.attempt, num_prompt, num_resumed)
                 # a resumed job that already has all its tokens finishes without an engine step
-                finished = StepOutput(
-                    request_id=lease.job_id,
-                    new_token_ids=[],
-                    new_text="",
-                    finished=True,
-                    finish_reason="length",
-                    num_prompt_tokens=num_prompt,
-                    num_output_tokens=num_resumed,
+                self._pending.writes.append(
+                    JobWrite(
+                        job_id=lease.job_id,
+                        attempt=lease.attempt,
+                        prompt_tokens=num_prompt,
+                        completion_tokens=num_resumed,
+                        finish_reason="length",
+                        is_finished=True,
+                    )
                 )
-                self._forget(self.emitter.emit(self.running, [finished])[0])
                 return
             num_prompt = self.engine.add_request(
                 lease.job_id, prompt, self.params_factory(request, remaining)
@@ -233,18 +294,24 @@ class Worker:
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
 
     def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:
+        """Fail a job the engine refused: written with this step's writes, retired once that landed."""
         if self.metrics is not None:
             self.metrics.job_finished(JobOutcome.FAILED)
-        self.emitter.fail(lease.job_id, lease.attempt, code, message, field_name)
-        self._forget([lease.job_id])
+        failure = JobFailure(code, message, field_name)
+        self._pending.writes.append(self.emitter.failure(lease.job_id, lease.attempt, failure))
 
     def _lost_jobs(self) -> set[str]:
+        """Jobs cancelled (control channel) or found lost by the heartbeat; notes a newly queued job on the way."""
         lost = self.heartbeat.take_lost()
         try:
-            while (message := self._cancels.get_message(timeout=0.0)) is not None:
-                lost.add(str(message["data"]))
-        except redis.RedisError as exc:  # the emitter's status check still catches every cancel
-            log.warning("cancel channel: %s", exc)
+            while (message := self._control.get_message(timeout=0.0)) is not None:
+                if message["channel"] == keys.QUEUED_CHANNEL:
+                    self._jobs_queued = True
+                else:
+                    lost.add(str(message["data"]))
+        except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
+            log.warning("control channel: %s", exc)
+            self._jobs_queued = True
         return lost & self.leases.keys()
 
     def _drop(self, job_ids: list[str] | set[str]) -> None:

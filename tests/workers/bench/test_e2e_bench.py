@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
+from workers.bench.e2e_load import lost_tokens
 from workers.bench.report import machine_info, write_json
 
 HEADLINES = (
@@ -15,6 +16,8 @@ HEADLINES = (
     "submit_rate_vs_xadd_ceiling",
     "sse_streams",
     "sse_lost_tokens",
+    "fleet_vs_engine_tokens_per_s_c1",
+    "submit_gateway_cpu_ms_per_job",
 )
 
 
@@ -38,4 +41,16 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert all(r["num_requests"] == max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
                for r in latency)
     assert doc["ratios"]["sse_streams"] == plan.num_sse_streams
-    assert doc["ratios"]["sse_lost_tokens"] == 0  # every token event of every stream was counted
+    assert doc["ratios"]["sse_lost_tokens"] == 0  # every stream carried its job's tokens, in order
+    (sse,) = [r for r in doc["rows"] if r["phase"] == "sse"]
+    assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
+    assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    assert doc["machine"]["load_avg_1m_before"] >= 0
+
+
+def test_lost_tokens_counts_missing_extra_and_moved_tokens() -> None:
+    assert lost_tokens([1, 2, 3], [1, 2, 3]) == 0
+    assert lost_tokens([1, 2, 3], [1, 2]) == 1  # the last one missing
+    assert lost_tokens([1, 2, 3], [1, 2, 3, 3]) == 1  # one repeated
+    assert lost_tokens([1, 2, 3], [1, 3, 2]) == 2  # two out of place
+    assert lost_tokens([1, 2], []) == 2

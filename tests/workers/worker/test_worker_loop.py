@@ -1,0 +1,138 @@
+"""The worker's loop over a real engine (tiny random model) and a real Redis: one round trip per step for all
+jobs, no pull while the engine is full, a cancel honoured within two steps, and a write that fails on the
+writer thread dropping the jobs, which resume from the last token written with nothing lost or repeated."""
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import keys, lua
+from shared.job_state import JobStatus
+from shared.redis_server import RedisServer
+from shared.settings import ServiceSettings
+from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from tests.helpers.waiting import wait_until
+from workers.worker.main import Worker
+
+JOB = {"prompt": "def f(x):", "temperature": 0, "ignore_eos": True}
+
+
+def _worker(client: redis.Redis, settings: ServiceSettings, target: Path, max_num_seqs: int) -> Worker:
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1,
+                       speculative_method="none")  # fmt: skip
+    return Worker(Engine(cfg, target), client, settings, worker_id="loop-test")
+
+
+def _started(worker: Worker) -> Worker:
+    """start() off the main thread: the test's signal handlers stay as they are."""
+    thread = threading.Thread(target=worker.start)
+    thread.start()
+    thread.join()
+    return worker
+
+
+def _top_level_calls(client: redis.Redis) -> dict[str, int]:
+    """Commands run so far by name (INFO commandstats; a script's own commands are counted too)."""
+    return {n: s["calls"] for n, s in client.info("commandstats").items() if n != "cmdstat_info"}
+
+
+def _cancel(client: redis.Redis, settings: ServiceSettings, job_id: str) -> None:
+    """What POST /v1/jobs/{id}/cancel runs: the FINISH script to `cancelled` (it tells the workers)."""
+    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+    event = json.dumps({"status": "cancelled", "error": {"code": "cancelled", "message": "cancelled"}})
+    result = client.register_script(lua.FINISH)(
+        keys=[keys.job_hash(job_id), keys.job_events(job_id)],
+        args=[ctx, job_id, JobStatus.CANCELLED.value, "", "error", event, "error", "{}"],
+    )
+    assert result == "ok"
+
+
+def test_one_round_trip_per_step_and_cancel_within_two_steps(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    settings.heartbeat_interval_s = 3600.0  # no heartbeat commands among the ones counted
+    settings.reclaim_interval_s = 3600.0
+    jobs = [submit_job(rclient, settings, max_tokens=400, **JOB) for _ in range(3)]
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=3))
+    try:
+        for _ in range(3):  # pull (all three fit), prefill, first decode step
+            worker.step()
+            worker.writer.drain(30)
+        assert sorted(worker.running) == sorted(jobs) and worker.engine.free_capacity() == 0
+        tokens_before = [int(rclient.hget(keys.job_hash(j), "completion_tokens") or 0) for j in jobs]
+        round_trips, before = worker.writer.num_round_trips, _top_level_calls(rclient)
+        num_steps = 5
+        for _ in range(num_steps):
+            worker.step()
+            worker.writer.drain(30)
+        after = _top_level_calls(rclient)
+        ran = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
+        assert worker.writer.num_round_trips - round_trips == num_steps
+        assert ran.pop("cmdstat_evalsha") == num_steps  # one STEP call per step, all jobs in it; no PULL
+        assert set(ran) <= {f"cmdstat_{c}" for c in ("hmget", "hset", "hincrby", "xadd", "publish")}
+        tokens_after = [int(rclient.hget(keys.job_hash(j), "completion_tokens") or 0) for j in jobs]
+        assert all(a >= b + num_steps for a, b in zip(tokens_after, tokens_before, strict=True))
+
+        _cancel(rclient, settings, jobs[0])
+        num_written = int(rclient.hget(keys.job_hash(jobs[0]), "completion_tokens") or 0)
+        for _ in range(2):
+            worker.step()
+            worker.writer.drain(30)
+        assert jobs[0] not in worker.leases and jobs[0] not in worker.running
+        assert worker.engine.free_capacity() == 1  # its KV is freed
+        job = rclient.hgetall(keys.job_hash(jobs[0]))
+        assert job["status"] == "cancelled" and int(job["completion_tokens"]) == num_written
+        assert sorted(worker.running) == sorted(jobs[1:])
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
+def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
+    tiny_target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    max_tokens = 300
+    server = RedisServer(tmp_path / "redis").start()
+    settings = ServiceSettings(redis_url=server.url, **FAST_TIMINGS)  # type: ignore[arg-type]
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    worker = _worker(client, settings, tiny_target, max_num_seqs=2)
+    thread = threading.Thread(target=worker.run, name="worker")
+    thread.start()
+    caplog.set_level(logging.WARNING, logger="workers.worker")
+    try:
+        jobs = [submit_job(client, settings, max_tokens=max_tokens, **JOB) for _ in range(2)]
+        wait_until(
+            lambda: all(int(client.hget(keys.job_hash(j), "completion_tokens") or 0) > 0 for j in jobs),
+            interval_s=0.002,
+            what="first tokens",
+        )
+        client.config_set("maxmemory", 1)  # Redis refuses every write: the writer's next step fails
+        wait_until(lambda: not worker.leases, what="the worker to drop its jobs")
+        client.config_set("maxmemory", 0)
+        wait_until(
+            lambda: all(client.hget(keys.job_hash(j), "status") == "succeeded" for j in jobs),
+            timeout_s=60,
+            what="the jobs to be reclaimed, resumed and finished",
+        )
+        records = [client.hgetall(keys.job_hash(j)) for j in jobs]
+        streams = [client.xrange(keys.job_events(j)) for j in jobs]
+    finally:
+        worker.request_stop(grace_s=0)
+        thread.join(timeout=30)
+        client.close()
+        server.stop()
+    assert any("writing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    for job, events in zip(records, streams, strict=True):
+        token_ids = [int(t) for t in job["token_ids"].split(",")]
+        assert len(token_ids) == max_tokens and job["completion_tokens"] == str(max_tokens)
+        assert int(job["attempt"]) >= 2
+        streamed = [t for _, e in events if e["type"] == "token" for t in json.loads(e["data"])["token_ids"]]
+        assert streamed == token_ids
+    assert not thread.is_alive()

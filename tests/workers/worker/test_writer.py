@@ -1,0 +1,100 @@
+"""The writer thread: steps land in order, one round trip per batch of steps, and a failed write stops every
+later write of its epoch (no gap), while the next epoch writes again."""
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import keys
+from shared.redis_server import RedisServer
+from shared.settings import ServiceSettings
+from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from workers.worker.emitter import Emitter, JobWrite, Running
+from workers.worker.job_hooks import JobHooks
+from workers.worker.queue_reader import QueueReader
+from workers.worker.writer import Report, StepWrite, StepWriter
+
+
+def _take(client: redis.Redis, settings: ServiceSettings, num_jobs: int) -> dict[str, Running]:
+    for _ in range(num_jobs):
+        submit_job(client, settings)
+    reader = QueueReader(client, settings, "w1")
+    reader.ensure_groups()
+    return {lease.job_id: Running(lease.job_id, lease.attempt, prompt_tokens=3) for lease in reader.pull(num_jobs)}
+
+
+def _tokens(job: Running, token_id: int, is_finished: bool = False) -> JobWrite:
+    job.completion_tokens += 1
+    return JobWrite(job.job_id, job.attempt, job.prompt_tokens, job.completion_tokens, new_text=f"<{token_id}>",
+                    new_token_ids=(token_id,), finish_reason="length" if is_finished else None,
+                    is_finished=is_finished)  # fmt: skip
+
+
+def _streamed(client: redis.Redis, job_id: str) -> list[str]:
+    return [f["data"] for _, f in client.xrange(keys.job_events(job_id)) if f["type"] == "token"]
+
+
+def test_steps_land_in_order_and_finish_once_landed(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    running = _take(rclient, settings, 3)
+    writer = StepWriter(rclient, Emitter(rclient, settings), JobHooks(rclient, settings))
+    writer.start()
+    try:
+        num_steps = 40
+        for step in range(num_steps):  # as fast as the loop can hand them over: the writer batches them
+            is_last = step == num_steps - 1
+            writer.submit(StepWrite(0, [_tokens(job, step, is_last) for job in running.values()]))
+        reports = writer.drain(30)
+    finally:
+        writer.stop()
+    assert sorted(j for r in reports for j in r.ended) == sorted(running) and not any(r.gone for r in reports)
+    assert 1 <= writer.num_round_trips <= num_steps
+    for job_id in running:
+        job = rclient.hgetall(keys.job_hash(job_id))
+        assert job["status"] == "succeeded" and job["token_ids"] == ",".join(map(str, range(num_steps)))
+        assert [f'"<{i}>"' in data for i, data in enumerate(_streamed(rclient, job_id))] == [True] * num_steps
+
+
+def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    settings = ServiceSettings(redis_url=server.url, **FAST_TIMINGS)  # type: ignore[arg-type]
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    writer = StepWriter(client, Emitter(client, settings), JobHooks(client, settings))
+    writer.start()
+    try:
+        (job,) = _take(client, settings, 1).values()
+        writer.submit(StepWrite(0, [_tokens(job, 0)]))
+        assert writer.drain(30) == [Report([], [])]
+        client.config_set("maxmemory", 1)  # Redis now refuses every write: the next step's write fails
+        writer.submit(StepWrite(0, [_tokens(job, 1)]))
+        with pytest.raises(redis.RedisError):
+            writer.drain(30)
+        client.config_set("maxmemory", 0)
+        writer.submit(StepWrite(0, [_tokens(job, 2)]))  # queued before the loop saw the failure: skipped
+        assert writer.drain(30) == [Report([], [])]
+        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"  # no gap: token 2 never landed
+        writer.discard(0)  # the loop dropped its jobs; a new epoch writes again, and Redis itself refuses a gap:
+        writer.submit(StepWrite(1, [_tokens(job, 3)]))  # it follows tokens 1 and 2, which never landed
+        assert writer.drain(30) == [Report([], [job.job_id])]
+        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"
+    finally:
+        writer.stop()
+        client.close()
+        server.stop()
+
+
+
+def test_a_replayed_write_lands_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    (job,) = _take(rclient, settings, 1).values()
+    writer = StepWriter(rclient, Emitter(rclient, settings), JobHooks(rclient, settings))
+    writer.start()
+    try:
+        write = _tokens(job, 7)
+        writer.submit(StepWrite(0, [write]))
+        writer.submit(StepWrite(0, [write]))  # as a pipeline retried after its reply was lost would send it
+        reports = writer.drain(30)
+    finally:
+        writer.stop()
+    assert not any(r.gone for r in reports)
+    assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "7"
+    assert len(_streamed(rclient, job.job_id)) == 1
