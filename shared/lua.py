@@ -8,7 +8,7 @@ prefixes in `ctx` where a script derives a job's keys from a job id it read from
 Job hash fields: id status priority created_at expires_at started_at completed_at request metadata
 entry (its current queue entry id) attempt (starts so far; an emit or finish must quote the current one)
 deliveries (starts not handed back; past max_deliveries -> dead letter) worker text token_ids (csv)
-prompt_tokens completion_tokens finish_reason metrics (json) error (json).
+prompt_tokens completion_tokens finish_reason metrics (json) error (json) retried_at (`specfleet dlq retry`).
 """
 
 import json
@@ -149,7 +149,7 @@ return res
 # past its TTL while queued (-> expired) or past max_deliveries (-> dead letter, failed).
 # ARGV: ctx consumer n reclaim_min_idle_ms max_deliveries expired_error expired_event dead_error dead_event
 #       dead_stream dead_maxlen
-# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids}...}, {waiting count per stream},
+# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids, created_at, started_at, retried_at}...}, {waiting count per stream},
 #    {newest entry id per stream} (where a blocking XREAD for new work starts)
 PULL = (
     PRELUDE
@@ -177,8 +177,9 @@ local function start(i, queue, entry_id, job_id)
   redis.call('HSET', job, 'status', S_RUNNING, 'worker', consumer)
   redis.call('HSETNX', job, 'started_at', now())
   event(ctx, job .. ctx.evsuffix, job_id, 'status', cjson.encode({status=S_RUNNING, attempt=attempt}))
-  local req, text, ids = unpack(redis.call('HMGET', job, 'request', 'text', 'token_ids'))
-  started[#started + 1] = {job_id, entry_id, i, attempt, req, text or '', ids or ''}
+  local req, text, ids, created, first, retried = unpack(redis.call('HMGET', job, 'request', 'text', 'token_ids',
+    'created_at', 'started_at', 'retried_at'))
+  started[#started + 1] = {job_id, entry_id, i, attempt, req, text or '', ids or '', created, first, retried or ''}
 end
 
 local function take(i, queue, entries)

@@ -10,6 +10,7 @@ from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_VALUE_CHARS = 512
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest execution deadline a job may ask (`timeout_s`, `Cancel-After`)
 
 
 class Priority(StrEnum):
@@ -62,6 +63,9 @@ class JobRequest(BaseModel):
     speculative: bool | SpeculativeMethod = True
     priority: Priority = Priority.DEFAULT
     ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`
+    # execution deadline, counted from the job's creation (Replicate's `Cancel-After`): a job still running
+    # then fails with code `timeout`, keeping its output; None: settings.job_timeout_s from its first start
+    timeout_s: float | None = Field(None, gt=0.0, le=MAX_TIMEOUT_S)
     metadata: dict[str, str] = Field(default_factory=dict)
     # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
@@ -129,6 +133,8 @@ class JobMetrics(BaseModel):
     tokens_per_s: float | None = None
     mean_accepted_tokens: float | None = None
     acceptance_rate: float | None = None
+    compute_s: float | None = None  # this job's share of engine time (each step split by scheduled tokens)
+    cost: float | None = None  # compute_s priced at settings.price_per_worker_hour (its currency)
 
 
 class JobUrls(BaseModel):

@@ -74,6 +74,8 @@ class ServiceSettings(BaseSettings):
     result_ttl_s: int = Field(default=keys.RESULT_TTL_S, ge=1)
     idempotency_ttl_s: int = Field(default=keys.IDEMPOTENCY_TTL_S, ge=1)
     events_maxlen: int = Field(default=keys.EVENTS_MAXLEN, ge=100)
+    # execution deadline of a job without `timeout_s`, counted from its first start (workers/worker/deadlines.py)
+    job_timeout_s: float = Field(default=300.0, gt=0)
 
     # workers
     engine_config: Path = Path("configs/engine.yaml")
@@ -89,6 +91,8 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back
+    # price of one worker for an hour (any currency): a job's `cost` is its compute_s at this price; 0 = no cost
+    price_per_worker_hour: float = Field(default=0.0, ge=0)
     # Prometheus /metrics of a worker process (workers/worker/engine_metrics.py) on `host`; 0 = off
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
 

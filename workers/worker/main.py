@@ -25,6 +25,8 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
+from workers.worker.cost import CostMeter, scheduled_tokens
+from workers.worker.deadlines import Deadlines
 from workers.worker.emitter import Emitter, Running
 from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
@@ -83,6 +85,8 @@ class Worker:
         }
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
+        self.deadlines = Deadlines(settings.job_timeout_s)  # execution deadlines of held jobs
+        self.costs = CostMeter(settings.price_per_worker_hour)  # engine seconds per held job
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
         self._leases_lock = threading.Lock()
@@ -101,12 +105,15 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------------------------
     def step(self) -> None:
         self._drop(self._lost_jobs())
+        self._time_out(self.deadlines.past())
         if not self.is_stopping:
             leases = self.reader.pull(self.engine.free_capacity())
             self.num_pulled_last = len(leases)
             for lease in leases:
                 self._admit(lease)
+        step_start_s = time.perf_counter()
         outputs = self.engine.step() if self.running else []
+        self._account(time.perf_counter() - step_start_s, outputs)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
         finished, gone = self.emitter.emit(self.running, outputs)
@@ -196,6 +203,9 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        if self.deadlines.track(lease.job_id, request, lease.clock) <= 0:
+            self._time_out([lease.job_id])  # pulled already past its deadline: no engine step for it
+            return
         self.hooks.started(lease.job_id, request)
         num_resumed = len(lease.resumed_token_ids)
         remaining = request.max_tokens - num_resumed
@@ -238,6 +248,27 @@ class Worker:
         self.emitter.fail(lease.job_id, lease.attempt, code, message, field_name)
         self._forget([lease.job_id])
 
+    def _time_out(self, job_ids: list[str]) -> None:
+        """Stop jobs past their execution deadline: failed `timeout`, their output so far kept."""
+        for job_id in job_ids:
+            lease = self.leases[job_id]
+            if job_id in self.running:
+                self.engine.abort(job_id)
+            if self.metrics is not None:
+                self.metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
+                self.metrics.job_cost(*self.costs.take(job_id))
+            message = "the job ran past its execution deadline (timeout_s / Cancel-After / job_timeout_s)"
+            self.emitter.fail(job_id, lease.attempt, ErrorCode.TIMEOUT, message)
+            log.info("job %s stopped at its deadline", job_id, extra={"job_id": job_id})
+        self._forget(job_ids)
+
+    def _account(self, step_s: float, outputs: list[StepOutput]) -> None:
+        """Charge the step's engine time to its jobs; finished ones carry compute_s and cost in their metrics."""
+        self.costs.account(step_s, scheduled_tokens(self.engine))
+        for compute_s, cost in self.costs.finished(outputs):
+            if self.metrics is not None:
+                self.metrics.job_cost(compute_s, cost)
+
     def _lost_jobs(self) -> set[str]:
         lost = self.heartbeat.take_lost()
         try:
@@ -257,6 +288,8 @@ class Worker:
 
     def _forget(self, job_ids: list[str]) -> None:
         self.hooks.forget(job_ids)
+        self.deadlines.forget(job_ids)
+        self.costs.forget(job_ids)
         with self._leases_lock:
             for job_id in job_ids:
                 self.leases.pop(job_id, None)

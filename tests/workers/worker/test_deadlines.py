@@ -1,0 +1,87 @@
+"""Execution deadlines on a real worker loop over a real engine (tiny target, in a thread) and a real Redis:
+a running job past its deadline fails `timeout` with its output so far; a job pulled past it never runs; the
+worker's deadline counters move. The deadline arithmetic itself is tested on its own."""
+
+import time
+from pathlib import Path
+
+import redis
+
+from shared import keys
+from shared.schemas import JobRequest
+from shared.settings import ServiceSettings
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
+from workers.worker.deadlines import Deadlines, JobClock
+from workers.worker.engine_metrics import EngineMetrics
+
+LONG = {"prompt": "def f(x):", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+
+
+def _final(client: redis.Redis, job_id: str) -> dict[str, str]:
+    return wait_until(
+        lambda: (f := client.hgetall(keys.job_hash(job_id)))["status"] not in ("queued", "running") and f,
+        timeout_s=60,
+        what=f"job {job_id} to finish",
+    )
+
+
+def test_deadline_counts_from_creation_with_timeout_s_else_from_first_start() -> None:
+    clock = JobClock(created_at=100.0, started_at=160.0)
+    assert clock.deadline_s(JobRequest(prompt="x", timeout_s=30), 300) == 130.0
+    assert clock.deadline_s(JobRequest(prompt="x"), 300) == 460.0
+    retried = JobClock(created_at=100.0, started_at=160.0, retried_at=1000.0)  # a dlq retry restarts both
+    assert retried.deadline_s(JobRequest(prompt="x", timeout_s=30), 300) == 1030.0
+    deadlines = Deadlines(default_timeout_s=300)
+    assert deadlines.track("a", JobRequest(prompt="x", timeout_s=5), JobClock.of("1.0", "2.0")) < 0
+    assert deadlines.past() == ["a"]
+    deadlines.forget(["a"])
+    assert deadlines.past() == []
+
+
+def test_running_job_past_its_deadline_fails_timeout_with_partial_output(
+    settings: ServiceSettings, rclient: redis.Redis, tiny_target: Path
+) -> None:
+    worker = EngineThread(settings, tiny_target, worker_id="deadline", model_name="tiny", max_num_seqs=2)
+    worker.worker.metrics = metrics = EngineMetrics()
+    worker.start()
+    try:
+        doomed = submit_job(rclient, settings, **LONG, timeout_s=3600)
+        wait_until(
+            lambda: int(rclient.hget(keys.job_hash(doomed), "completion_tokens") or 0) > 0,
+            what="the long job to produce tokens",
+        )
+        # its hour passes: move the deadline the worker holds for it (the clock, not the check, is what we skip)
+        worker.worker.deadlines.deadline_s[doomed] = time.time() - 1
+        job = _final(rclient, doomed)
+        assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_streak") == 1
+        other = submit_job(rclient, settings, **{**LONG, "max_tokens": 8})
+        assert _final(rclient, other)["status"] == "succeeded"  # the worker goes on
+    finally:
+        worker.stop()
+    assert job["status"] == "failed" and '"code":"timeout"' in job["error"]
+    num_tokens = int(job["completion_tokens"])
+    assert 0 < num_tokens < LONG["max_tokens"]
+    assert len(job["token_ids"].split(",")) == num_tokens and job["text"]  # the partial output is kept
+    assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_total") == 1
+    # a job that ended another way restarted the streak
+    assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_streak") == 0
+
+
+def test_job_pulled_past_its_deadline_never_runs(
+    settings: ServiceSettings, rclient: redis.Redis, tiny_target: Path
+) -> None:
+    job_id = submit_job(rclient, settings, **LONG, timeout_s=5)
+    created_at = float(rclient.hget(keys.job_hash(job_id), "created_at") or 0)
+    rclient.hset(keys.job_hash(job_id), "created_at", repr(created_at - 60))  # it waited a minute in the queue
+    worker = EngineThread(settings, tiny_target, worker_id="late", model_name="tiny", max_num_seqs=2)
+    worker.worker.metrics = metrics = EngineMetrics()
+    worker.start()
+    try:
+        job = _final(rclient, job_id)
+    finally:
+        worker.stop()
+    assert job["status"] == "failed" and '"code":"timeout"' in job["error"]
+    assert int(job["completion_tokens"]) == 0
+    assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_streak") == 1
