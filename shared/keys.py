@@ -17,6 +17,7 @@ CANCEL_CHANNEL = f"{NAMESPACE}:control:cancel"  # pub/sub: job ids whose cancel 
 WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
 HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
 MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model
+WORKER_VERSIONS = f"{NAMESPACE}:workers:versions"  # hash: worker id -> the model version it serves
 
 
 def queue_stream(priority: str) -> str:

@@ -161,12 +161,14 @@ class Worker:
     def start(self) -> None:
         self.reader.ensure_groups()
         self._cancels.subscribe(keys.CANCEL_CHANNEL)
+        self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        log.info("worker %s ready (max_model_len %d)", self.worker_id, self.engine.max_model_len)
+        log.info("worker %s ready (model version %s, max_model_len %d)", self.worker_id,
+                 self.settings.model_version, self.engine.max_model_len)
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if not self.is_stopping:
@@ -192,6 +194,10 @@ class Worker:
                 log.warning("could not hand job %s back: %s", lease.job_id, exc)
         self._forget(list(self.leases))
         self.heartbeat.stop()
+        try:
+            self.redis.hdel(keys.WORKER_VERSIONS, self.worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not unregister worker %s's version: %s", self.worker_id, exc)
         self._cancels.close()
 
     # -- per job -------------------------------------------------------------------------------------------

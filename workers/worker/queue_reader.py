@@ -114,6 +114,7 @@ class QueueReader:
             *self._dead,
             keys.DEAD_LETTER_STREAM,
             keys.DEAD_LETTER_MAXLEN,
+            self.settings.model_version,
         ]
         try:
             started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
