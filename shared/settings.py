@@ -92,6 +92,9 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back
+    # run the engine over prefill, decode, speculation and every batch bucket before the first heartbeat
+    # (workers/worker/warmup.py): /readyz turns ready only after it
+    warm_up: bool = True
     # the named, versioned model configuration (target, draft, engine settings) a worker serves; jobs may pin it
     model_version: str = Field(default="v1", pattern=MODEL_VERSION_PATTERN)
     # price of one worker for an hour (any currency): a job's `cost` is its compute_s at this price; 0 = no cost

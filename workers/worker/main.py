@@ -33,6 +33,7 @@ from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
+from workers.worker.warmup import WarmupReport, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class Worker:
         self._cancels = client.pubsub(ignore_subscribe_messages=True)
         self.stop_deadline: float | None = None  # set on SIGTERM: hand back what is unfinished by then
         self.num_pulled_last = 0
+        self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
 
     @property
     def is_stopping(self) -> bool:
@@ -161,6 +163,8 @@ class Worker:
     def start(self) -> None:
         self.reader.ensure_groups()
         self._cancels.subscribe(keys.CANCEL_CHANNEL)
+        if self.settings.warm_up:
+            self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
         self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()
