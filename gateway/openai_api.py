@@ -86,6 +86,8 @@ def _job_failure(job: Job) -> ApiError:
         return ApiError(409, ErrorCode.CANCELLED, info.message)
     if info.code in (ErrorCode.PROMPT_TOO_LONG, ErrorCode.INVALID_REQUEST):
         return ApiError(400, ErrorCode(info.code), info.message, field=info.field)
+    if info.code == ErrorCode.TIMEOUT:  # its execution deadline (timeout_s / Cancel-After) passed
+        return ApiError(504, ErrorCode.TIMEOUT, info.message)
     return ApiError(500, ErrorCode.ENGINE_ERROR, info.message)
 
 

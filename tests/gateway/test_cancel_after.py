@@ -72,3 +72,14 @@ def test_openai_routes_take_timeout_s_and_cancel_after(http: httpx.Client, rclie
     assert _stored_timeout_s(rclient, job_of({"Cancel-After": "2m"})) == 120.0
     bad = http.post("/v1/completions", json={"prompt": "x"}, headers={"Cancel-After": "never"})
     assert bad.status_code == 400 and "Cancel-After" in bad.text
+
+
+def test_a_job_past_its_deadline_is_a_timeout_for_openai_clients(
+    http: httpx.Client, engine_worker: object
+) -> None:
+    """400 tokens cannot be generated within 1 ms: the worker stops it (or never starts it) at its deadline."""
+    body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "timeout_s": 0.001}
+    response = http.post("/v1/completions", json=body, timeout=60)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+    job = http.get(f"/v1/jobs/{response.headers['x-specfleet-job-id']}").json()
+    assert job["status"] == "failed" and job["error"]["code"] == "timeout"
