@@ -151,8 +151,8 @@ return res
 # ARGV: ctx consumer n reclaim_min_idle_ms max_deliveries expired_error expired_event dead_error dead_event
 #       dead_stream dead_maxlen model_version (the worker's: a job pinned to another one goes back to the tail
 #       of its queue, untouched; a started job records the version)
-# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids, created_at, started_at, retried_at}...}, {waiting count per stream},
-#    {newest entry id per stream} (where a blocking XREAD for new work starts)
+# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids, created_at, started_at, retried_at}...},
+#    {waiting count per stream}, {newest entry id per stream} (where a blocking XREAD for new work starts)
 PULL = (
     PRELUDE
     + """

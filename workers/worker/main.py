@@ -264,12 +264,13 @@ class Worker:
             lease = self.leases[job_id]
             if job_id in self.running:
                 self.engine.abort(job_id)
-            if self.metrics is not None:
-                self.metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
-                self.metrics.job_cost(*self.costs.take(job_id))
             message = "the job ran past its execution deadline (timeout_s / Cancel-After / job_timeout_s)"
-            self.emitter.fail(job_id, lease.attempt, ErrorCode.TIMEOUT, message)
-            log.info("job %s stopped at its deadline", job_id, extra={"job_id": job_id})
+            result = self.emitter.fail(job_id, lease.attempt, ErrorCode.TIMEOUT, message)
+            if self.metrics is not None:
+                self.metrics.job_cost(*self.costs.take(job_id))
+                if result == "ok":  # not when it was cancelled or taken over meanwhile
+                    self.metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
+            log.info("job %s stopped at its deadline (%s)", job_id, result, extra={"job_id": job_id})
         self._forget(job_ids)
 
     def _account(self, step_s: float, outputs: list[StepOutput]) -> None:

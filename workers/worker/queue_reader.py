@@ -32,7 +32,7 @@ class Lease:
     request: JobRequest
     resumed_text: str = ""  # produced by earlier attempts (this one continues after it)
     resumed_token_ids: list[int] = field(default_factory=list)
-    clock: "JobClock | None" = None  # created / first started / retried (unix s): the execution deadline's base
+    clock: JobClock | None = None  # created / first started / retried (unix s): the execution deadline's base
 
 
 class PriorityOrder:
