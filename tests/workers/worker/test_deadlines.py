@@ -1,13 +1,18 @@
-"""Execution deadlines on a real worker loop over a real engine (tiny target, in a thread) and a real Redis:
-a running job past its deadline fails `timeout` with its output so far; a job pulled past it never runs; the
-worker's deadline counters move. The deadline arithmetic itself is tested on its own."""
+"""Execution deadlines on a real worker loop over a real engine (tiny target, in a thread; and a `specfleet
+worker` process) and a real Redis: a running job past its deadline fails `timeout` with its output so far; a
+job pulled past it never runs; the worker's deadline counters move. The deadline arithmetic is tested alone."""
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import redis
 
 from shared import keys
+from shared.redis_server import free_port
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
@@ -85,3 +90,34 @@ def test_job_pulled_past_its_deadline_never_runs(
     assert job["status"] == "failed" and '"code":"timeout"' in job["error"]
     assert int(job["completion_tokens"]) == 0
     assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_streak") == 1
+
+
+def test_worker_process_stops_a_long_job_at_the_default_deadline(
+    settings: ServiceSettings, rclient: redis.Redis, tiny_pair: tuple[Path, Path], redis_url: str, tmp_path: Path
+) -> None:
+    """`specfleet worker` with job_timeout_s 0.3: a 480-token job (plain decoding would need 1,600 tok/s) is
+    stopped 0.3 s after it started, and the worker's /metrics count it."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
+    env.update({"REDIS_URL": redis_url, "SPECFLEET_JOB_TIMEOUT_S": "0.3", "SPECFLEET_WARM_UP": "false",
+                "SPECFLEET_WORKER_METRICS_PORT": str(port), "SPECFLEET_IDLE_BLOCK_MS": "50"})
+    target, draft = tiny_pair
+    args = [sys.executable, "-m", "shared.cli", "worker", "--target", str(target), "--draft", str(draft),
+            "--name", "slow", "--max-num-seqs", "1", "--num-threads", "1"]
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        job_id = submit_job(rclient, settings, prompt="def f(x):", max_tokens=480, temperature=0, ignore_eos=True)
+        job = wait_until(
+            lambda: (f := rclient.hgetall(keys.job_hash(job_id)))["status"] not in ("queued", "running") and f,
+            timeout_s=120, what="the job to end",
+        )
+        assert job["status"] == "failed" and '"code":"timeout"' in job["error"], (tmp_path / "worker.log").read_text()
+        num_tokens = int(job["completion_tokens"])
+        assert num_tokens < 480 and len(job["token_ids"].split(",") if job.get("token_ids") else []) == num_tokens
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert "specfleet_jobs_deadline_exceeded_total 1.0" in text
+        assert 'specfleet_worker_jobs_finished_total{outcome="deadline_exceeded"} 1.0' in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
