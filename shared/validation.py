@@ -48,6 +48,7 @@ class ValidationPlan:
     max_rejection_rate: float = 0.15  # the operators' checklist
     load_rate_per_s: float = 4.0
     load_duration_s: float = 3.0
+    load_min_requests: int = 12  # the load lasts at least this many mean inter-arrival times
     max_ttft_ms: dict[str, float] = field(default_factory=lambda: {"p50": 500.0, "p99": 2000.0})
     max_tpot_ms: dict[str, float] = field(default_factory=lambda: {"p50": 100.0, "p99": 250.0})
     oversize_bytes: int = 4 << 20  # over the gateway's max_request_bytes (1 MiB by default)
@@ -119,7 +120,9 @@ class Validator:
 
     def _load(self) -> list[Check]:
         plan = self.plan
-        load = LoadPlan(rate_per_s=plan.load_rate_per_s, duration_s=plan.load_duration_s, prompts=plan.prompts,
+        # long enough for about load_min_requests arrivals: a percentile of one request says nothing
+        duration_s = max(plan.load_duration_s, plan.load_min_requests / plan.load_rate_per_s)
+        load = LoadPlan(rate_per_s=plan.load_rate_per_s, duration_s=duration_s, prompts=plan.prompts,
                         max_tokens=plan.max_tokens)
         report = asyncio.run(run_load(self.url, self.api_key, load))
         checks = []
