@@ -23,6 +23,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.background import BackgroundTask
 
 from gateway import admission
+from gateway.cancel_after import HEADER as CANCEL_AFTER
+from gateway.cancel_after import with_cancel_after
 from gateway.deps import Gateway
 from gateway.errors import ApiError
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
@@ -84,6 +86,8 @@ def _job_failure(job: Job) -> ApiError:
         return ApiError(409, ErrorCode.CANCELLED, info.message)
     if info.code in (ErrorCode.PROMPT_TOO_LONG, ErrorCode.INVALID_REQUEST):
         return ApiError(400, ErrorCode(info.code), info.message, field=info.field)
+    if info.code == ErrorCode.TIMEOUT:  # its execution deadline (timeout_s / Cancel-After) passed
+        return ApiError(504, ErrorCode.TIMEOUT, info.message)
     return ApiError(500, ErrorCode.ENGINE_ERROR, info.message)
 
 
@@ -108,6 +112,7 @@ class Call:
     async def run(self, key: ApiKey, idempotency_key: str | None) -> Response | BaseModel:
         self.model = await SERVED_MODEL.check(self.gw, self.body.model)
         job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
+        job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
         admitted = await admission.submit(self.gw, key, job_request, idempotency_key)
         self.job_id = admitted.submitted.job_id
         headers = {**admitted.headers, JOB_ID_HEADER: self.job_id}

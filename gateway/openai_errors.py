@@ -35,7 +35,7 @@ class OpenAIError(BaseModel):
 
 
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": OpenAIError} for code in (400, 401, 404, 409, 413, 429, 500, 503)
+    code: {"model": OpenAIError} for code in (400, 401, 404, 409, 413, 429, 500, 503, 504)
 }
 
 

@@ -1,7 +1,8 @@
 """The atomic steps of a batch, as Lua scripts (one round trip each); key names come from shared.keys.
 
 Batch hash fields: id status created_at expires_at <status>_at total completed failed num_expired expanded
-(lines submitted so far) expansion (running|done|stopped) webhook metadata.
+(lines submitted so far) expansion (running|done|stopped) webhook metadata compute_s cost (sums over the
+finished lines' jobs: workers/worker/cost.py).
 
 A batch is ready to finalize when it is in_progress or cancelling, its expansion has ended (done, or
 stopped by a cancel) and every submitted line has a result: whoever makes that true (the last line's
@@ -63,7 +64,8 @@ return res
 )
 
 # One line's job finished. KEYS: batch hash, results hash. ARGV: line outcome(completed|failed) result_json
-# expired(1|0) -> 'missing' | 'dup' (already counted: at-least-once notices) | 'wait' | 'finalize'
+# expired(1|0) [compute_s cost: the job's, added to the batch's totals] -> 'missing' | 'dup' (already counted:
+# at-least-once notices) | 'wait' | 'finalize'
 LINE_DONE = (
     BATCH_PRELUDE
     + """
@@ -71,6 +73,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3]) == 0 then return 'dup' end
 redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
 if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[1], 'num_expired', 1) end
+if ARGV[5] then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'compute_s', ARGV[5])
+  redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[6])
+end
 return ready(KEYS[1])
 """
 )

@@ -16,6 +16,13 @@ class BatchRequestCounts(BaseModel):
     failed: int = 0  # lines whose job failed, was cancelled or expired (or never started: cancelled batch)
 
 
+class BatchUsage(BaseModel):
+    """Totals over the lines whose job finished (workers/worker/cost.py)."""
+
+    compute_s: float = 0.0  # engine seconds
+    cost: float = 0.0  # at the workers' price_per_worker_hour
+
+
 class BatchUrls(BaseModel):
     get: str
     results: str
@@ -36,6 +43,7 @@ class Batch(BaseModel):
     cancelled_at: float | None = None
     expires_at: float  # lines not started by then expire
     request_counts: BatchRequestCounts
+    usage: BatchUsage = BatchUsage()
     metadata: dict[str, str] = Field(default_factory=dict)
     webhook: str | None = None
     webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None
@@ -102,6 +110,7 @@ def batch_from_fields(fields: dict[str, str], base_url: str) -> Batch:
             completed=int(fields.get("completed") or 0),
             failed=int(fields.get("failed") or 0),
         ),
+        usage=BatchUsage(compute_s=float(fields.get("compute_s") or 0), cost=float(fields.get("cost") or 0)),
         metadata=json.loads(fields.get("metadata") or "{}"),
         webhook=fields.get("webhook") or None,
         webhook_status=webhook_status_from(fields),

@@ -55,6 +55,7 @@ def job_from_fields(fields: dict[str, str], base_url: str) -> Job:
         if fields.get("metrics")
         else JobMetrics(),
         metadata=json.loads(fields.get("metadata") or "{}"),
+        model_version=fields.get("model_version") or None,
         urls=job_urls(base_url, fields["id"]),
         webhook_status=webhook_status_from(fields),
     )

@@ -38,6 +38,11 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
+# The one operator action outside the machine above: `specfleet dlq retry` (shared/dlq.py) puts a job that
+# failed with `max_deliveries_exceeded` back in its queue, keeping its output so far (failed -> queued).
+DEAD_LETTER_RETRY_FROM = frozenset({JobStatus.FAILED})
+
+
 def can_transition(current: JobStatus, new: JobStatus) -> bool:
     return new in TRANSITIONS[current]
 
@@ -61,6 +66,7 @@ class ErrorCode(StrEnum):
     EXPIRED = "expired"
     MAX_DELIVERIES = "max_deliveries_exceeded"
     ENGINE_ERROR = "engine_error"
+    TIMEOUT = "timeout"  # the job ran past its execution deadline (`timeout_s`, `Cancel-After`); output kept
     # authentication, limits and request hardening (gateway/auth.py, rate_limit.py, body_limit.py)
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"

@@ -18,6 +18,7 @@ QUEUED_CHANNEL = f"{NAMESPACE}:control:queued"  # pub/sub: a job was queued (pay
 WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
 HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
 MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model
+WORKER_VERSIONS = f"{NAMESPACE}:workers:versions"  # hash: worker id -> the model version it serves
 
 
 def queue_stream(priority: str) -> str:

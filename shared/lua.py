@@ -8,7 +8,8 @@ prefixes in `ctx` where a script derives a job's keys from a job id it read from
 Job hash fields: id status priority created_at expires_at started_at completed_at request metadata
 entry (its current queue entry id) attempt (starts so far; an emit or finish must quote the current one)
 deliveries (starts not handed back; past max_deliveries -> dead letter) worker text token_ids (csv)
-prompt_tokens completion_tokens finish_reason metrics (json) error (json).
+prompt_tokens completion_tokens finish_reason metrics (json) error (json) retried_at (`specfleet dlq retry`)
+model_version (of the worker that started it: settings.model_version).
 """
 
 import json
@@ -162,14 +163,16 @@ return res
 # started atomically: queued|running -> running (attempt+1), unless cancelled/unknown (entry dropped),
 # past its TTL while queued (-> expired) or past max_deliveries (-> dead letter, failed).
 # ARGV: ctx consumer n reclaim_min_idle_ms max_deliveries expired_error expired_event dead_error dead_event
-#       dead_stream dead_maxlen
-# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids}...}, {waiting count per stream},
-#    {newest entry id per stream} (where a blocking XREAD for new work starts)
+#       dead_stream dead_maxlen model_version (the worker's: a job pinned to another one goes back to the tail
+#       of its queue, untouched; a started job records the version)
+# -> {{job_id, entry_id, stream_index, attempt, request, text, token_ids, created_at, started_at, retried_at}...},
+#    {waiting count per stream}, {newest entry id per stream} (where a blocking XREAD for new work starts)
 PULL = (
     PRELUDE
     + """
 local consumer, n, max_deliveries = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 local started = {}
+local num_foreign = 0  -- entries requeued this call for another model version
 
 local function start(i, queue, entry_id, job_id)
   local job = ctx.jprefix .. job_id
@@ -182,17 +185,25 @@ local function start(i, queue, entry_id, job_id)
     finish(ctx, job_id, S_EXPIRED, nil, {'error', ARGV[6]}, 'error', ARGV[7])
     return
   end
+  local pinned = cjson.decode(redis.call('HGET', job, 'request')).model_version
+  if type(pinned) == 'string' and pinned ~= ARGV[12] then  -- model versions: not ours, back to the tail
+    drop_entry(ctx, queue, entry_id)
+    redis.call('HSET', job, 'entry', redis.call('XADD', queue, '*', 'id', job_id))
+    num_foreign = num_foreign + 1
+    return
+  end
   if redis.call('HINCRBY', job, 'deliveries', 1) > max_deliveries then
     redis.call('XADD', ARGV[10], 'MAXLEN', '~', ARGV[11], '*', 'id', job_id, 'queue', queue, 'entry', entry_id)
     finish(ctx, job_id, S_FAILED, nil, {'error', ARGV[8]}, 'error', ARGV[9])
     return
   end
   local attempt = redis.call('HINCRBY', job, 'attempt', 1)
-  redis.call('HSET', job, 'status', S_RUNNING, 'worker', consumer)
+  redis.call('HSET', job, 'status', S_RUNNING, 'worker', consumer, 'model_version', ARGV[12])
   redis.call('HSETNX', job, 'started_at', now())
   event(ctx, job .. ctx.evsuffix, job_id, 'status', cjson.encode({status=S_RUNNING, attempt=attempt}))
-  local req, text, ids = unpack(redis.call('HMGET', job, 'request', 'text', 'token_ids'))
-  started[#started + 1] = {job_id, entry_id, i, attempt, req, text or '', ids or ''}
+  local req, text, ids, created, first, retried = unpack(redis.call('HMGET', job, 'request', 'text', 'token_ids',
+    'created_at', 'started_at', 'retried_at'))
+  started[#started + 1] = {job_id, entry_id, i, attempt, req, text or '', ids or '', created, first, retried or ''}
 end
 
 local function take(i, queue, entries)
@@ -209,10 +220,12 @@ if ARGV[4] ~= '0' then
   end
 end
 for i, queue in ipairs(KEYS) do
+  local foreign_before = num_foreign
   while #started < n do
     local res = redis.call('XREADGROUP', 'GROUP', ctx.group, consumer, 'COUNT', n - #started, 'STREAMS', queue, '>')
     if not res then break end
     take(i, queue, res[1][2])
+    if num_foreign > foreign_before then break end  -- what went back to the tail would be read again
   end
 end
 local waiting, last_ids = {}, {}

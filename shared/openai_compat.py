@@ -4,7 +4,7 @@
 Request: `prompt` (a string, or a list holding one string) or `messages` (system/developer/user/assistant, string
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
 (string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), and specfleet's
-own `priority`, `top_k` and `ignore_eos` (as vLLM's extra parameters). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
+own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters) and `timeout_s` (the execution deadline). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`n` > 1, a penalty, logprobs, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.schemas import Job, JobRequest, Message, Priority
+from shared.schemas import MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -68,6 +68,7 @@ class _Common(BaseModel):
     priority: Priority | None = None
     top_k: StrictInt | None = Field(None, ge=-1)
     ignore_eos: StrictBool | None = None
+    timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
@@ -227,6 +228,8 @@ def to_job_request(
         fields["top_k"] = req.top_k
     if req.ignore_eos is not None:
         fields["ignore_eos"] = req.ignore_eos
+    if req.timeout_s is not None:
+        fields["timeout_s"] = float(req.timeout_s)
     if isinstance(req, CompletionRequest):
         fields["prompt"] = req.prompt_text()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS

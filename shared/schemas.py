@@ -10,6 +10,8 @@ from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_VALUE_CHARS = 512
+MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"  # `demo-v3@2`, `llama-8b:2026-11-30`
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest execution deadline a job may ask (`timeout_s`, `Cancel-After`)
 
 
 class Priority(StrEnum):
@@ -60,8 +62,13 @@ class JobRequest(BaseModel):
     ignore_eos: bool = False
     # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram").
     speculative: bool | SpeculativeMethod = True
+    # only a worker serving this model version (settings.model_version) takes the job; None: any worker
+    model_version: str | None = Field(None, pattern=MODEL_VERSION_PATTERN)
     priority: Priority = Priority.DEFAULT
     ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`
+    # execution deadline, counted from the job's creation (Replicate's `Cancel-After`): a job still running
+    # then fails with code `timeout`, keeping its output; None: settings.job_timeout_s from its first start
+    timeout_s: float | None = Field(None, gt=0.0, le=MAX_TIMEOUT_S)
     metadata: dict[str, str] = Field(default_factory=dict)
     # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
@@ -129,6 +136,8 @@ class JobMetrics(BaseModel):
     tokens_per_s: float | None = None
     mean_accepted_tokens: float | None = None
     acceptance_rate: float | None = None
+    compute_s: float | None = None  # this job's share of engine time (each step split by scheduled tokens)
+    cost: float | None = None  # compute_s priced at settings.price_per_worker_hour (its currency)
 
 
 class JobUrls(BaseModel):
@@ -150,6 +159,7 @@ class Job(BaseModel):
     usage: Usage = Usage()
     metrics: JobMetrics = JobMetrics()
     metadata: dict[str, str] = Field(default_factory=dict)
+    model_version: str | None = None  # the version of the worker that (last) ran it
     urls: JobUrls
     webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None  # event -> its latest delivery
 

@@ -8,6 +8,7 @@ the defaults below. An unknown key in the file is an error. Secrets come only fr
 """
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -22,7 +23,7 @@ from pydantic_settings import (
 )
 
 from shared import keys
-from shared.schemas import Priority
+from shared.schemas import MODEL_VERSION_PATTERN, Priority
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,8 @@ class ServiceSettings(BaseSettings):
     result_ttl_s: int = Field(default=keys.RESULT_TTL_S, ge=1)
     idempotency_ttl_s: int = Field(default=keys.IDEMPOTENCY_TTL_S, ge=1)
     events_maxlen: int = Field(default=keys.EVENTS_MAXLEN, ge=100)
+    # execution deadline of a job without `timeout_s`, counted from its first start (workers/worker/deadlines.py)
+    job_timeout_s: float = Field(default=300.0, gt=0)
 
     # workers
     engine_config: Path = Path("configs/engine.yaml")
@@ -89,6 +92,13 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back
+    # run the engine over prefill, decode, speculation and every batch bucket before the first heartbeat
+    # (workers/worker/warmup.py): /readyz turns ready only after it
+    warm_up: bool = True
+    # the named, versioned model configuration (target, draft, engine settings) a worker serves; jobs may pin it
+    model_version: str = Field(default="v1", pattern=MODEL_VERSION_PATTERN)
+    # price of one worker for an hour (any currency): a job's `cost` is its compute_s at this price; 0 = no cost
+    price_per_worker_hour: float = Field(default=0.0, ge=0)
     # Prometheus /metrics of a worker process (workers/worker/engine_metrics.py) on `host`; 0 = off
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
 
@@ -160,6 +170,13 @@ class ServiceSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_path())
         return init_settings, env_settings, yaml_source
+
+
+def with_model_version(settings: ServiceSettings, model_version: str) -> ServiceSettings:
+    """The settings serving another model version (`--model-version`); ValueError when it is not a valid name."""
+    if not re.fullmatch(MODEL_VERSION_PATTERN, model_version):
+        raise ValueError(f"model version {model_version!r} does not match {MODEL_VERSION_PATTERN}")
+    return settings.model_copy(update={"model_version": model_version})
 
 
 @lru_cache(maxsize=1)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
 from gateway import admission
+from gateway.cancel_after import with_cancel_after
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.metrics import (
@@ -67,9 +68,11 @@ async def create_job(
     key: ApiKeyDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
     prefer: Annotated[str | None, Header()] = None,
+    cancel_after: Annotated[str | None, Header(max_length=64)] = None,
 ) -> Response:
     """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish."""
     started = time.perf_counter()
+    body = with_cancel_after(body, cancel_after)
     store, settings, base = gw.store, gw.settings, gw.base_url(request)
     await check_webhook(body.webhook, settings)
     admitted = await admission.submit(gw, key, body, idempotency_key)

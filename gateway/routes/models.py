@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
+from gateway.model_versions import served_versions
 from gateway.openai_api import SERVED_MODEL
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 
@@ -20,6 +21,7 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "specfleet"
+    versions: list[str] = []  # specfleet's extension: model versions live workers serve (a job may pin one)
 
 
 class ModelList(BaseModel):
@@ -29,6 +31,7 @@ class ModelList(BaseModel):
 
 @router.get("/models", response_model=ModelList)
 async def list_models(gw: GatewayDep, key: ApiKeyDep) -> ModelList:
-    """The served target model (empty until a worker has announced it)."""
+    """The served target model (empty until a worker has announced it), with the versions being served."""
     name = await SERVED_MODEL.name(gw)
-    return ModelList(data=[Model(id=name, created=STARTED_AT)] if name else [])
+    versions = await served_versions(gw.redis, gw.settings.worker_ttl_s)
+    return ModelList(data=[Model(id=name, created=STARTED_AT, versions=versions)] if name else [])

@@ -11,6 +11,8 @@ BENCHES = {
     "spec": "workers.bench.run:bench_spec_command",
     "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo
     "report": "workers.bench.run:bench_report_command",  # all three + a Markdown report; also takes --out DIR
+    "warmup": "workers.bench.warmup_bench:bench_warmup_command",  # first-job TTFT vs steady, without/with warm-up
+    "cost": "workers.bench.cost_bench:bench_cost_command",  # cost per 1,000 tokens per concurrency, SD on/off
 }
 
 

@@ -23,11 +23,14 @@ def up(
     ] = None,
     target: Annotated[str | None, typer.Option(help="Target model dir; default: the demo pair")] = None,
     draft: Annotated[str | None, typer.Option(help="Draft model dir")] = None,
+    model_version: Annotated[
+        str | None, typer.Option(help="The model version the worker serves (default: settings.model_version)")
+    ] = None,
 ) -> None:
     """Everything in one command: private Redis, demo models (built if missing), one worker, the gateway."""
     from shared.cli.up import Up
 
-    raise typer.Exit(Up(port=port, target=target, draft=draft).run())
+    raise typer.Exit(Up(port=port, target=target, draft=draft, model_version=model_version).run())
 
 
 def gateway(
@@ -96,11 +99,15 @@ def worker(
     num_threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
     burst: Annotated[bool, typer.Option("--burst", help="Exit once the queues are empty")] = False,
     name: Annotated[str | None, typer.Option(help="Worker id (default: host-pid-random)")] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option(help="Serve this model version (default: settings.model_version); jobs may pin it"),
+    ] = None,
 ) -> None:
     """Pull jobs from Redis and run them on the engine (needs REDIS_URL)."""
     import redis
 
-    from shared.settings import get_settings
+    from shared.settings import get_settings, with_model_version
     from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
@@ -110,6 +117,12 @@ def worker(
     if settings.redis_url is None:
         typer.echo("error: set REDIS_URL (or use `specfleet up`)", err=True)
         raise typer.Exit(2)
+    if model_version is not None:
+        try:
+            settings = with_model_version(settings, model_version)
+        except ValueError as exc:
+            typer.echo(f"error: --model-version: {exc}", err=True)
+            raise typer.Exit(2) from exc
     cfg = EngineConfig.load(
         engine_config or settings.engine_config,
         target_dir=target,
@@ -124,7 +137,7 @@ def worker(
 
         metrics = EngineMetrics()
         metrics.serve(settings.host, settings.worker_metrics_port)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+    client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     Worker(
         engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
     ).run()

@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 
 from shared import logs
-from shared.cli import batch, bench, fleet, generate, jobs, keys, models
+from shared.cli import batch, bench, dlq, fleet, generate, jobs, keys, load, models, validate
 
 # root-level commands and groups, in `specfleet --help` order
-COMMAND_GROUPS = (generate, bench, models, fleet, jobs, keys, batch)
+COMMAND_GROUPS = (generate, bench, models, fleet, jobs, keys, batch, dlq, validate, load)
 LIBRARY_LOGGERS = ("httpx", "httpcore")
 
 app = typer.Typer(

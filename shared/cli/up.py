@@ -29,8 +29,10 @@ class Up:
         target: str | None = None,
         draft: str | None = None,
         settings: ServiceSettings | None = None,
+        model_version: str | None = None,
     ) -> None:
         self.settings = settings or get_settings()
+        self.model_version = model_version
         self.target = target
         self.draft = draft
         self.fleet = Fleet(
@@ -82,6 +84,8 @@ class Up:
             args += ["--target", self.target]
         if self.draft:
             args += ["--draft", self.draft]
+        if self.model_version:
+            args += ["--model-version", self.model_version]
         return args
 
     def _dev_key(self, redis_url: str) -> str:

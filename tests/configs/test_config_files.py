@@ -151,8 +151,11 @@ def test_fleet_env_holds_only_marked_overrides(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_every_config_file_is_checked() -> None:
-    """Settings files here; the monitoring stack's folders are checked by tests/configs/test_monitoring.py."""
-    assert sorted(p.name for p in CONFIGS.iterdir() if p.is_file()) == ["engine.yaml", "fleet.env", "service.yaml"]
+    """Settings files here; the monitoring stack's folders are checked by tests/configs/test_monitoring.py, the
+    locustfile (not a settings file: a load test for teams that use locust) by tests/configs/test_locustfile.py."""
+    assert sorted(p.name for p in CONFIGS.iterdir() if p.is_file()) == [
+        "engine.yaml", "fleet.env", "locustfile.py", "service.yaml"
+    ]
     assert sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()) == ["grafana", "prometheus"]
 
 

@@ -79,6 +79,7 @@ def test_a_200_line_batch_completes_with_one_result_per_custom_id(
     batch = wait_status(http, created["id"], ("completed", "failed", "expired", "cancelled"))
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    assert batch["usage"]["compute_s"] > 0  # the lines' engine time, summed (workers/worker/cost.py)
     assert batch["created_at"] <= batch["in_progress_at"] <= batch["finalizing_at"] <= batch["completed_at"]
     lines = results(http, created["id"])
     assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(200)]

@@ -23,6 +23,7 @@ FAST_TIMINGS = {
     "idle_block_ms": 50,
     "model_info_refresh_s": 0.0,
     "shutdown_grace_s": 0.0,
+    "warm_up": False,  # 1-3 s per in-thread worker on the tiny models; tests/workers/worker/test_warmup.py runs it
 }
 
 

@@ -61,10 +61,11 @@ class UpProcess:
 
 
 @contextlib.contextmanager
-def running_up(model_args: list[str], tmp_path: Path) -> Iterator[UpProcess]:
+def running_up(model_args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[UpProcess]:
     """`specfleet up --port 0 <model_args>` with its Redis under tmp_path; yields once the gateway serves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_") and k != "REDIS_URL"}
     env.update({f"SPECFLEET_{k.upper()}": str(v) for k, v in FAST_TIMINGS.items()})
+    env.update(extra_env or {})
     env["SPECFLEET_REDIS_DIR"] = str(tmp_path / "redis")
     process = subprocess.Popen(
         [sys.executable, "-m", "shared.cli", "up", "--port", "0", *model_args],

@@ -74,6 +74,7 @@ class Engine:
             self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.speculator.plan_lookahead
         )
         self.sequences: dict[str, Sequence] = {}
+        self.last_plan: SchedulerOutput | None = None  # the last step's plan (the worker splits cost by it)
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
                  self.max_model_len)
@@ -186,7 +187,7 @@ class Engine:
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        plan = self.scheduler.schedule()
+        plan = self.last_plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
         proposed = self.speculator.propose(plan.speculating)

@@ -99,6 +99,8 @@ class OutboxHandler:
                 outcome,
                 json.dumps(line, separators=(",", ":")),
                 int(job.status is JobStatus.EXPIRED),
+                repr(job.metrics.compute_s or 0.0),
+                repr(job.metrics.cost or 0.0),
             ],
         )
         if res == "finalize":

@@ -12,6 +12,9 @@ that enforces deadlines calls `job_finished(JobOutcome.DEADLINE_EXCEEDED)`:
     specfleet_jobs_deadline_exceeded_streak  gauge: jobs in a row this worker stopped at their deadline; back to
                                               0 when a job finishes any other way (the "5 timeouts in a row" alert)
 
+Cost: `specfleet_worker_compute_seconds_total` (engine seconds charged to jobs) and
+`specfleet_worker_cost_total` (those seconds at settings.price_per_worker_hour), one `job_cost` per job.
+
 The speculation figures are copied into a small snapshot each step (the HTTP
 thread never reads the engine's live dicts) and rendered at scrape time by a collector.
 """
@@ -191,6 +194,9 @@ class EngineMetrics:
         self.deadline_streak = Gauge("specfleet_jobs_deadline_exceeded_streak",
                                      "Jobs in a row this worker stopped at their deadline (0 after any other end)",
                                      registry=r)
+        self.compute_seconds = Counter("specfleet_worker_compute_seconds",
+                                       "Engine seconds charged to finished jobs (workers/worker/cost.py)", registry=r)
+        self.cost = Counter("specfleet_worker_cost", "Cost of finished jobs at price_per_worker_hour", registry=r)
         self.spec = SpecCollector()
         r.register(self.spec)
         self.compile = CompileCollector()
@@ -229,6 +235,11 @@ class EngineMetrics:
             self.deadline_streak.inc()
         else:
             self.deadline_streak.set(0)
+
+    def job_cost(self, compute_s: float, cost: float) -> None:
+        """One job's engine time and its price (workers/worker/cost.py), whatever its outcome."""
+        self.compute_seconds.inc(compute_s)
+        self.cost.inc(cost)
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics in a background thread; returns the port (useful with port 0)."""

@@ -30,12 +30,15 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
+from workers.worker.cost import CostMeter, scheduled_tokens
+from workers.worker.deadlines import Deadlines
 from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
 from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.prompts import engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
+from workers.worker.warmup import WarmupReport, warm_up
 from workers.worker.writer import StepWrite, StepWriter
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,9 @@ class Worker:
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
         self.writer = StepWriter(client, self.emitter, self.hooks)
+        self.deadlines = Deadlines(settings.job_timeout_s)  # execution deadlines of held jobs
+        self.costs = CostMeter(settings.price_per_worker_hour)  # engine seconds per held job
+        self._timed_out: set[str] = set()  # jobs whose `timeout` failure is written, not yet landed
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
         self._leases_lock = threading.Lock()
@@ -102,6 +108,7 @@ class Worker:
         self._pending = StepWrite(self.epoch)  # what admission wrote this step (failures, start notices)
         self._jobs_queued = True  # a job may be waiting that no pull saw yet
         self._last_pull_s = -float("inf")
+        self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
 
     @property
     def is_stopping(self) -> bool:
@@ -115,10 +122,12 @@ class Worker:
     def step(self) -> None:
         self._retire()
         self._drop(self._lost_jobs())
+        self._time_out(self.deadlines.past())
         if self._may_pull():
             self._pull()
+        step_start_s = time.perf_counter()
         outputs = self.engine.step() if self.running else []
-        # per-step hooks (metrics, deadlines) go here: after the engine step, before its writes are handed over
+        self._account(time.perf_counter() - step_start_s, outputs)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
         self._emit(outputs)
@@ -127,6 +136,9 @@ class Worker:
         """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours."""
         wait_s = RETIRE_WAIT_S if not self.running and self.writer.num_unsettled else 0.0
         for report in self.writer.take_reports(wait_s):
+            if self.metrics is not None:
+                for _ in self._timed_out.intersection(report.ended):  # its `timeout` failure landed
+                    self.metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
             self._forget(report.ended)
             self._drop(report.gone)
 
@@ -206,13 +218,17 @@ class Worker:
     def start(self) -> None:
         self.reader.ensure_groups()
         self._control.subscribe(keys.CANCEL_CHANNEL, keys.QUEUED_CHANNEL)
+        if self.settings.warm_up:
+            self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
+        self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()
         self.writer.start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        log.info("worker %s ready (max_model_len %d)", self.worker_id, self.engine.max_model_len)
+        log.info("worker %s ready (model version %s, max_model_len %d)", self.worker_id,
+                 self.settings.model_version, self.engine.max_model_len)
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if not self.is_stopping:
@@ -247,6 +263,10 @@ class Worker:
                 log.warning("could not hand job %s back: %s", lease.job_id, exc)
         self._forget(list(self.leases))
         self.heartbeat.stop()
+        try:
+            self.redis.hdel(keys.WORKER_VERSIONS, self.worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not unregister worker %s's version: %s", self.worker_id, exc)
         self._control.close()
 
     # -- per job -------------------------------------------------------------------------------------------
@@ -258,6 +278,9 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        if self.deadlines.track(lease.job_id, request, lease.clock) <= 0:
+            self._time_out([lease.job_id])  # pulled already past its deadline: no engine step for it
+            return
         self._pending.start_notices += self.hooks.on_start(lease.job_id, request)
         num_resumed = len(lease.resumed_token_ids)
         remaining = request.max_tokens - num_resumed
@@ -300,6 +323,29 @@ class Worker:
         failure = JobFailure(code, message, field_name)
         self._pending.writes.append(self.emitter.failure(lease.job_id, lease.attempt, failure))
 
+    def _time_out(self, job_ids: list[str]) -> None:
+        """Stop jobs past their execution deadline: failed `timeout`, their output so far kept. The failure is
+        written with this step's writes (after the job's earlier tokens) and counted once it landed (not for
+        a job cancelled or taken over meanwhile: see _retire)."""
+        message = "the job ran past its execution deadline (timeout_s / Cancel-After / job_timeout_s)"
+        for job_id in job_ids:
+            lease = self.leases[job_id]
+            if self.running.pop(job_id, None) is not None:
+                self.engine.abort(job_id)
+            self._pending.writes.append(self.emitter.failure(job_id, lease.attempt, JobFailure(ErrorCode.TIMEOUT, message)))
+            self._timed_out.add(job_id)
+            self.deadlines.forget([job_id])
+            if self.metrics is not None:
+                self.metrics.job_cost(*self.costs.take(job_id))
+            log.info("job %s stopped at its deadline", job_id, extra={"job_id": job_id})
+
+    def _account(self, step_s: float, outputs: list[StepOutput]) -> None:
+        """Charge the step's engine time to its jobs; finished ones carry compute_s and cost in their metrics."""
+        self.costs.account(step_s, scheduled_tokens(self.engine))
+        for compute_s, cost in self.costs.finished(outputs):
+            if self.metrics is not None:
+                self.metrics.job_cost(compute_s, cost)
+
     def _lost_jobs(self) -> set[str]:
         """Jobs cancelled (control channel) or found lost by the heartbeat; notes a newly queued job on the way."""
         lost = self.heartbeat.take_lost()
@@ -324,6 +370,9 @@ class Worker:
 
     def _forget(self, job_ids: list[str]) -> None:
         self.hooks.forget(job_ids)
+        self.deadlines.forget(job_ids)
+        self.costs.forget(job_ids)
+        self._timed_out.difference_update(job_ids)
         with self._leases_lock:
             for job_id in job_ids:
                 self.leases.pop(job_id, None)

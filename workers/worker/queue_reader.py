@@ -18,6 +18,7 @@ from shared.job_record import parse_token_ids
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
 from shared.settings import ServiceSettings
+from workers.worker.deadlines import JobClock
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Lease:
     request: JobRequest
     resumed_text: str = ""  # produced by earlier attempts (this one continues after it)
     resumed_token_ids: list[int] = field(default_factory=list)
+    clock: JobClock | None = None  # created / first started / retried (unix s): the execution deadline's base
 
 
 class PriorityOrder:
@@ -112,6 +114,7 @@ class QueueReader:
             *self._dead,
             keys.DEAD_LETTER_STREAM,
             keys.DEAD_LETTER_MAXLEN,
+            self.settings.model_version,
         ]
         try:
             started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
@@ -128,7 +131,7 @@ class QueueReader:
 
     @staticmethod
     def _lease(order: list[Priority], row: list[Any]) -> Lease:
-        job_id, entry_id, stream_index, attempt, request, text, token_ids = row
+        job_id, entry_id, stream_index, attempt, request, text, token_ids, *times = row
         return Lease(
             job_id=job_id,
             entry_id=entry_id,
@@ -137,6 +140,7 @@ class QueueReader:
             request=JobRequest.model_validate_json(request),
             resumed_text=text,
             resumed_token_ids=parse_token_ids(token_ids),
+            clock=JobClock.of(*times),
         )
 
     def wait_for_jobs(self, block_ms: int) -> None:

@@ -1,0 +1,106 @@
+"""Dead letters: jobs that exhausted `max_deliveries` (their worker died each time they ran).
+
+The PULL script (shared/lua.py) appends such a job to `keys.DEAD_LETTER_STREAM` (fields id, queue, entry) and
+fails it with `max_deliveries_exceeded`. `specfleet dlq` (shared/cli/dlq.py) lists them, retries one, or
+purges the stream. A retry (the RETRY script below, one atomic step) is the one exception to the job state
+machine (shared/job_state.py `DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail
+of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
+execution deadline restarted (`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next
+worker resumes after it. Its result TTL is lifted until it finishes again.
+Limit: a batch line counted failed stays counted; its retried job's result is not re-added to the batch.
+"""
+
+from dataclasses import dataclass
+
+import redis
+
+from shared import keys, lua
+from shared.job_state import ErrorCode
+from shared.settings import ServiceSettings
+
+# KEYS: job hash, event stream, dead-letter stream. ARGV: ctx job_id ttl_s max_code dead_entry_id...
+# -> 'ok' | 'missing' | 'not_dead' (the job is not failed with max_deliveries_exceeded: nothing changed)
+RETRY = (
+    lua.PRELUDE
+    + """
+local st, err, prio = unpack(redis.call('HMGET', KEYS[1], 'status', 'error', 'priority'))
+if not st then return 'missing' end
+if st ~= S_FAILED or not err or cjson.decode(err).code ~= ARGV[4] then return 'not_dead' end
+local t = now()
+local entry = redis.call('XADD', ctx.qprefix .. prio, '*', 'id', ARGV[2])
+redis.call('HDEL', KEYS[1], 'completed_at', 'error', 'finish_reason')
+redis.call('HSET', KEYS[1], 'status', S_QUEUED, 'entry', entry, 'deliveries', '0', 'worker', '', 'retried_at', t,
+  'expires_at', string.format('%.6f', tonumber(t) + tonumber(ARGV[3])))
+redis.call('PERSIST', KEYS[1])
+redis.call('PERSIST', KEYS[2])
+event(ctx, KEYS[2], ARGV[2], 'status', cjson.encode({status=S_QUEUED, retried=true}))
+for i = 5, #ARGV do redis.call('XDEL', KEYS[3], ARGV[i]) end
+return 'ok'
+"""
+)
+
+
+@dataclass
+class DeadLetter:
+    job_id: str
+    entry_id: str  # in the dead-letter stream (its time: when the job was dead-lettered)
+    queue: str
+    status: str  # the job's status now ('gone': its record expired)
+    priority: str
+    completion_tokens: int  # output kept so far (a retry resumes after it)
+    deliveries: int
+    created_at: float | None
+
+    def public(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+class DeadLetters:
+    def __init__(self, client: redis.Redis, settings: ServiceSettings) -> None:
+        self.redis = client
+        self.settings = settings
+        self._retry = client.register_script(RETRY)
+        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+
+    def _entries(self) -> list[tuple[str, dict[str, str]]]:
+        entries: list[tuple[str, dict[str, str]]] = self.redis.xrange(keys.DEAD_LETTER_STREAM)  # type: ignore[assignment]
+        return entries
+
+    def list(self) -> list[DeadLetter]:
+        """Every dead-lettered job, oldest first."""
+        entries = self._entries()
+        pipe = self.redis.pipeline(transaction=False)
+        for _, fields in entries:
+            pipe.hmget(keys.job_hash(fields["id"]), "status", "priority", "completion_tokens", "deliveries",
+                       "created_at")
+        letters = []
+        for (entry_id, fields), (status, priority, tokens, deliveries, created) in zip(
+            entries, pipe.execute(), strict=True
+        ):
+            letters.append(DeadLetter(
+                job_id=fields["id"],
+                entry_id=entry_id,
+                queue=fields.get("queue", ""),
+                status=status or "gone",
+                priority=priority or "",
+                completion_tokens=int(tokens or 0),
+                deliveries=int(deliveries or 0),
+                created_at=float(created) if created else None,
+            ))
+        return letters
+
+    def retry(self, job_id: str) -> str:
+        """Re-enqueue a dead-lettered job with its partial output -> 'ok' | 'missing' | 'not_dead'."""
+        entry_ids = [e for e, fields in self._entries() if fields.get("id") == job_id]
+        result = self._retry(
+            keys=[keys.job_hash(job_id), keys.job_events(job_id), keys.DEAD_LETTER_STREAM],
+            args=[self._ctx, job_id, repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
+        )
+        return str(result)
+
+    def purge(self) -> int:
+        """Empty the dead-letter stream (the jobs stay failed until their result TTL) -> entries removed."""
+        count = int(self.redis.xlen(keys.DEAD_LETTER_STREAM))  # type: ignore[arg-type]
+        self.redis.delete(keys.DEAD_LETTER_STREAM)
+        return count
+

@@ -1,0 +1,67 @@
+"""`specfleet validate` and `specfleet load` against a real `specfleet up` (tiny target, speculating with itself
+as the draft, so its drafts are accepted): validate passes and writes its JSON; with a key without rights, or
+an expected model version the fleet does not serve, it exits 1 naming the failed checks; load prints its table
+and writes its JSON. The BLEU and percentile helpers are checked on their own."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.bleu import corpus_bleu
+from shared.load import arrival_times_s, percentile
+from shared.webhook_signing import DEV_WEBHOOK_SECRET
+from tests.helpers.up_process import UpProcess, running_up
+
+ROOT = Path(__file__).resolve().parents[3]
+LOADED_MACHINE = ["--max-ttft-p50-ms", "5000", "--max-ttft-p99-ms", "20000", "--max-tpot-p50-ms", "1000",
+                  "--max-tpot-p99-ms", "5000"]  # 2 shared cores: the latency limits are the operator's to set
+
+
+def cli(up: UpProcess, *args: str, api_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**up.env, "SPECFLEET_API_KEY": api_key or up.api_key}
+    return subprocess.run([sys.executable, "-m", "shared.cli", *args, "--url", up.url], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_bleu_and_percentiles() -> None:
+    assert corpus_bleu([[1, 2, 3, 4, 5]], [[1, 2, 3, 4, 5]]) == 1.0
+    assert corpus_bleu([[1, 2, 3, 4, 9]], [[1, 2, 3, 4, 5]]) == pytest.approx((4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25)
+    assert corpus_bleu([[9, 9, 9, 9]], [[1, 2, 3, 4]]) == 0.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([5.0], 99) == 5.0
+    import random
+
+    times = arrival_times_s(10.0, 100.0, random.Random(0))
+    assert 900 < len(times) < 1100 and times == sorted(times) and times[-1] < 100.0
+
+
+def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None:
+    args = ["--target", str(tiny_target), "--draft", str(tiny_target), "--model-version", "tiny@1"]
+    with running_up(args, tmp_path, {"SPECFLEET_WEBHOOK_ALLOW_HOSTS": "127.0.0.1"}) as up:
+        passed = cli(up, "validate", "--json", str(tmp_path / "ok.json"), "--webhook-secret", DEV_WEBHOOK_SECRET,
+                     "--model-version", "tiny@1", *LOADED_MACHINE)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        checks = {c["name"]: c for c in json.loads((tmp_path / "ok.json").read_text())["checks"]}
+        assert all(c["passed"] is True for c in checks.values()), checks
+        assert {"sd_greedy_token_match", "sd_bleu", "seeded_sample_reproduces", "rejection_rate", "ttft_p99_ms",
+                "unauthorized_401", "oversized_413", "cancel", "webhook_signed", "model_version"} <= checks.keys()
+        assert checks["rejection_rate"]["value"]["tau"] > 1  # the drafts were accepted
+
+        wrong_version = cli(up, "validate", "--json", str(tmp_path / "version.json"), "--model-version", "tiny@2",
+                            *LOADED_MACHINE)
+        assert wrong_version.returncode == 1 and "failed: model_version" in wrong_version.stderr
+
+        no_rights = cli(up, "validate", "--json", str(tmp_path / "bad.json"), *LOADED_MACHINE,
+                        api_key="sf-not-a-key")
+        assert no_rights.returncode == 1 and "validate: failed:" in no_rights.stderr
+        bad = {c["name"]: c["passed"] for c in json.loads((tmp_path / "bad.json").read_text())["checks"]}
+        assert bad["unauthorized_401"] is True and bad["load_errors"] is False
+
+        load = cli(up, "load", "--rate", "5", "--duration", "2", "--json", str(tmp_path / "load.json"))
+        assert load.returncode == 0, load.stderr
+        assert "goodput" in load.stdout and "ttft" in load.stdout
+        report = json.loads((tmp_path / "load.json").read_text())
+        assert report["num_sent"] > 0 and report["num_ok"] == report["num_sent"] and report["errors"] == {}
+        assert report["percentiles_ms"]["ttft"]["p50"] > 0 and report["by_client"]["stream"] > 0

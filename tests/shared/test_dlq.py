@@ -1,0 +1,80 @@
+"""Dead letters on a real Redis: a job whose worker dies past max_deliveries is listed by `specfleet dlq list`,
+`retry` re-enqueues it with its partial output and a real worker loop (tiny target) resumes and finishes it;
+`purge` empties the list; retrying a job that is not a dead letter changes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+from shared import keys
+from shared.dlq import DeadLetters
+from shared.settings import ServiceSettings
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.played_worker import PlayedWorker
+from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.waiting import wait_until
+from workers.worker.queue_reader import QueueReader
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTIAL = [5, 6, 7]  # tokens the dying worker wrote before it died
+
+
+def dlq_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
+    return subprocess.run([sys.executable, "-m", "shared.cli", "dlq", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**env, "REDIS_URL": redis_url})
+
+
+def dead_letter(rclient: redis.Redis, settings: ServiceSettings, count: int) -> list[str]:
+    """`count` jobs that each ran once (writing PARTIAL) on a worker that then died: past max_deliveries 1."""
+    job_ids = [submit_job(rclient, settings, max_tokens=12, temperature=0, ignore_eos=True) for _ in range(count)]
+    dying = PlayedWorker(rclient, settings, "dying")
+    for _ in job_ids:
+        dying.emit(dying.take(), PARTIAL, "abc")
+    survivor = QueueReader(rclient, settings, "survivor")
+    wait_until(lambda: survivor.pull(count) == [] and rclient.xlen(keys.DEAD_LETTER_STREAM) == count,
+               what="the reclaim to dead-letter the jobs")
+    return job_ids
+
+
+def test_list_retry_resume_and_purge(
+    settings: ServiceSettings, rclient: redis.Redis, redis_url: str, tiny_target: Path
+) -> None:
+    settings.max_deliveries = 1
+    retried, purged = dead_letter(rclient, settings, 2)
+    failed = rclient.hgetall(keys.job_hash(retried))
+    assert failed["status"] == "failed" and "max_deliveries_exceeded" in failed["error"]
+
+    listed = dlq_cli(redis_url, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    letters = {d["job_id"]: d for d in json.loads(listed.stdout)}
+    assert letters.keys() == {retried, purged}
+    assert letters[retried]["status"] == "failed" and letters[retried]["completion_tokens"] == len(PARTIAL)
+
+    assert dlq_cli(redis_url, "retry", retried).stdout.strip() == f"requeued {retried}"
+    queued = rclient.hgetall(keys.job_hash(retried))
+    assert queued["status"] == "queued" and "error" not in queued and queued["deliveries"] == "0"
+    assert rclient.ttl(keys.job_hash(retried)) == -1  # its result TTL is lifted until it finishes again
+    assert [d.job_id for d in DeadLetters(rclient, settings).list()] == [purged]
+
+    worker = EngineThread(settings, tiny_target, worker_id="resumer", model_name="tiny", max_num_seqs=2).start()
+    try:
+        done = wait_until(lambda: (f := rclient.hgetall(keys.job_hash(retried)))["status"] == "succeeded" and f,
+                          what="the retried job to finish")
+    finally:
+        worker.stop()
+    token_ids = [int(t) for t in done["token_ids"].split(",")]
+    assert token_ids[: len(PARTIAL)] == PARTIAL and len(token_ids) == 12  # resumed after its partial output
+    assert int(done["completion_tokens"]) == 12 and done["text"].startswith("abc")
+
+    again = dlq_cli(redis_url, "retry", retried)  # it succeeded: not a dead letter any more
+    assert again.returncode == 1 and "max_deliveries_exceeded" in again.stderr
+    assert rclient.hget(keys.job_hash(retried), "status") == "succeeded"
+
+    assert dlq_cli(redis_url, "purge", "--yes").stdout.strip() == "purged 1 dead letters"
+    assert DeadLetters(rclient, settings).list() == []
+    assert rclient.hget(keys.job_hash(purged), "status") == "failed"  # purging forgets the letter, not the job

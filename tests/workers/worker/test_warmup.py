@@ -1,0 +1,42 @@
+"""Warm-up on a real engine (tiny pair, speculating with the draft) and a real worker loop: it runs prefill
+(chunked), greedy, sampled and plain decoding and every batch bucket, leaves the engine empty, and the worker
+heartbeats (so /readyz turns ready) only after it."""
+
+from pathlib import Path
+
+import redis
+
+from shared import keys
+from shared.settings import ServiceSettings
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.waiting import wait_until
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.worker.warmup import warm_up
+
+
+def test_warm_up_covers_prefill_speculation_and_batch_buckets(tiny_pair: tuple[Path, Path]) -> None:
+    target, draft = tiny_pair
+    cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=16, num_threads=1,
+                       max_num_batched_tokens=64)
+    engine = Engine(cfg, target, draft)
+    report = warm_up(engine)
+    assert report.batch_sizes == [1, 1, 1, 1, 2, 16]  # prefill, greedy, sampled, plain; batch buckets 2 and 16
+    assert engine.num_unfinished() == 0 and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.speculator.stats.counts.num_steps > 0  # the draft proposed and the target verified
+    assert engine.free_capacity() == cfg.max_num_seqs
+
+
+def test_worker_is_ready_only_after_warm_up(
+    settings: ServiceSettings, rclient: redis.Redis, tiny_target: Path
+) -> None:
+    settings.warm_up = True
+    worker = EngineThread(settings, tiny_target, worker_id="warm", model_name="tiny", max_num_seqs=4)
+    assert worker.worker.warmup is None
+    worker.start()
+    try:
+        wait_until(lambda: rclient.zscore(keys.WORKERS_ZSET, "warm") is not None, what="the first heartbeat")
+        report = worker.worker.warmup  # set in the worker's thread before its first heartbeat
+        assert report is not None and report.num_requests > 0 and report.batch_sizes[-1] == 4
+    finally:
+        worker.stop()
