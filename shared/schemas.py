@@ -135,7 +135,8 @@ class JobMetrics(BaseModel):
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     mean_accepted_tokens: float | None = None
-    acceptance_rate: float | None = None
+    acceptance_rate: float | None = None  # of the draft tokens verified (0 when none were: see num_draft_tokens)
+    num_draft_tokens: int | None = None  # draft tokens the target verified (0: the engine decoded plainly)
     compute_s: float | None = None  # this job's share of engine time (each step split by scheduled tokens)
     cost: float | None = None  # compute_s priced at settings.price_per_worker_hour (its currency)
 

@@ -39,7 +39,10 @@ def test_bleu_and_percentiles() -> None:
 
 def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None:
     args = ["--target", str(tiny_target), "--draft", str(tiny_target), "--model-version", "tiny@1"]
-    with running_up(args, tmp_path, {"SPECFLEET_WEBHOOK_ALLOW_HOSTS": "127.0.0.1"}) as up:
+    # a target drafting for itself: its draft costs what it does, so lengths from measured costs would draft
+    # nothing; a fixed k makes SD run, and its acceptance is what the rejection check reads
+    env = {"SPECFLEET_WEBHOOK_ALLOW_HOSTS": "127.0.0.1", "SPECFLEET_ENGINE_IS_ADAPTIVE": "false"}
+    with running_up(args, tmp_path, env) as up:
         passed = cli(up, "validate", "--json", str(tmp_path / "ok.json"), "--webhook-secret", DEV_WEBHOOK_SECRET,
                      "--model-version", "tiny@1", *LOADED_MACHINE)
         assert passed.returncode == 0, passed.stdout + passed.stderr
