@@ -58,7 +58,7 @@ class JobRequest(BaseModel):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
     ignore_eos: bool = False
-    # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram").
+    # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
     speculative: bool | SpeculativeMethod = True
     priority: Priority = Priority.DEFAULT
     ttl_s: float | None = Field(None, gt=0.0)  # must start within this many seconds, else `expired`

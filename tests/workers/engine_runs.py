@@ -10,18 +10,23 @@ from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 
 
-def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: Any) -> Engine:
+def make_engine(
+    target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None, **overrides: Any
+) -> Engine:
     """An engine on test checkpoints: float32, 4 MiB of KV in blocks of 4 tokens, plain decoding by default
     (the configured default method, draft, needs a draft model), unless overridden."""
     settings = dict(dtype="float32", kv_cache_mb=4, block_size=4, speculative_method="none") | overrides
-    return Engine(EngineConfig(**settings), target_dir, draft_dir)
+    return Engine(EngineConfig(**settings), target_dir, draft_dir, eagle_dir)
 
 
-def spec_engine(models: dict[str, Path], draft: str | None = "close_draft", **overrides: Any) -> Engine:
+def spec_engine(
+    models: dict[str, Path], draft: str | None = "close_draft", eagle: str | None = None, **overrides: Any
+) -> Engine:
     """make_engine on the spec_models fixture's checkpoints: float64, 16 MiB of KV, the draft model speculating
-    (draft names one of the fixture's drafts; None: no draft model), unless overridden."""
+    (draft names one of the fixture's drafts; None: no draft model; eagle one of its EAGLE heads, None: no
+    head), unless overridden."""
     settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
-    return make_engine(models["target"], models[draft] if draft else None, **settings)
+    return make_engine(models["target"], models[draft] if draft else None, models[eagle] if eagle else None, **settings)
 
 
 def run_all(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[StepOutput]]:
