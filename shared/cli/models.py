@@ -25,8 +25,10 @@ def build_demo(
     ] = False,
     home: HomeOption = None,
 ) -> None:
-    """Build the demo target/draft pair (skipped when already built) and print its directories."""
+    """Build the demo target/draft pair, then the target's EAGLE head (each skipped when already built), and
+    print their directories. --force rebuilds both."""
     from workers.demo.build import build_record, ensure_demo_pair, find_demo_pair
+    from workers.demo.eagle_build import ensure_demo_head, find_demo_head
 
     was_built = not force and find_demo_pair(home) is not None
     pair = ensure_demo_pair(home, force=force)
@@ -35,6 +37,12 @@ def build_demo(
     typer.echo(f"draft: {pair.draft_dir}")
     suffix = " (already built; nothing to do)" if was_built else ""
     typer.echo(f"build_time_s: {record['build_time_s']}{suffix}")
+    head_was_built = not force and find_demo_head(home) is not None
+    head = ensure_demo_head(pair, home, force=force)
+    head_record = json.loads((head / "build.json").read_text())
+    typer.echo(f"eagle: {head}")
+    suffix = " (already built; nothing to do)" if head_was_built else ""
+    typer.echo(f"eagle_build_time_s: {head_record['build_time_s']}{suffix}")
 
 
 @models_app.command("path")
