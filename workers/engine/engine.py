@@ -1,7 +1,7 @@
 """The engine: add requests, step, abort. No Redis here; the worker process drives it.
 
-step() reads like the data flow: schedule (a typed plan) -> propose draft tokens -> run the target once ->
-verify -> apply (append, detokenize, stop checks; workers/engine/apply.py is the one writer of sequence
+step() reads like the data flow: schedule (a typed plan) -> propose draft tokens -> run the target once (its
+features too, when an EAGLE sequence is in the batch) -> verify -> apply (append, detokenize, stop checks; workers/engine/apply.py is the one writer of sequence
 state) -> retire finished sequences -> return what changed.
 """
 

@@ -84,12 +84,13 @@ def test_eagle_survives_preemption_and_chunked_prefill(eagle_models, plain) -> N
     assert engine.speculator.stats.counts.num_accepted > 0
 
 
-def test_eagle_in_bfloat16_equals_plain_bfloat16(eagle_models) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_eagle_equals_plain_decoding_in_the_serving_dtypes(eagle_models, dtype) -> None:
     prompts = make_prompts()[::4]
-    ref = run_all(spec_engine(eagle_models, draft=None, speculative_method="none", dtype="bfloat16"), requests(prompts))
+    ref = run_all(spec_engine(eagle_models, draft=None, speculative_method="none", dtype=dtype), requests(prompts))
     for tree_size in (0, 5):
         engine = spec_engine(
-            eagle_models, draft=None, eagle="copy_head", speculative_method="eagle", dtype="bfloat16",
+            eagle_models, draft=None, eagle="copy_head", speculative_method="eagle", dtype=dtype,
             tree_size=tree_size, **WIDE_BATCH,
         )  # fmt: skip
         outs = run_all(engine, requests(prompts))
