@@ -60,7 +60,7 @@ class JobRequest(BaseModel):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
     ignore_eos: bool = False
-    # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram").
+    # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
     speculative: bool | SpeculativeMethod = True
     # only a worker serving this model version (settings.model_version) takes the job; None: any worker
     model_version: str | None = Field(None, pattern=MODEL_VERSION_PATTERN)

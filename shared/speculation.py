@@ -8,3 +8,4 @@ class SpeculativeMethod(enum.StrEnum):
     NONE = "none"  # plain decoding of the target
     DRAFT = "draft"  # a separate draft model proposes (chains, or token trees when tree_size > 0)
     NGRAM = "ngram"  # prompt lookup: the continuation of the longest matching n-gram of the sequence so far
+    EAGLE = "eagle"  # an EAGLE-style head over the target's features proposes (chains, or trees when tree_size > 0)

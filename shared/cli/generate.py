@@ -14,12 +14,15 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text")],
     target: Annotated[str | None, typer.Option(help="Target model dir (HF layout); default: the demo pair")] = None,
     draft: Annotated[str | None, typer.Option(help="Draft model dir; default: the demo pair's draft")] = None,
+    eagle: Annotated[
+        str | None, typer.Option(help="EAGLE head dir (train-eagle); default: the demo target's head")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_p: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int | None, typer.Option()] = None,
     speculative: Annotated[
-        SpeculativeMethod | None, typer.Option(help="none | draft | ngram (default: the engine's speculative_method, draft)")
+        SpeculativeMethod | None, typer.Option(help="none | draft | ngram | eagle (default: the engine's speculative_method, draft)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
 ) -> None:
@@ -30,7 +33,7 @@ def generate(
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
-    cfg = EngineConfig.load(target_dir=target, draft_dir=draft)
+    cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle)
     engine = Engine.from_config(with_demo_pair(cfg))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             speculative=speculative)

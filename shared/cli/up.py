@@ -71,12 +71,13 @@ class Up:
             return
         try:
             from workers.demo.build import ensure_demo_pair
+            from workers.demo.eagle_build import ensure_demo_head
         except ImportError as exc:
             raise RuntimeError(
                 "the demo model builder is not available; pass --target DIR [--draft DIR]"
             ) from exc
         typer.echo("specfleet: preparing the demo models (built once, a few minutes)...")
-        ensure_demo_pair()
+        ensure_demo_head(ensure_demo_pair())
 
     def _worker_args(self) -> list[str]:
         args = []

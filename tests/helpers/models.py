@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints (HF layout, workers/demo/tiny.py), built once per test run: the target +
-draft pair, and one model per supported layout."""
+draft pair, one model per supported layout, and a one-layer target with its EAGLE heads."""
 
 from pathlib import Path
 
@@ -38,3 +38,20 @@ def compile_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One compile cache (EngineConfig.compile_cache_dir) for the run's compiled engines: a model compiled
     again hits it, and a cached graph must never bring another model's frozen weights."""
     return tmp_path_factory.mktemp("compile-cache")
+
+
+@pytest.fixture(scope="session")
+def eagle_models(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A ONE-layer tiny target (its own checkpoint, the tiny pair's tokenizer); a draft agreeing with it
+    (perturbed copy); EAGLE heads for it: copy_head agrees most of the time (workers/demo/tiny.py),
+    random_head hardly ever."""
+    from workers.demo.tiny import make_copy_head, make_perturbed_copy, make_random_head, make_tiny_model
+
+    root = tmp_path_factory.mktemp("eagle-models")
+    target = make_tiny_model(root / "target", num_layers=1, seed=3, tokenizer_from=tiny_pair[0])
+    return {
+        "target": target,
+        "close_draft": make_perturbed_copy(target, root / "close", noise_std=0.005),
+        "copy_head": make_copy_head(target, root / "copy-head"),
+        "random_head": make_random_head(target, root / "random-head"),
+    }

@@ -20,6 +20,7 @@ def test_defaults_and_speculative_mapping() -> None:
     assert request.speculative_method is None
     assert JobRequest(prompt="x", speculative=False).speculative_method == "none"
     assert JobRequest(prompt="x", speculative="ngram").speculative_method == "ngram"
+    assert JobRequest.model_validate({"prompt": "x", "speculative": "eagle"}).speculative_method == "eagle"
 
 
 @pytest.mark.parametrize(

@@ -18,3 +18,4 @@ def spec_models(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
         "random_draft": random_draft,
         "poisoned_draft": make_perturbed_copy(target, root / "poisoned", noise_std=0.0, poison=True),
     }
+

@@ -24,40 +24,45 @@ def draft_like_a_cpu(num_tokens: int) -> float:
     return 0.1e-3 + 0.003e-3 * num_tokens
 
 
-def make_engine(target_dir: Path, draft_dir: Path | None = None, **overrides: Any) -> Engine:
+def make_engine(
+    target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None, **overrides: Any
+) -> Engine:
     """An engine on test checkpoints: float32, 4 MiB of KV in blocks of 4 tokens, plain decoding by default
     (the configured default method, draft, needs a draft model), unless overridden."""
     settings = dict(dtype="float32", kv_cache_mb=4, block_size=4, speculative_method="none") | overrides
-    return Engine(EngineConfig(**settings), target_dir, draft_dir)
+    return Engine(EngineConfig(**settings), target_dir, draft_dir, eagle_dir)
 
 
 def spec_engine(
     models: dict[str, Path],
     draft: str | None = "close_draft",
+    eagle: str | None = None,
     costs: tuple[CostFn, CostFn] | None = (target_like_a_cpu, draft_like_a_cpu),
     **overrides: Any,
 ) -> Engine:
     """make_engine on the spec_models fixture's checkpoints: float64, 16 MiB of KV, the draft model speculating
-    (draft names one of the fixture's drafts; None: no draft model), unless overridden. The fixture's drafts
-    cost what their target does, so the engine's measured costs would rightly turn speculation off: `costs`
-    pins the pass costs the length policy sees (target, draft) to a host where speculation pays, so tests
-    get the same lengths on any machine; None keeps the measured ones."""
+    (draft names one of the fixture's drafts; None: no draft model; eagle one of its EAGLE heads, None: no
+    head), unless overridden. The fixture's drafts cost what their target does, so the engine's measured
+    costs would rightly turn speculation off: `costs` pins the pass costs the length policy sees (target;
+    draft and head) to a host where speculation pays, so tests get the same lengths on any machine; None
+    keeps the measured ones."""
     settings = dict(dtype="float64", kv_cache_mb=16, speculative_method=SpeculativeMethod.DRAFT) | overrides
-    engine = make_engine(models["target"], models[draft] if draft else None, **settings)
+    engine = make_engine(models["target"], models[draft] if draft else None, models[eagle] if eagle else None, **settings)
     if costs is not None:
         pin_costs(engine, *costs)
     return engine
 
 
-def pin_costs(engine: Engine, target_s: CostFn, draft_s: CostFn) -> None:
+def pin_costs(engine: Engine, target_s: CostFn, proposer_s: CostFn) -> None:
     """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs."""
     speculator = engine.speculator
     speculator.target_costs = fixed_table(target_s, speculator.target_costs.max_tokens)
     engine.runner.on_pass = None
     for name, table in list(speculator.proposer_costs.items()):
-        speculator.proposer_costs[name] = fixed_table(draft_s, table.max_tokens)
-    if speculator.draft is not None:
-        speculator.draft.runner.on_pass = None
+        speculator.proposer_costs[name] = fixed_table(proposer_s, table.max_tokens)
+    for proposer in (speculator.draft, speculator.eagle):
+        if proposer is not None:
+            proposer.runner.on_pass = None
 
 
 def fixed_table(cost_s: CostFn, max_tokens: int) -> PassCostTable:

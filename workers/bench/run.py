@@ -41,12 +41,14 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     from workers.bench.spec_bench import SpecBenchPlan, bench_spec
     from workers.demo.build import ensure_demo_pair
     from workers.demo.corpus import held_out_prompts
+    from workers.demo.eagle_build import ensure_demo_head
     from workers.engine.config import EngineConfig
 
     plan = SpecBenchPlan.quick() if quick else SpecBenchPlan()
     pair = ensure_demo_pair()
+    eagle_dir = ensure_demo_head(pair)
     prompts = held_out_prompts(max(plan.num_bs1_prompts, 8))
-    result = bench_spec((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
+    result = bench_spec((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load(), eagle_dir)
     columns = ["system", "batch", "tokens_per_s", "tau", "acceptance_rate", "chosen_draft_tokens_per_seq_step",
                "match_vs_plain"]
     typer.echo(format_table(result["rows"], columns))

@@ -1,8 +1,9 @@
 """`specfleet bench spec`: speculative decoding vs our plain decoding vs transformers, one run.
 
-Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree and
-n-gram lookup, at batch 1, 4, 16, 32 (all requests submitted at once). transformers (batch 1): plain
-`generate`, `generate(assistant_model=draft)` and `generate(prompt_lookup_num_tokens=…)`.
+Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree,
+n-gram lookup, an EAGLE head's chain and its tree (when the bench is given a head), at batch 1, 4, 16, 32 (all
+requests submitted at once). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)` and
+`generate(prompt_lookup_num_tokens=…)`.
 """
 
 import dataclasses
@@ -26,7 +27,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sd_draft_chain": {"speculative_method": SpeculativeMethod.DRAFT, "tree_size": 0},
     "sd_draft_tree": {"speculative_method": SpeculativeMethod.DRAFT},  # tree_size from the plan
     "sd_ngram": {"speculative_method": SpeculativeMethod.NGRAM},
+    "sd_eagle_chain": {"speculative_method": SpeculativeMethod.EAGLE, "tree_size": 0},
+    "sd_eagle_tree": {"speculative_method": SpeculativeMethod.EAGLE},  # tree_size from the plan
 }
+EAGLE_VARIANTS = ("sd_eagle_chain", "sd_eagle_tree")
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,13 @@ def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int)
     return run_ours(engine, [prompts[i % len(prompts)] for i in range(batch)], num_new)
 
 
-def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: SpecBenchPlan, base: EngineConfig) -> dict[str, Any]:
+def bench_spec(
+    pair_dirs: tuple[Path, Path],
+    prompts_text: list[str],
+    plan: SpecBenchPlan,
+    base: EngineConfig,
+    eagle_dir: Path | None = None,  # the target's EAGLE head; None: no eagle rows
+) -> dict[str, Any]:
     import transformers
 
     target_dir, draft_dir = pair_dirs
@@ -61,9 +71,10 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
     tps: dict[tuple[str, int], float] = {}
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     prompts: list[list[int]] = []
-    for name, overrides in VARIANTS.items():
+    variants = {k: v for k, v in VARIANTS.items() if eagle_dir is not None or k not in EAGLE_VARIANTS}
+    for name, overrides in variants.items():
         cfg = dataclasses.replace(base, **({"tree_size": plan.tree_size} | overrides))
-        engine = Engine(cfg, target_dir, draft_dir)
+        engine = Engine(cfg, target_dir, draft_dir, eagle_dir if name in EAGLE_VARIANTS else None)
         if not prompts:
             prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
         run_ours(engine, prompts[:1], 8)  # warm-up
@@ -107,7 +118,12 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
 
     bf16_match = _bf16_match_rate(pair_dirs, prompts[: plan.num_bs1_prompts], plan, base)
     rows.append({"system": "bf16_sd_draft_chain", "batch": 1, "match_vs_plain": bf16_match})
-    best_sd_bs1 = max(tps[(v, 1)] for v in VARIANTS if v != "plain")
+    if eagle_dir is not None:
+        bf16_eagle_match = _bf16_match_rate(
+            pair_dirs, prompts[: plan.num_bs1_prompts], plan, base, SpeculativeMethod.EAGLE, eagle_dir
+        )
+        rows.append({"system": "bf16_sd_eagle_chain", "batch": 1, "match_vs_plain": bf16_eagle_match})
+    best_sd_bs1 = max(tps[(v, 1)] for v in variants if v != "plain")
     ratios = {
         "sd_vs_plain_bs1": tps[("sd_draft_chain", 1)] / tps[("plain", 1)],
         "best_sd_vs_plain_bs1": best_sd_bs1 / tps[("plain", 1)],
@@ -115,13 +131,16 @@ def bench_spec(pair_dirs: tuple[Path, Path], prompts_text: list[str], plan: Spec
         "tree_vs_chain_bs1": tps[("sd_draft_tree", 1)] / tps[("sd_draft_chain", 1)],
         "ngram_vs_plain_bs1": tps[("sd_ngram", 1)] / tps[("plain", 1)],
         "hf_assisted_vs_hf_plain_bs1": tps[("hf_assisted", 1)] / tps[("hf_generate", 1)],
-        "min_sd_vs_plain": min(tps[(v, b)] / tps[("plain", b)] for v in VARIANTS if v != "plain" for b in plan.batch_sizes),
+        "min_sd_vs_plain": min(tps[(v, b)] / tps[("plain", b)] for v in variants if v != "plain" for b in plan.batch_sizes),
         "min_greedy_match_vs_plain": min(r["match_vs_plain"] for r in rows if r["system"].startswith("sd_")),
         "bf16_greedy_match_sd_vs_plain": bf16_match,
     }
     if 4 in plan.batch_sizes:
         ratios["sd_vs_plain_bs4"] = tps[("sd_draft_chain", 4)] / tps[("plain", 4)]
-        ratios["best_sd_vs_plain_bs4"] = max(tps[(v, 4)] for v in VARIANTS if v != "plain") / tps[("plain", 4)]
+        ratios["best_sd_vs_plain_bs4"] = max(tps[(v, 4)] for v in variants if v != "plain") / tps[("plain", 4)]
+    if eagle_dir is not None:
+        ratios |= _eagle_ratios(tps, rows, plan)
+        ratios["bf16_greedy_match_eagle_vs_plain"] = bf16_eagle_match
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
 
 
@@ -137,6 +156,25 @@ def _chosen_since(engine: Engine, before: tuple[int, int]) -> float:
     return tokens / seq_steps if seq_steps else 0.0
 
 
+def _eagle_ratios(tps: dict[tuple[str, int], float], rows: list[dict[str, Any]], plan: SpecBenchPlan) -> dict[str, float]:
+    """The issue's EAGLE figures: the head's chain against plain, transformers' assisted generation and the
+    draft model's chain at batch 1; its tree against its chain; tau per batch size (chain)."""
+    ratios = {
+        "eagle_vs_plain_bs1": tps[("sd_eagle_chain", 1)] / tps[("plain", 1)],
+        "eagle_vs_hf_assisted_bs1": tps[("sd_eagle_chain", 1)] / tps[("hf_assisted", 1)],
+        "eagle_vs_draft_bs1": tps[("sd_eagle_chain", 1)] / tps[("sd_draft_chain", 1)],
+        "eagle_tree_vs_plain_bs1": tps[("sd_eagle_tree", 1)] / tps[("plain", 1)],
+        "eagle_tree_vs_chain_bs1": tps[("sd_eagle_tree", 1)] / tps[("sd_eagle_chain", 1)],
+    }
+    for r in rows:
+        if r["system"] in EAGLE_VARIANTS and "tau" in r:
+            short = r["system"].removeprefix("sd_")
+            ratios[f"{short}_tau_bs{r['batch']}"] = r["tau"]
+            if r["batch"] != 1:
+                ratios[f"{short}_vs_plain_bs{r['batch']}"] = tps[(r["system"], r["batch"])] / tps[("plain", r["batch"])]
+    return ratios
+
+
 def _per_position_since(counts: Any, drafted_before: list[int], accepted_before: list[int]) -> list[list[float]]:
     """[draft position] -> [accepted / drafted, drafted]: of the steps of this run whose draft reached this
     depth, the share accepted there, and how many there were."""
@@ -149,13 +187,20 @@ def _per_position_since(counts: Any, drafted_before: list[int], accepted_before:
     return rates
 
 
-def _bf16_match_rate(pair_dirs: tuple[Path, Path], prompts: list[list[int]], plan: SpecBenchPlan, base: EngineConfig) -> float:
-    """In bf16, scoring k tokens at once can round differently from one at a time: how often SD still
-    reproduces plain bf16 greedy decoding, token for token (up to each sequence's first divergence)."""
+def _bf16_match_rate(
+    pair_dirs: tuple[Path, Path],
+    prompts: list[list[int]],
+    plan: SpecBenchPlan,
+    base: EngineConfig,
+    method: SpeculativeMethod = SpeculativeMethod.DRAFT,
+    eagle_dir: Path | None = None,
+) -> float:
+    """In bf16, scoring k tokens at once can round differently from one at a time: how often SD (a `method`
+    chain) still reproduces plain bf16 greedy decoding, token for token (up to each sequence's first divergence)."""
     outs = []
-    for method in (SpeculativeMethod.NONE, SpeculativeMethod.DRAFT):
-        cfg = dataclasses.replace(base, dtype="bfloat16", speculative_method=method, tree_size=0)
-        engine = Engine(cfg, *pair_dirs)
+    for run_method in (SpeculativeMethod.NONE, method):
+        cfg = dataclasses.replace(base, dtype="bfloat16", speculative_method=run_method, tree_size=0)
+        engine = Engine(cfg, *pair_dirs, eagle_dir if run_method is SpeculativeMethod.EAGLE else None)
         outs.append(_measure(engine, prompts, 1, plan.num_new_tokens)[1])
     return match_rate(outs[1], outs[0])
 

@@ -11,7 +11,8 @@ TINY_VOCAB = 512
 EOS = "<|endoftext|>"
 
 
-def _training_text() -> list[str]:
+def training_texts() -> list[str]:
+    """The few stdlib sources the tiny tokenizer is trained on (also a tiny corpus for tiny EAGLE heads)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     return [(stdlib / name).read_text(encoding="utf-8") for name in ("bisect.py", "heapq.py", "textwrap.py")]
 
@@ -30,7 +31,7 @@ def make_tiny_tokenizer(out_dir: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_text(), trainer=trainer)
+    tok.train_from_iterator(training_texts(), trainer=trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS).save_pretrained(str(out_dir))
 
 
@@ -123,4 +124,46 @@ def make_perturbed_copy(src: Path, out_dir: Path, noise_std: float, seed: int = 
             elif not poison:
                 tensors[name] = t + noise_std * torch.randn(t.shape, generator=gen, dtype=t.dtype)
         save_file(tensors, str(out_dir / f.name), metadata={"format": "pt"})
+    return out_dir
+
+
+def make_random_head(target_dir: Path, out_dir: Path, seed: int = 0, std: float = 0.2) -> Path:
+    """A random-weight EAGLE head for the checkpoint in `target_dir` (exactness holds for any head)."""
+    import torch
+
+    from workers.models.eagle_head import EagleHead, HeadConfig, save_head
+    from workers.models.loader import load_model
+
+    target = load_model(target_dir, torch.float32)
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.for_target(target.cfg, {"recipe": "random", "seed": seed}), target)
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, std)
+            else:  # norm weights 1, biases 0
+                param.fill_(1.0 if "norm" in name else 0.0)
+    save_head(head, out_dir)
+    return out_dir
+
+
+def make_copy_head(target_dir: Path, out_dir: Path) -> Path:
+    """For a ONE-layer target: a head that nearly is the target. fc passes the next token's embedding through
+    and the head's layer is the target's layer, so head row t computes the target's row t + 1 except that it
+    never sees token 0: its drafts agree with the target most of the time (deep acceptance in tests)."""
+    import torch
+
+    from workers.models.eagle_head import EagleHead, HeadConfig, save_head
+    from workers.models.loader import load_model
+
+    target = load_model(target_dir, torch.float32)
+    if target.cfg.num_layers != 1:
+        raise ValueError(f"a copy head needs a one-layer target, not {target.cfg.num_layers} layers")
+    head = EagleHead(HeadConfig.for_target(target.cfg, {"recipe": "copy of the target's layer"}), target)
+    hidden = target.cfg.hidden_size
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1))  # [H, 2H]
+        head.fc.bias.zero_()
+        head.layer.load_state_dict(target.layers[0].state_dict())
+    save_head(head, out_dir)
     return out_dir

@@ -6,9 +6,12 @@ Verdicts; none of them writes to a sequence. The engine applies them here, in th
 - after verifying, per scheduled sequence: a prefill chunk short of the prompt's end advances its KV
   counter; a sampling sequence advances it by its chunk plus the accepted draft tokens, appends the
   verdict's tokens up to a stop, EOS or the length limit, and rolls speculation forward (n-gram index,
-  draft cache trimmed to what was kept, accepted tree K/V moved into place, acceptance counted, k adapted).
+  draft cache trimmed to what was kept, accepted tree K/V moved into place, acceptance counted, k adapted);
+  an EAGLE sequence also keeps the target's features of its newly committed tokens for its head.
 Sequence status and KV blocks stay the scheduler's and the block manager's.
 """
+
+import torch
 
 from shared.speculation import SpeculativeMethod
 from workers.engine.model_runner import ModelRunner
@@ -40,19 +43,31 @@ class StepApplier:
             spec = sequences[request_id].spec
             if spec is not None and proposal.draft_num_computed is not None:
                 spec.draft_num_computed = proposal.draft_num_computed
+                if spec.method is SpeculativeMethod.EAGLE:  # the head's cache holds those rows now
+                    spec.drop_features_before(spec.draft_num_computed)
         for request_id, reason in proposed.fallbacks.items():
             self._fall_back(sequences[request_id], reason)
 
     # ---- after verifying ----------------------------------------------------------------------------
-    def apply_chunk(self, s: ScheduledSeq) -> None:
-        """A prefill chunk short of the prompt's end: its K/V are in the cache now."""
+    def apply_chunk(self, s: ScheduledSeq, features: torch.Tensor | None = None) -> None:
+        """A prefill chunk short of the prompt's end: its K/V are in the cache now (features: [n, hidden],
+        the target's feature of each of its tokens, for an EAGLE sequence)."""
         s.seq.num_computed_tokens += s.num_new_tokens
+        if features is not None and s.seq.spec is not None and s.seq.spec.wants_features:
+            s.seq.spec.keep_features(s.start_pos, features)
 
     def apply_verdict(
-        self, s: ScheduledSeq, proposal: Proposal | None, verdict: Verdict, now_s: float
+        self,
+        s: ScheduledSeq,
+        proposal: Proposal | None,
+        verdict: Verdict,
+        now_s: float,
+        features: torch.Tensor | None = None,  # [n + proposal size, hidden]: every query row's feature (EAGLE)
     ) -> tuple[list[int], str | None]:  # (tokens appended, finish reason or None)
         seq = s.seq
         old_len = len(seq)
+        if features is not None and seq.spec is not None and seq.spec.wants_features:
+            self._keep_committed_features(s, proposal, verdict, features)
         seq.num_computed_tokens += s.num_new_tokens + verdict.num_accepted
         seq.first_token_time_s = seq.first_token_time_s or now_s
         appended: list[int] = []
@@ -64,6 +79,21 @@ class StepApplier:
                 break  # nothing past a stop, EOS or the length limit is emitted
         self._roll_speculation_forward(seq, proposal, verdict, old_len, appended)
         return appended, reason
+
+    @staticmethod
+    def _keep_committed_features(
+        s: ScheduledSeq, proposal: Proposal | None, verdict: Verdict, features: torch.Tensor
+    ) -> None:
+        """The chunk's rows and the accepted draft tokens' rows: committed positions start_pos onwards (the
+        recovered/bonus token has no feature until the next pass computes it)."""
+        assert s.seq.spec is not None
+        num_chunk = s.num_new_tokens
+        if proposal is not None and proposal.tree is not None:
+            rows = [*range(num_chunk), *(num_chunk + node for node in verdict.accepted_nodes or [])]
+            kept = features.index_select(0, torch.tensor(rows, dtype=torch.long))  # [n + accepted, hidden]
+        else:
+            kept = features[: num_chunk + verdict.num_accepted]  # [n + accepted, hidden]
+        s.seq.spec.keep_features(s.start_pos, kept)
 
     def _append_token(self, seq: Sequence, token: int) -> str | None:
         """Append one token; returns the finish reason if the sequence is done."""
@@ -95,7 +125,7 @@ class StepApplier:
         else:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len)
         spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
-        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
+        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth, spec.method)
         if self.is_adaptive and proposal.tree is None:
             if spec.controller.update(proposal.num_tokens, verdict.num_accepted):
                 self._fall_back(seq, "low_acceptance")

@@ -36,6 +36,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 class EngineConfig:
     target_dir: str | None = None  # HF checkpoint dir; None = the demo pair (resolved by the caller, built if missing)
     draft_dir: str | None = None  # None = the demo pair's draft when target_dir is None
+    eagle_dir: str | None = None  # an EAGLE head for the target (workers/models/eagle_head.py); None = no head
     dtype: Dtype = "auto"  # auto: bf16 where the CPU/GPU does it fast (AVX-512/AMX, CUDA), else fp32
     num_threads: NonNegativeInt = 0  # torch threads for large passes; 0 = every core this process may use
     # passes of at most this many tokens (batch-1 decode, draft tokens) run on one thread: they are
@@ -57,7 +58,7 @@ class EngineConfig:
     num_speculative_tokens: PositiveInt = 4  # k at most (chain); adaptive k moves in [k_min, k]
     speculative_k_min: PositiveInt = 1
     is_adaptive: bool = True  # False: every speculating sequence uses num_speculative_tokens
-    tree_size: NonNegativeInt = 0  # > 0: the draft model proposes a token tree of up to tree_size nodes
+    tree_size: NonNegativeInt = 0  # > 0: the draft model (or EAGLE head) proposes a token tree of up to tree_size nodes
     tree_branching: PositiveInt = 2  # children per tree node at most
     ngram_min_n: PositiveInt = 1
     ngram_max_n: PositiveInt = 4

@@ -9,8 +9,9 @@ after one warm-up pass, and the fastest run is recorded (the others wait on the 
 
 import logging
 import time
+from collections.abc import Callable
 
-from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.model_runner import ForwardItem
 from workers.spec.pass_costs import PassCostTable
 
 log = logging.getLogger(__name__)
@@ -35,22 +36,25 @@ def probe_items(num_tokens: int, tokens_per_seq: int, block_table: list[int]) ->
     return items
 
 
-def probe(runner: ModelRunner, table: PassCostTable, sizes: list[int], tokens_per_seq: int, num_repeats: int = 3) -> None:
-    """Time a pass of each size and record the fastest in `table` (the runner's on_pass is off meanwhile)."""
-    num_blocks = -(-(CONTEXT_TOKENS + tokens_per_seq) // runner.block_size)
-    num_cache_blocks = runner.kv_caches[0][0].shape[0]
+def probe(
+    forward: Callable[[list[ForwardItem]], object],  # one pass of a runner, its output unused
+    block_size: int,
+    num_cache_blocks: int,
+    table: PassCostTable,
+    sizes: list[int],
+    tokens_per_seq: int,
+    num_repeats: int = 3,
+) -> None:
+    """Time a pass of each size and record the fastest in `table` (before the runner reports its passes)."""
+    num_blocks = -(-(CONTEXT_TOKENS + tokens_per_seq) // block_size)
     block_table = [b % num_cache_blocks for b in range(num_blocks)]  # a tiny cache: blocks repeat (timing only)
-    on_pass, runner.on_pass = runner.on_pass, None
-    try:
-        for num_tokens in sizes:
-            items = probe_items(num_tokens, tokens_per_seq, block_table)
-            runner.forward(items)  # warm-up: first use of this shape
-            best_s = float("inf")
-            for _ in range(num_repeats):
-                start_s = time.perf_counter()
-                runner.forward(items)
-                best_s = min(best_s, time.perf_counter() - start_s)
-            table.observe(num_tokens, best_s)
-    finally:
-        runner.on_pass = on_pass
+    for num_tokens in sizes:
+        items = probe_items(num_tokens, tokens_per_seq, block_table)
+        forward(items)  # warm-up: first use of this shape
+        best_s = float("inf")
+        for _ in range(num_repeats):
+            start_s = time.perf_counter()
+            forward(items)
+            best_s = min(best_s, time.perf_counter() - start_s)
+        table.observe(num_tokens, best_s)
     log.info("pass costs (ms by tokens): %s", {n: round(ms, 2) for n, ms in table.snapshot().items()})

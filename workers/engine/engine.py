@@ -1,7 +1,7 @@
 """The engine: add requests, step, abort. No Redis here; the worker process drives it.
 
-step() reads like the data flow: schedule (a typed plan) -> propose draft tokens -> run the target once ->
-verify -> apply (append, detokenize, stop checks; workers/engine/apply.py is the one writer of sequence
+step() reads like the data flow: schedule (a typed plan) -> propose draft tokens -> run the target once (its
+features too, when an EAGLE sequence is in the batch) -> verify -> apply (append, detokenize, stop checks; workers/engine/apply.py is the one writer of sequence
 state) -> retire finished sequences -> return what changed.
 """
 
@@ -23,7 +23,9 @@ from workers.engine.config import EngineConfig
 from workers.engine.cost_probe import probe, probe_sizes
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
+from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
@@ -31,6 +33,7 @@ from workers.engine.scheduler import Scheduler
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
 from workers.engine.speculator import Speculator
+from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.verify_batch import VerifyEntry
@@ -39,7 +42,9 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None) -> None:
+    def __init__(
+        self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None
+    ) -> None:
         self.cfg = cfg
         threads = ThreadPolicy(cfg.num_threads or len(os.sched_getaffinity(0)), cfg.single_thread_max_tokens)
         torch.set_num_threads(threads.num_threads)
@@ -53,9 +58,14 @@ class Engine:
             raise ValueError("speculative_method is draft but there is no draft model: give one, or choose ngram or none")
         if draft is not None and draft.cfg.vocab_size != model.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {model.cfg.vocab_size}")
+        if cfg.speculative_method is SpeculativeMethod.EAGLE and eagle_dir is None:
+            raise ValueError("speculative_method is eagle but there is no EAGLE head (eagle_dir): give one, or choose ngram or none")
+        head = load_head(eagle_dir, model) if eagle_dir is not None else None  # HeadMismatchError names a mismatch
         bytes_per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size)
         if draft is not None:
             bytes_per_block += ModelRunner.kv_bytes_per_block(draft, cfg.block_size)
+        if head is not None:
+            bytes_per_block += HeadRunner.kv_bytes_per_block(head, cfg.block_size)
         num_blocks = int(cfg.kv_cache_mb * 2**20 // bytes_per_block)
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
@@ -65,7 +75,8 @@ class Engine:
             DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
         )
         self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
-        self.speculator = Speculator(cfg, draft_proposer, self.max_model_len)
+        eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
+        self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
@@ -90,16 +101,24 @@ class Engine:
         return stats
 
     def _measure_costs(self, draft_runner: ModelRunner | None) -> None:
-        """Time the target's and the draft's passes now (cost_probe.py), then feed every later pass to the
-        speculator's tables: speculation lengths follow this host's costs as they are."""
-        costs = self.speculator
-        per_seq = 1 + self.cfg.num_speculative_tokens  # a verify pass: the last token + k drafts per sequence
-        probe(self.runner, costs.target_costs, probe_sizes(self.cfg.max_num_batched_tokens), per_seq)
+        """Time the target's, the draft's and the head's passes now (cost_probe.py), then feed every later
+        pass to the speculator's tables: speculation lengths follow this host's costs as they are."""
+        costs, cfg = self.speculator, self.cfg
+        num_cache_blocks = self.block_manager.num_blocks
+        per_seq = 1 + cfg.num_speculative_tokens  # a verify pass: the last token + k drafts per sequence
+        sizes = probe_sizes(cfg.max_num_batched_tokens)
+        probe(self.runner.forward, cfg.block_size, num_cache_blocks, costs.target_costs, sizes, per_seq)
         self.runner.on_pass = costs.target_costs.observe
+        draft_sizes = probe_sizes(min(cfg.max_num_seqs, cfg.max_num_batched_tokens))  # one token per sequence
         if draft_runner is not None:
             table = costs.proposer_costs[SpeculativeMethod.DRAFT.value]
-            probe(draft_runner, table, probe_sizes(min(self.cfg.max_num_seqs, self.cfg.max_num_batched_tokens)), 1)
+            probe(draft_runner.forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
             draft_runner.on_pass = table.observe
+        if costs.eagle is not None:
+            head = costs.eagle.runner
+            table = costs.proposer_costs[SpeculativeMethod.EAGLE.value]
+            probe(head.probe_forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
+            head.on_pass = table.observe
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -115,10 +134,11 @@ class Engine:
         target_dir = cfg.target_dir
         if target_dir is not None:
             draft_dir = Path(cfg.draft_dir) if cfg.draft_dir else None
+            eagle_dir = Path(cfg.eagle_dir) if cfg.eagle_dir else None
             if draft_dir is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
                 cfg = dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NGRAM)
                 log.warning("no draft model configured: default speculation is ngram")
-            return cls(cfg, Path(target_dir), draft_dir)
+            return cls(cfg, Path(target_dir), draft_dir, eagle_dir)
         # the engine builds no model: the caller fills in the demo pair first (workers/demo/resolve.py)
         raise ValueError("EngineConfig.target_dir is not set (resolve the demo pair first: with_demo_pair)")
 
@@ -195,26 +215,35 @@ class Engine:
         proposals = proposed.to_verify  # request_id -> draft tokens scored this step
         start_s = time.perf_counter()
         items = [forward_item(s, proposals.get(s.request_id)) for s in plan.scheduled]
-        logits = self.runner.forward(items)  # [S, V]
+        # EAGLE sequences keep their committed tokens' features from this same pass
+        with_features = any(s.seq.spec is not None and s.seq.spec.wants_features for s in plan.scheduled)
+        logits, features = self.runner.forward_with_features(items, with_features)  # [S, V], [T, hidden] | None
         sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
         entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
         verdicts = self.speculator.verify(entries, logits)
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
-        return self._postprocess(plan, verified)
+        return self._postprocess(plan, verified, items, features)
 
     def _postprocess(
-        self, plan: SchedulerOutput, verified: dict[str, tuple[Proposal | None, Verdict]]
+        self,
+        plan: SchedulerOutput,
+        verified: dict[str, tuple[Proposal | None, Verdict]],
+        items: list[ForwardItem],  # [num_scheduled] what the target pass computed, in plan order
+        features: torch.Tensor | None,  # [T, hidden] the pass's features, items' rows back to back; None = unused
     ) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
-        for s in plan.scheduled:
+        row = 0
+        for s, item in zip(plan.scheduled, items, strict=True):
+            item_features = features[row : row + len(item.token_ids)] if features is not None else None
+            row += len(item.token_ids)
             if s.request_id not in verified:
-                self.applier.apply_chunk(s)  # a prefill chunk short of the prompt's end
+                self.applier.apply_chunk(s, item_features)  # a prefill chunk short of the prompt's end
                 continue
             proposal, verdict = verified[s.request_id]
-            appended, reason = self.applier.apply_verdict(s, proposal, verdict, now)
+            appended, reason = self.applier.apply_verdict(s, proposal, verdict, now, item_features)
             seq = s.seq
             if reason is not None:
                 self.scheduler.finish(seq, reason)

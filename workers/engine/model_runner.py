@@ -15,7 +15,7 @@ import torch
 from workers.engine.compile_stats import Bucket, CompileStats
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
-from workers.models.llama import LlamaModel
+from workers.models.llama import LlamaModel, eager_attend
 
 log = logging.getLogger(__name__)
 
@@ -199,36 +199,50 @@ class ModelRunner:
         """One forward: compiled where compile_stats says so, else eager. A compiled forward that raises
         (or would recompile: start-up compiled every bucket) is logged and counted, and this runner stays
         eager from then on; the pass reruns eager, rewriting the same K/V slots."""
+        return self.forward_with_features(items)[0]
+
+    def forward_with_features(
+        self, items: list[ForwardItem], with_features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32 logits, [T, hidden] features or None)
+        """forward, also returning every query token's feature (the last layer's output before the final
+        norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass."""
         start_s = time.perf_counter()
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
         num_tokens = batch.input_ids.shape[0]
-        logits = self._forward_batch(batch, num_tokens)
+        out = self._forward_batch(batch, num_tokens, with_features)
         if self.on_pass is not None:
             self.on_pass(num_tokens, time.perf_counter() - start_s)
-        return logits
+        return out
 
-    def _forward_batch(self, batch: ForwardBatch, num_tokens: int) -> torch.Tensor:  # [S, V] float32
+    def _forward_batch(
+        self, batch: ForwardBatch, num_tokens: int, with_features: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
         if self.compiled is None or not self.compile_stats.uses_compiled(self.bucket_of(num_tokens)):
-            return self._run(batch, None)
+            return self._run(batch, None, with_features)
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
-                return self._run(batch, self.compiled)
+                return self._run(batch, self.compiled, with_features)
         except Exception:
             log.exception("compiled forward of %d tokens failed: this model runs eager from now on", num_tokens)
             self.compile_stats.record_failure()
-            return self._run(batch, None)
+            return self._run(batch, None, with_features)
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
 
     def forward_with(self, items: list[ForwardItem], compiled: CompiledModel | None) -> torch.Tensor:  # [S, V]
         """One forward through `compiled` (it compiles a new shape bucket if needed), or eager for None."""
-        return self._run(build_batch(items, self.block_size, self.model.cfg.sliding_window), compiled)
+        return self._run(build_batch(items, self.block_size, self.model.cfg.sliding_window), compiled)[0]
 
     @torch.inference_mode()
-    def _run(self, batch: ForwardBatch, compiled: CompiledModel | None) -> torch.Tensor:  # [S, V] float32
+    def _run(
+        self, batch: ForwardBatch, compiled: CompiledModel | None, with_features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
         if compiled is not None:
-            return compiled.forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
-        return self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.logits_indices)
+            h = compiled.hidden_states(batch.input_ids, batch.positions, batch.meta)  # [T, hidden]
+        else:
+            attends = [eager_attend(batch.meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
+            h = self.model.hidden_states(batch.input_ids, batch.positions, attends)  # [T, hidden]
+        return self.model.logits(h, batch.logits_indices), h if with_features else None

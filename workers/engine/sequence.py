@@ -47,7 +47,7 @@ class Sequence:
         """Forget every cached K/V (preemption): target and draft recompute from the start."""
         self.num_computed_tokens = 0
         if self.spec is not None:
-            self.spec.draft_num_computed = 0
+            self.spec.drop_kv()
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -18,6 +18,7 @@ import torch
 from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
 from workers.engine.draft_proposer import DraftProposer
+from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
@@ -48,9 +49,12 @@ class ProposeOutput:
 
 
 class Speculator:
-    def __init__(self, cfg: EngineConfig, draft: DraftProposer | None, max_model_len: int) -> None:
+    def __init__(
+        self, cfg: EngineConfig, draft: DraftProposer | None, max_model_len: int, eagle: EagleProposer | None = None
+    ) -> None:
         self.cfg = cfg
         self.draft = draft
+        self.eagle = eagle
         self.max_model_len = max_model_len
         self.adaptive = AdaptiveConfig(
             k_min=cfg.speculative_k_min,
@@ -63,8 +67,9 @@ class Speculator:
         # pass costs measured on this host (the engine probes them at start-up, then every forward feeds them)
         self.target_costs = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
         self.proposer_costs: dict[str, PassCostTable] = {}  # proposer -> its passes; n-gram lookup has none
-        if draft is not None:
-            self.proposer_costs[SpeculativeMethod.DRAFT.value] = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
+        for method, proposer in ((SpeculativeMethod.DRAFT, draft), (SpeculativeMethod.EAGLE, eagle)):
+            if proposer is not None:
+                self.proposer_costs[method.value] = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
         self.last_plan: LengthPlan | None = None  # the latest step's choice (logs, bench)
         # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
         self.chosen_by_batch: dict[int, list[int]] = {}
@@ -75,6 +80,8 @@ class Speculator:
             return None
         if method is SpeculativeMethod.DRAFT and self.draft is None:
             raise InvalidRequestError("speculative", "this engine has no draft model; use 'ngram' or 'none'")
+        if method is SpeculativeMethod.EAGLE and self.eagle is None:
+            raise InvalidRequestError("speculative", "this engine has no EAGLE head (eagle_dir); use 'ngram' or 'none'")
         ngram = None
         if method is SpeculativeMethod.NGRAM:
             ngram = NgramIndex(self.cfg.ngram_min_n, self.cfg.ngram_max_n)
@@ -85,7 +92,7 @@ class Speculator:
         return SpecState(method=method, controller=controller, ngram=ngram)
 
     def uses_tree(self, spec: SpecState) -> bool:
-        return spec.method is SpeculativeMethod.DRAFT and self.cfg.tree_size > 0
+        return spec.method in (SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE) and self.cfg.tree_size > 0
 
     # ---- before the forward ---------------------------------------------------------------------
     def plan_lookahead(self, decodes: list[Sequence], num_base_tokens: int, max_extra_tokens: int) -> dict[str, int]:
@@ -151,23 +158,31 @@ class Speculator:
         """Up to num_lookahead draft tokens for each entry; reads the sequences, writes none of them."""
         out = ProposeOutput()
         by_draft: list[ScheduledSeq] = []
+        by_eagle: list[ScheduledSeq] = []
         for s in speculating:
             assert s.seq.spec is not None
             if s.seq.spec.ngram is not None:
                 tokens = s.seq.spec.ngram.propose(s.num_lookahead)
                 if tokens:
                     out.proposals[s.request_id] = Proposal(tokens, None)
+            elif s.seq.spec.method is SpeculativeMethod.EAGLE:
+                by_eagle.append(s)
             else:
                 by_draft.append(s)
-        if by_draft:
-            start_s = time.perf_counter()
-            self._propose_with_draft(by_draft, out)
-            self.stats.draft_time_s += time.perf_counter() - start_s
+        for proposer, entries, reason in ((self.draft, by_draft, "draft_error"), (self.eagle, by_eagle, "head_error")):
+            if entries:
+                assert proposer is not None
+                start_s = time.perf_counter()
+                self._propose_with(proposer, entries, out, reason)
+                elapsed_s = time.perf_counter() - start_s
+                self.stats.draft_time_s += elapsed_s
+                self.stats.by_method(entries[0].seq.spec.method).draft_time_s += elapsed_s  # type: ignore[union-attr]
         return out
 
-    def _propose_with_draft(self, entries: list[ScheduledSeq], out: ProposeOutput) -> None:
+    def _propose_with(
+        self, proposer: DraftProposer | EagleProposer, entries: list[ScheduledSeq], out: ProposeOutput, reason: str
+    ) -> None:
         """Full-size token trees where the budget allows one, chains for the rest (see lookahead)."""
-        assert self.draft is not None
         tree_size = self.cfg.tree_size
         by_shape: dict[bool, list[ScheduledSeq]] = {True: [], False: []}  # is a tree -> entries
         for s in entries:
@@ -179,13 +194,13 @@ class Speculator:
                     continue
                 seqs, sizes = [s.seq for s in group], [s.num_lookahead for s in group]
                 if is_tree:
-                    proposed = self.draft.propose_trees(seqs, sizes, self.cfg.tree_branching)
+                    proposed = proposer.propose_trees(seqs, sizes, self.cfg.tree_branching)
                 else:
-                    proposed = self.draft.propose_chains(seqs, sizes)
+                    proposed = proposer.propose_chains(seqs, sizes)
                 made.update((s.request_id, p) for s, p in zip(group, proposed, strict=True))
         except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
-            log.exception("draft proposer failed; %d sequences fall back to plain decoding", len(entries))
-            out.fallbacks.update((s.request_id, "draft_error") for s in entries)
+            log.exception("%s: %d sequences fall back to plain decoding", reason, len(entries))
+            out.fallbacks.update((s.request_id, reason) for s in entries)
             return
         out.proposals.update(made)
 

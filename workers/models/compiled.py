@@ -122,6 +122,14 @@ class CompiledModel:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,  # [S] long
     ) -> torch.Tensor:  # [S, V] float32
+        return self.model.logits(self.hidden_states(input_ids, positions, meta), logits_indices)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]: the last layer's output, before the final norm
         # fresh tensors: dynamo guards on whether an input is a view (the decode batch's are rows of one
         # tensor, a prefill's are not), and one graph per bucket must take both
         input_ids, positions = input_ids.clone(), positions.clone()
@@ -130,7 +138,6 @@ class CompiledModel:
             torch._dynamo.mark_dynamic(positions, 0)
         self.context.meta = meta
         try:
-            h = self._stack(input_ids, positions)  # [T, hidden]
+            return self._stack(input_ids, positions)  # [T, hidden]
         finally:
             self.context.meta = None
-        return self.model.logits(h, logits_indices)

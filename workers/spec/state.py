@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+import torch
+
 from shared.speculation import SpeculativeMethod
 from workers.spec.adaptive import SpecLengthController
 from workers.spec.ngram import NgramIndex
@@ -45,21 +47,60 @@ class AcceptanceCounts:
 
 @dataclass
 class SpecState:
-    method: SpeculativeMethod  # DRAFT or NGRAM (a NONE request has no SpecState)
+    method: SpeculativeMethod  # DRAFT, NGRAM or EAGLE (a NONE request has no SpecState)
     controller: SpecLengthController
     ngram: NgramIndex | None  # prompt-lookup index over the committed tokens (ngram method)
-    draft_num_computed: int = 0  # tokens whose K/V are valid in the draft cache
+    # tokens whose K/V are valid in the draft cache; EAGLE: head rows (row t reads feature t and token t + 1)
+    draft_num_computed: int = 0
     counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     fallback_reason: str | None = None  # set once the sequence decodes plainly for good
+    # EAGLE: the target's features of committed positions the head has not consumed yet, kept from the target
+    # passes that computed them: rows for positions features_start .. features_start + len - 1
+    features: torch.Tensor | None = None  # [m, hidden]
+    features_start: int = 0
 
     @property
     def is_active(self) -> bool:
         return self.fallback_reason is None
 
+    @property
+    def wants_features(self) -> bool:
+        return self.method is SpeculativeMethod.EAGLE and self.is_active
+
+    @property
+    def features_end(self) -> int:
+        """One past the last position with a kept feature."""
+        return self.features_start + (0 if self.features is None else int(self.features.shape[0]))
+
+    def keep_features(self, start: int, rows: torch.Tensor) -> None:  # rows: [n, hidden] for start .. start + n - 1
+        """Append the features of committed positions; a gap (never expected) restarts the kept run."""
+        if rows.shape[0] == 0:
+            return
+        if self.features is None or start != self.features_end:
+            self.features, self.features_start = rows.clone(), start
+        else:
+            self.features = torch.cat([self.features, rows])
+
+    def drop_features_before(self, position: int) -> None:
+        """Forget features of positions before `position` (the head's cache holds their rows now)."""
+        if self.features is None or position <= self.features_start:
+            return
+        if position >= self.features_end:
+            self.features = None
+        else:
+            self.features = self.features[position - self.features_start :].clone()
+        self.features_start = position
+
+    def drop_kv(self) -> None:
+        """The sequence lost its KV (preemption): the draft or head recomputes from the start."""
+        self.draft_num_computed = 0
+        self.features, self.features_start = None, 0
+
     def fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
         self.controller.is_fallen_back = True
         self.controller.k = 0
+        self.features = None
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -73,6 +114,14 @@ class SpecState:
 
 
 @dataclass
+class MethodStats:
+    """One speculation method's share of the engine-wide figures."""
+
+    counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    draft_time_s: float = 0.0  # time its proposer spent (n-gram lookups are not timed)
+
+
+@dataclass
 class SpecStats:
     """Engine-wide speculation figures since start (the worker exports them to Prometheus)."""
 
@@ -81,7 +130,13 @@ class SpecStats:
     num_fallbacks: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0  # target forward + verification, in steps that carried draft tokens
+    methods: dict[SpeculativeMethod, MethodStats] = field(default_factory=dict)  # method -> its own figures
 
-    def record(self, num_drafted: int, num_accepted: int, depth: int) -> None:
+    def by_method(self, method: SpeculativeMethod) -> MethodStats:
+        return self.methods.setdefault(method, MethodStats())
+
+    def record(self, num_drafted: int, num_accepted: int, depth: int, method: SpeculativeMethod | None = None) -> None:
         self.counts.record(num_drafted, num_accepted, depth)
         self.accepted_length_histogram[num_accepted] = self.accepted_length_histogram.get(num_accepted, 0) + 1
+        if method is not None:
+            self.by_method(method).counts.record(num_drafted, num_accepted, depth)

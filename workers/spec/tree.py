@@ -130,6 +130,10 @@ class TreeBuilder:
         """Token of a node added so far (the engine feeds frontier tokens to the draft)."""
         return self._tokens[node]
 
+    def parent(self, node: int) -> int:
+        """Parent of a node added so far (ROOT for the root's children)."""
+        return self._parents[node]
+
     @property
     def is_done(self) -> bool:
         return not self.frontier or self.num_nodes >= self.tree_size

@@ -1,15 +1,17 @@
 """The `specfleet generate` command-line contract, run as a real subprocess."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args], capture_output=True, text=True, timeout=120, check=False
-    )
+        [sys.executable, "-m", "shared.cli", *args], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def test_generate_json_contract(tiny_models: dict[str, Path]) -> None:
@@ -33,3 +35,20 @@ def test_generate_rejects_bad_input_with_a_reason(tiny_models: dict[str, Path]) 
     proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--top-p", "0")
     assert proc.returncode == 2
     assert "top_p" in proc.stderr
+
+
+def test_generate_with_an_eagle_head(eagle_models: dict[str, Path]) -> None:
+    target, head = str(eagle_models["target"]), str(eagle_models["copy_head"])
+    # a fixed k: the tiny head costs what its tiny target does, so measured lengths would draft nothing
+    proc = run_cli("generate", "def parse(argv):", "--target", target, "--eagle", head, "--speculative", "eagle",
+                   "--max-tokens", "16", "--json", env={"SPECFLEET_ENGINE_IS_ADAPTIVE": "false"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    plain = json.loads(run_cli("generate", "def parse(argv):", "--target", target, "--speculative", "none",
+                               "--max-tokens", "16", "--json").stdout)  # fmt: skip
+    assert doc["token_ids"] == plain["token_ids"] and doc["metrics"]["mean_accepted_tokens"] > 1.0
+
+
+def test_generate_refuses_eagle_without_a_head(tiny_models: dict[str, Path]) -> None:
+    proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--speculative", "eagle")
+    assert proc.returncode == 2 and "no EAGLE head" in proc.stderr

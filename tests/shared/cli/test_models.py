@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from shared.cli.models import register
 from workers.demo.build import BUILD_MARKER, DEMO_RECIPE
+from workers.demo.eagle_build import DEMO_HEAD_RECIPE
 
 app = typer.Typer()
 
@@ -47,9 +48,14 @@ def test_path_prints_the_two_directories_of_a_built_pair(tmp_path: Path) -> None
 
 def test_build_demo_reports_an_existing_pair_without_building(tmp_path: Path) -> None:
     directory = built_pair_marker(tmp_path, build_time_s=201.5)
+    head = tmp_path / "models" / DEMO_HEAD_RECIPE.name
+    head.mkdir()
+    (head / BUILD_MARKER).write_text(json.dumps({"fingerprint": DEMO_HEAD_RECIPE.fingerprint(), "build_time_s": 99.0}))
 
     result = runner.invoke(app, ["models", "build-demo", "--home", str(tmp_path)])
 
     assert result.exit_code == 0
     assert "build_time_s: 201.5 (already built; nothing to do)" in result.output
+    assert "eagle_build_time_s: 99.0 (already built; nothing to do)" in result.output
     assert sorted(path.name for path in directory.iterdir()) == [BUILD_MARKER]
+    assert sorted(path.name for path in head.iterdir()) == [BUILD_MARKER]

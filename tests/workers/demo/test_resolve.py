@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.demo import build
+from workers.demo import build, eagle_build
 from workers.demo.build import DemoPair
 from workers.demo.resolve import with_demo_pair
 from workers.engine.config import EngineConfig
@@ -15,6 +15,7 @@ from workers.engine.engine import Engine
 def fake_pair(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DemoPair:
     pair = DemoPair(target_dir=tmp_path / "target", draft_dir=tmp_path / "draft")
     monkeypatch.setattr(build, "ensure_demo_pair", lambda: pair)
+    monkeypatch.setattr(eagle_build, "ensure_demo_head", lambda p: p.target_dir.parent / "eagle")
     return pair
 
 
@@ -27,6 +28,11 @@ def test_no_target_means_the_demo_pair(fake_pair: DemoPair) -> None:
     cfg = with_demo_pair(EngineConfig(kv_cache_mb=8))
     assert (cfg.target_dir, cfg.draft_dir) == (str(fake_pair.target_dir), str(fake_pair.draft_dir))
     assert cfg.kv_cache_mb == 8
+
+
+def test_no_target_means_the_demo_head_too(fake_pair: DemoPair, tmp_path: Path) -> None:
+    assert with_demo_pair(EngineConfig()).eagle_dir == str(tmp_path / "eagle")
+    assert with_demo_pair(EngineConfig(eagle_dir="/models/h")).eagle_dir == "/models/h"
 
 
 def test_a_named_draft_is_kept_with_the_demo_target(fake_pair: DemoPair) -> None:

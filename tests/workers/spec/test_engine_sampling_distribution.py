@@ -7,6 +7,7 @@ temperature/top-k transform, and the engine's samples are compared with it by a 
 
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
@@ -70,11 +71,30 @@ def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[
         is_adaptive=False,
         num_speculative_tokens=2,
     )
-    engine = Engine(cfg, spec_models["target"], spec_models["close_draft"])
+    check_samples_follow_the_target(Engine(cfg, spec_models["target"], spec_models["close_draft"]), spec_models["target"])
+
+
+@pytest.mark.parametrize("tree_size", [0, 4])
+def test_eagle_sampling_follows_the_target_distribution(eagle_models: dict[str, Path], tree_size: int) -> None:
+    """The same check with an EAGLE head proposing: a chain of 2 (rejection sampling against the head's q),
+    or a 4-node tree (children drawn without replacement, recursive rejection sampling)."""
+    cfg = EngineConfig(
+        dtype="float64", kv_cache_mb=64, block_size=4, max_num_seqs=128, speculative_method="eagle",
+        is_adaptive=False, num_speculative_tokens=2, tree_size=tree_size,
+    )  # fmt: skip
+    engine = Engine(cfg, eagle_models["target"], None, eagle_models["copy_head"])
+    # a tree needs room for its 4 nodes after t1: 6 tokens; only (t1, t2) is compared
+    check_samples_follow_the_target(engine, eagle_models["target"], max_tokens=6 if tree_size else 3)
+    counts = engine.speculator.stats.counts
+    if tree_size:  # trees really were drafted: more nodes a step than a 2-token chain has
+        assert counts.num_drafted > 2 * counts.num_steps
+
+
+def check_samples_follow_the_target(engine: Engine, target_dir: Path, max_tokens: int = 3) -> None:
     generated: dict[str, list[int]] = {}
     for i in range(NUM_SAMPLES):
         params = SamplingParams(
-            max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True
+            max_tokens=max_tokens, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True
         )
         engine.add_request(str(i), PROMPT, params)
         generated[str(i)] = []
@@ -84,7 +104,7 @@ def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[
     counts = engine.speculator.stats.counts
     assert counts.num_steps >= NUM_SAMPLES and 0.1 < counts.acceptance_rate < 0.95  # t2 really was verified
 
-    joint = exact_joint(spec_models["target"])
+    joint = exact_joint(target_dir)
     pairs = [(g[0], g[1]) for g in generated.values()]
     assert set(pairs) <= set(joint)  # never a pair the target cannot produce
     keys = sorted(joint)

@@ -97,6 +97,8 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert _value(samples, "specfleet_spec_draft_seconds_total") > 0
     assert _value(samples, "specfleet_spec_verify_seconds_total") > 0
     assert "specfleet_spec_fallbacks_total" in samples
+    by_method = {s.labels["method"]: s.value for s in samples["specfleet_spec_method_steps_total"]}
+    assert by_method == {"draft": steps}  # the same figures, labelled by the method that drafted
     assert _value(samples, "specfleet_engine_generated_tokens_total") == 3 * 24
     finished = {s.labels["outcome"]: s.value for s in samples["specfleet_worker_jobs_finished_total"]}
     assert finished == {"succeeded": 3, "failed": 0, "deadline_exceeded": 0}
@@ -115,6 +117,18 @@ def test_accepted_length_histogram_is_cumulative() -> None:
     assert buckets == {"0": 5, "1": 5, "2": 8, "3": 8, "4": 9, "+Inf": 9}
     total = next(s.value for s in family.samples if s.name.endswith("_sum"))
     assert total == 2 * 3 + 4
+
+
+def test_speculation_figures_by_method() -> None:
+    snapshot = SpecSnapshot(by_method={"eagle": (10, 40, 30, 40, 0.5, [0.9, 0.8]), "ngram": (2, 4, 0, 2, 0.0, [0.0])})
+    metrics = EngineMetrics()
+    metrics.spec.snapshot = snapshot
+    value = metrics.registry.get_sample_value
+    assert value("specfleet_spec_method_steps_total", {"method": "eagle"}) == 10
+    assert value("specfleet_spec_method_mean_accepted_tokens", {"method": "eagle"}) == 4.0
+    assert value("specfleet_spec_method_acceptance_rate", {"method": "eagle", "position": "1"}) == 0.8
+    assert value("specfleet_spec_method_draft_seconds_total", {"method": "eagle"}) == 0.5
+    assert value("specfleet_spec_method_mean_accepted_tokens", {"method": "ngram"}) == 1.0
 
 
 def test_deadline_streak_counts_timeouts_in_a_row() -> None:

@@ -1,0 +1,125 @@
+"""EAGLE-head proposer: a chain of k tokens, or a token tree grown by the head's confidence (EAGLE-2).
+
+Head row t reads the target's feature f_t and token t + 1 (workers/models/eagle_head.py). A sequence of
+length L has committed features for positions 0 .. L - 2 (the last token, just sampled, has none yet: the
+target computes it in this step's pass), kept on its SpecState by the engine. Each proposal first catches
+the head up on rows draft_num_computed .. L - 2 (true features); the last of them gives the first draft
+token's q and the head's own feature guess for position L - 1. Further positions feed those guesses back.
+Speculative rows are scratch: the head cache stays valid for the L - 1 caught-up rows (draft_num_computed),
+and next step recomputes from there with the target's features of whatever was accepted.
+"""
+
+import torch
+
+from workers.engine.draft_proposer import DraftFailure, draft_distributions
+from workers.engine.head_runner import HeadRunner
+from workers.engine.model_runner import ForwardItem
+from workers.engine.sequence import Sequence
+from workers.spec.distributions import GreedyRows
+from workers.spec.proposal import Proposal
+from workers.spec.tree import ROOT, TreeBuilder
+
+
+class EagleProposer:
+    def __init__(self, runner: HeadRunner) -> None:
+        self.runner = runner
+
+    def _catch_up(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] logits, [B, hidden]
+        """Head rows draft_num_computed .. L - 2 of each sequence; its cache then holds L - 1 rows."""
+        items: list[ForwardItem] = []
+        features: list[torch.Tensor] = []
+        for seq in seqs:
+            spec = seq.spec
+            assert spec is not None
+            last_row = len(seq) - 2  # the last position with a committed feature
+            start = min(spec.draft_num_computed, last_row)
+            if spec.features is None or not spec.features_start <= start or spec.features_end < last_row + 1:
+                raise DraftFailure(
+                    f"{seq.request_id}: features kept for [{spec.features_start}, {spec.features_end}), "
+                    f"the head needs [{start}, {last_row + 1})"
+                )
+            features.append(spec.features[start - spec.features_start : last_row + 1 - spec.features_start])
+            items.append(ForwardItem(seq.token_ids[start + 1 :], start, seq.block_table, num_logits=1))
+        return self.runner.forward(items, torch.cat(features))
+
+    def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+        """k_i draft tokens per sequence, one head pass per position."""
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        logits, hidden = self._catch_up(seqs)  # [B, V], [B, hidden]
+        active = list(range(len(seqs)))
+        for j in range(max(ks)):
+            if j > 0:  # row L - 2 + j: the head's own feature for position L - 2 + j, the token drafted last
+                items = [
+                    ForwardItem([tokens[i][-1]], len(seqs[i]) - 2 + j, seqs[i].block_table, num_logits=1)
+                    for i in active
+                ]
+                logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
+            q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
+            for row, i in enumerate(active):
+                seq = seqs[i]
+                if seq.params.is_greedy:
+                    tokens[i].append(int(q[row].argmax()))
+                else:
+                    tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
+                    probs[i].append(q[row])
+            keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
+            hidden = hidden[keep]  # [A', hidden]
+            active = [active[row] for row in keep]
+        return [
+            Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) - 1)
+            for seq, t, p in zip(seqs, tokens, probs, strict=True)
+        ]
+
+    def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
+        """A token tree of up to sizes[i] nodes per sequence, grown level by level by the head's own
+        probabilities (TreeBuilder: the best cumulative path probabilities win the node budget, EAGLE-2)."""
+        builders = [
+            TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
+        ]
+        logits, hidden = self._catch_up(seqs)  # [B, V], [B, hidden]
+        node_hidden: list[dict[int, torch.Tensor]] = [{ROOT: hidden[b]} for b in range(len(seqs))]  # node -> [hidden]
+        q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
+        for b, builder in enumerate(builders):
+            builder.expand(q[b : b + 1])
+        while True:
+            active = [b for b, builder in enumerate(builders) if not builder.is_done]
+            if not active:
+                break
+            items = [self._frontier_item(seqs[b], builders[b]) for b in active]
+            features = torch.stack(
+                [node_hidden[b][builders[b].parent(node)] for b in active for node in builders[b].frontier]
+            )  # [sum of frontier sizes, hidden]
+            logits, hidden = self.runner.forward(items, features)
+            owners = [seqs[b] for b in active for _ in builders[b].frontier]
+            q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)
+            row = 0
+            for b in active:
+                frontier = builders[b].frontier
+                for offset, node in enumerate(frontier):
+                    node_hidden[b][node] = hidden[row + offset]
+                builders[b].expand(q[row : row + len(frontier)])
+                row += len(frontier)
+        proposals = []
+        for seq, builder in zip(seqs, builders, strict=True):
+            tree, tree_probs = builder.build()
+            proposals.append(Proposal(tree.tokens.tolist(), tree_probs, tree, draft_num_computed=len(seq) - 1))
+        return proposals
+
+    @staticmethod
+    def _frontier_item(seq: Sequence, builder: TreeBuilder) -> ForwardItem:
+        """The frontier nodes as head rows: node n (depth d) reads its parent's h and its own token, sits at
+        rotary position L - 1 + d in scratch slot L - 1 + n, and sees the committed rows and its ancestors."""
+        frontier = builder.frontier
+        assert frontier and frontier[0] != ROOT and frontier == list(range(frontier[0], frontier[-1] + 1))
+        tree, _ = builder.build()
+        first_row = len(seq) - 1  # the root's children are rows at position L - 1
+        return ForwardItem(
+            token_ids=[builder.token(node) for node in frontier],
+            start_pos=first_row + frontier[0],
+            block_table=seq.block_table,
+            num_logits=len(frontier),
+            positions=tree.positions(first_row)[frontier].tolist(),
+            tree_start=first_row,
+            tree_mask=tree.attention_mask()[frontier],  # [f, n]
+        )

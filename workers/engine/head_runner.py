@@ -1,0 +1,54 @@
+"""Runs an EAGLE head (workers/models/eagle_head.py) over its own one-layer paged KV cache.
+
+The head's cache has the target's block ids (BlockManager): row t of a sequence lives in the slot of
+position t of its block table. Inputs are ForwardItems like the target's, plus one feature row per query
+token, flat in the same order.
+"""
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from workers.engine.model_runner import ForwardItem, ThreadPolicy, build_batch
+from workers.models.eagle_head import EagleHead
+
+
+class HeadRunner:
+    def __init__(self, head: EagleHead, num_blocks: int, block_size: int, threads: ThreadPolicy | None = None) -> None:
+        self.head = head
+        self.threads = threads
+        self.block_size = block_size
+        dtype = head.fc.weight.dtype
+        shape = head.kv_cache_shape(num_blocks, block_size)
+        self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        # called after every pass with (query tokens, seconds): the speculator's cost table for the head
+        self.on_pass: Callable[[int, float], None] | None = None
+
+    @staticmethod
+    def kv_bytes_per_block(head: EagleHead, block_size: int) -> int:
+        cfg = head.cfg
+        return 2 * block_size * cfg.num_kv_heads * cfg.head_dim * head.fc.weight.element_size()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        items: list[ForwardItem],
+        features: torch.Tensor,  # [T, hidden]: one row per query token, items back to back
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of the same rows)
+        start_s = time.perf_counter()
+        batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window)
+        num_tokens = batch.input_ids.shape[0]
+        if features.shape[0] != num_tokens:
+            raise ValueError(f"{features.shape[0]} feature rows for {num_tokens} query tokens")
+        if self.threads is not None:
+            self.threads.apply(num_tokens)
+        out = self.head(batch.input_ids, features, batch.positions, batch.meta, self.kv_cache, batch.logits_indices)
+        if self.on_pass is not None:
+            self.on_pass(num_tokens, time.perf_counter() - start_s)
+        return out
+
+    def probe_forward(self, items: list[ForwardItem]) -> None:
+        """A pass over zero features, for timing only (workers/engine/cost_probe.py)."""
+        num_tokens = sum(len(it.token_ids) for it in items)
+        self.forward(items, torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype))

@@ -1,0 +1,190 @@
+"""An EAGLE-style draft head: one decoder layer over the target's features, the target's norm and LM head.
+
+Row t of the head reads the target's feature f_t (its last decoder layer's output, before the final norm) and
+the embedding of token t + 1; it sits at rotary position t and KV slot t of the head's own one-layer paged
+cache, and its output h_t predicts the target's feature f_{t+1}, so norm + LM head of h_t give the logits of
+token t + 2. Drafting further feeds h_t back as the feature of the next row (EAGLE-1). The embedding, final
+norm and LM head are the target's own, frozen; the head trains fc and its layer only.
+
+Checkpoint: a directory with `config.json` (HEAD_FORMAT, the target it was trained for, the feature layer
+ids, the layer's shape) and `model.safetensors` (fc.* and layer.* in this module's names). A head that does
+not match its target is refused at load (HeadMismatchError names what differs).
+"""
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from workers.models.attention import AttentionMetadata
+from workers.models.config import ModelConfig
+from workers.models.llama import Attend, DecoderLayer, LlamaModel, eager_attend
+
+HEAD_FORMAT = "specfleet-eagle-head-v1"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class HeadMismatchError(ValueError):
+    """The head was trained for another target (hidden size, vocabulary, depth or feature layers differ)."""
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What a head records about itself and its target (config.json)."""
+
+    hidden_size: int  # the target's
+    vocab_size: int  # the target's
+    target_num_layers: int
+    feature_layer_ids: tuple[int, ...]  # target layers whose outputs form the feature; EAGLE-1: (last,)
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    training: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe and figures, informative
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, training: dict[str, Any] | None = None) -> "HeadConfig":
+        """A head shaped like one of the target's layers, reading its last layer (EAGLE-1)."""
+        return cls(
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            target_num_layers=target.num_layers,
+            feature_layer_ids=(target.num_layers - 1,),
+            num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            rms_norm_eps=target.rms_norm_eps,
+            training=training or {},
+        )
+
+    def check_target(self, target: ModelConfig) -> None:
+        """Raise HeadMismatchError naming every field that differs from `target`."""
+        wrong = [
+            f"{name}: head {mine}, target {theirs}"
+            for name, mine, theirs in (
+                ("hidden_size", self.hidden_size, target.hidden_size),
+                ("vocab_size", self.vocab_size, target.vocab_size),
+                ("num_layers", self.target_num_layers, target.num_layers),
+            )
+            if mine != theirs
+        ]
+        if self.feature_layer_ids != (target.num_layers - 1,):
+            wrong.append(
+                f"feature_layer_ids: head {list(self.feature_layer_ids)}, supported [{target.num_layers - 1}] "
+                "(the target's last layer)"
+            )
+        if wrong:
+            raise HeadMismatchError("EAGLE head does not match its target: " + "; ".join(wrong))
+
+    def layer_config(self, target: ModelConfig) -> ModelConfig:
+        """The head's decoder layer as a ModelConfig (the target's rotary settings, the head's shape)."""
+        return dataclasses.replace(
+            target,
+            num_layers=1,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rms_norm_eps=self.rms_norm_eps,
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=False,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": HEAD_FORMAT, **dataclasses.asdict(self), "feature_layer_ids": list(self.feature_layer_ids)}
+
+    @classmethod
+    def from_dir(cls, head_dir: Path) -> "HeadConfig":
+        path = head_dir / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{head_dir}: no config.json (not an EAGLE head directory)")
+        raw = json.loads(path.read_text())
+        if raw.get("format") != HEAD_FORMAT:
+            raise HeadMismatchError(f"{head_dir}: format {raw.get('format')!r}, expected {HEAD_FORMAT!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in raw.items() if k in fields}
+        values["feature_layer_ids"] = tuple(values["feature_layer_ids"])
+        return cls(**values)
+
+
+class EagleHead(nn.Module):
+    """fc(concat(feature, next-token embedding)) -> one decoder layer; the target's frozen norm and LM head."""
+
+    def __init__(self, cfg: HeadConfig, target: LlamaModel) -> None:
+        super().__init__()
+        cfg.check_target(target.cfg)
+        self.cfg = cfg
+        self.layer_cfg = cfg.layer_config(target.cfg)
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.layer = DecoderLayer(self.layer_cfg)
+        self.attn_scale = cfg.head_dim**-0.5
+        self._target = [target]  # a list: the target's modules are shared, not this module's parameters
+
+    @property
+    def target(self) -> LlamaModel:
+        return self._target[0]
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """fc.* and layer.*: what a checkpoint holds (the target's parts are not saved)."""
+        return dict(self.state_dict())
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        return (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
+        features: torch.Tensor,  # [T, hidden]: the target's feature f_t (or the head's own h_{t-1})
+        positions: torch.Tensor,  # [T] long: t
+        attend: Attend,
+    ) -> torch.Tensor:  # [T, hidden]: h_t, the head's prediction of f_{t+1}
+        target = self.target
+        x = torch.cat([features.to(self.fc.weight.dtype), target.embed(input_ids)], dim=-1)  # [T, 2 hidden]
+        x = F.linear(x, self.fc.weight, self.fc.bias)  # [T, hidden]
+        cos, sin = target.cos_table[positions], target.sin_table[positions]  # [T, D] each
+        return self.layer(x, cos, sin, attend)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
+        target = self.target
+        return F.linear(target.norm(h), target.lm_head.weight).float()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        features: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # (k, v) [num_blocks, block_size, KV, D]
+        logits_indices: torch.Tensor,  # [S] long
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
+        """The paged inference path (workers/engine/head_runner.py)."""
+        attend = eager_attend(meta, kv_cache[0], kv_cache[1], self.attn_scale)
+        h = self.hidden(input_ids, features, positions, attend).index_select(0, logits_indices)  # [S, hidden]
+        return self.logits(h), h
+
+
+def save_head(head: EagleHead, out_dir: Path) -> None:
+    """config.json + model.safetensors (float32) into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in head.trainable_state().items()}
+    save_file(state, str(out_dir / WEIGHTS_FILE))
+    (out_dir / "config.json").write_text(json.dumps(head.cfg.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def load_head(head_dir: str | Path, target: LlamaModel) -> EagleHead:
+    """The head in `head_dir` over `target` (in the target's dtype), for inference. Raises HeadMismatchError."""
+    head_dir = Path(head_dir)
+    cfg = HeadConfig.from_dir(head_dir)
+    cfg.check_target(target.cfg)
+    head = EagleHead(cfg, target)
+    head.load_state_dict(load_file(str(head_dir / WEIGHTS_FILE)), strict=True)
+    return head.to(target.embed.weight.dtype).eval().requires_grad_(False)
