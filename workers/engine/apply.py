@@ -117,6 +117,8 @@ class StepApplier:
         if spec.ngram is not None:
             spec.ngram.extend(appended)
         if proposal is None:
+            if self.is_adaptive and spec.is_active:  # a step without drafts: the estimate drifts back to the prior
+                spec.controller.idle()
             return
         if verdict.accepted_nodes:
             self._move_tree_kv(seq, old_len, verdict.accepted_nodes)

@@ -12,6 +12,9 @@ The estimate counts *tested* positions: after the first rejection the rest of th
 so a step with n accepted of k drafted is n successes in n + (1 if n < k) trials - dividing by k instead
 would bias alpha downwards for long drafts. When the estimate stays below `fallback_acceptance` for
 `fallback_patience_steps` steps in a row, the sequence falls back to plain decoding for good.
+A step without drafts (the length policy chose zero, or n-gram lookup found nothing) tells nothing about
+acceptance, so the estimate moves a little (`idle_recovery`) back toward the prior: otherwise a sequence
+whose drafts missed a few times in a row would never be tried again, however well they would do later.
 """
 
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ class AdaptiveConfig:
     k_max: int = 8  # largest k
     initial_acceptance: float = 0.6  # prior alpha, worth one tested token
     decay: float = 0.7  # weight past observations keep per step (EWMA); 0 = only the last step
+    idle_recovery: float = 0.03  # share of the way back to initial_acceptance per step without drafts
     draft_cost_per_token: float = 0.1  # nominal cost of one more draft token, in target steps (seeded requests)
     fallback_acceptance: float = 0.2  # alpha below this makes a step poor
     fallback_patience_steps: int = 16  # consecutive poor steps before the sequence stops speculating
@@ -32,6 +36,8 @@ class AdaptiveConfig:
             raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
         if not 0.0 <= self.initial_acceptance <= 1.0:
             raise ValueError(f"initial_acceptance must be in [0, 1], got {self.initial_acceptance}")
+        if not 0.0 <= self.idle_recovery <= 1.0:
+            raise ValueError(f"idle_recovery must be in [0, 1], got {self.idle_recovery}")
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
         if not self.draft_cost_per_token > 0.0:
@@ -69,6 +75,14 @@ class SpecLengthController:
     def acceptance(self) -> float:
         """Estimated probability that the target accepts a draft token."""
         return self._num_accepted_ewma / self._num_tested_ewma
+
+    def idle(self) -> None:
+        """One step without drafts: the estimate moves idle_recovery of the way back to the prior."""
+        if self.is_fallen_back:
+            return
+        target = self.config.initial_acceptance * self._num_tested_ewma
+        self._num_accepted_ewma += self.config.idle_recovery * (target - self._num_accepted_ewma)
+        self.k = best_k(self.acceptance, self.config)
 
     def update(self, num_drafted: int, num_accepted: int) -> bool:
         """Record one verified step; returns True exactly on the step this sequence falls back (count it)."""

@@ -83,3 +83,17 @@ def test_update_rejects_impossible_counts() -> None:
     with pytest.raises(ValueError):
         SpecLengthController(CONFIG).update(num_drafted=2, num_accepted=3)
 
+
+
+def test_steps_without_drafts_bring_the_estimate_back_toward_the_prior() -> None:
+    """A sequence the policy stopped drafting for must be tried again some time: idle steps move alpha
+    back toward initial_acceptance, a little each, and never past it."""
+    controller = SpecLengthController(AdaptiveConfig(fallback_acceptance=0.0, idle_recovery=0.1))
+    for _ in range(3):
+        controller.update(num_drafted=4, num_accepted=0)
+    low = controller.acceptance
+    controller.idle()
+    assert low < controller.acceptance < 0.6
+    for _ in range(200):
+        controller.idle()
+    assert controller.acceptance == pytest.approx(0.6, abs=1e-3)
