@@ -128,9 +128,10 @@ class StepApplier:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len)
         spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
         self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth, spec.method)
-        if self.is_adaptive and proposal.tree is None:
-            if spec.controller.update(proposal.num_tokens, verdict.num_accepted):
-                self._fall_back(seq, "low_acceptance")
+        if self.is_adaptive and proposal.tree is not None:
+            spec.controller.update_tree(proposal.depth, verdict.num_accepted)
+        elif self.is_adaptive and spec.controller.update(proposal.num_tokens, verdict.num_accepted):
+            self._fall_back(seq, "low_acceptance")
 
     def _move_tree_kv(self, seq: Sequence, old_len: int, path: list[int]) -> None:
         """Accepted node i sat in slot old_len + node; it belongs in slot old_len + depth."""

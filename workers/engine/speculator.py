@@ -127,6 +127,7 @@ class Speculator:
                 num_catch_up_tokens=self._catch_up_cost_tokens(seq, spec),
                 tree_size=tree_size,
                 tree_branching=self.cfg.tree_branching,
+                tree_level_acceptance=spec.controller.tree_level_acceptance,
             )))  # fmt: skip
         num_fixed = sum(fixed.values())
         plan = choose_lengths(

@@ -69,12 +69,28 @@ class SpecLengthController:
         self._num_tested_ewma = 1.0  # weighted draft tokens the target judged
         self.num_poor_steps = 0  # consecutive steps with acceptance below fallback_acceptance
         self.is_fallen_back = False  # True: plain decoding from now on
+        # token trees: the same kind of estimate for passing one tree level (None until a tree was verified)
+        self._levels_passed_ewma = 0.0
+        self._levels_tested_ewma = 0.0
         self.k = best_k(self.acceptance, config)  # 0 once fallen back
 
     @property
     def acceptance(self) -> float:
         """Estimated probability that the target accepts a draft token."""
         return self._num_accepted_ewma / self._num_tested_ewma
+
+    @property
+    def tree_level_acceptance(self) -> float | None:
+        """Estimated probability that a verified tree passes one more level (None: no tree verified yet)."""
+        return self._levels_passed_ewma / self._levels_tested_ewma if self._levels_tested_ewma else None
+
+    def update_tree(self, depth: int, num_accepted: int) -> None:
+        """Record one verified tree: num_accepted levels of its `depth` passed, the next one (if any) failed."""
+        if not 0 <= num_accepted <= depth:
+            raise ValueError(f"need 0 <= num_accepted <= depth, got {num_accepted}, {depth}")
+        decay = self.config.decay
+        self._levels_passed_ewma = decay * self._levels_passed_ewma + num_accepted
+        self._levels_tested_ewma = decay * self._levels_tested_ewma + num_accepted + (1 if num_accepted < depth else 0)
 
     def idle(self) -> None:
         """One step without drafts: the estimate moves idle_recovery of the way back to the prior."""

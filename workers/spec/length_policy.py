@@ -32,6 +32,7 @@ class Candidate:
     num_catch_up_tokens: int = 1  # tokens the proposer's first pass feeds (committed tokens it has not seen)
     tree_size: int = 0  # > 0: it may propose a token tree of this many nodes instead of a chain
     tree_branching: int = 1
+    tree_level_acceptance: float | None = None  # measured chance a tree step passes a level; None = from alpha
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,13 @@ def tree_shape(size: int, branching: int) -> list[int]:
     return levels
 
 
-def tree_gain(acceptance: float, size: int, branching: int) -> float:
-    """Expected accepted tokens of a tree: at each level one of up to `branching` siblings must match, each
-    with probability alpha (taken as independent), so a level is passed with 1 - (1 - alpha)^b."""
+def tree_gain(acceptance: float, size: int, branching: int, level_acceptance: float | None = None) -> float:
+    """Expected accepted tokens of a tree: each level is passed with level_acceptance where it was measured,
+    else with 1 - (1 - alpha)^b (one of up to `branching` siblings must match, each taken as independent)."""
     gain, reach = 0.0, 1.0
     for width in tree_shape(size, branching):
-        reach *= 1.0 - (1.0 - acceptance) ** min(width, branching)
+        passed = level_acceptance if level_acceptance is not None else 1.0 - (1.0 - acceptance) ** min(width, branching)
+        reach *= passed
         gain += reach
     return gain
 
@@ -152,7 +154,7 @@ def _goodput(
                 fed = c.num_catch_up_tokens if depth == 1 else levels[depth - 2]
                 for node in range(width):
                     cost.add(c.proposer, depth, fed if node == 0 else 0)
-            num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching)
+            num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching, c.tree_level_acceptance)
         else:
             for depth in range(1, k + 1):
                 cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)

@@ -97,3 +97,13 @@ def test_steps_without_drafts_bring_the_estimate_back_toward_the_prior() -> None
     for _ in range(200):
         controller.idle()
     assert controller.acceptance == pytest.approx(0.6, abs=1e-3)
+
+
+def test_trees_keep_their_own_level_estimate() -> None:
+    controller = SpecLengthController(AdaptiveConfig(decay=0.0))
+    assert controller.tree_level_acceptance is None  # no tree verified yet: the policy derives it from alpha
+    controller.update_tree(depth=3, num_accepted=1)  # level 1 passed, level 2 failed, level 3 never judged
+    assert controller.tree_level_acceptance == pytest.approx(1 / 2)
+    alpha = controller.acceptance
+    controller.update_tree(depth=3, num_accepted=3)
+    assert controller.tree_level_acceptance == 1.0 and controller.acceptance == alpha  # chains' estimate untouched

@@ -89,3 +89,11 @@ def test_gains() -> None:
     assert tree_shape(6, 2) == [2, 4] and tree_shape(5, 2) == [2, 3] and tree_shape(3, 1) == [1, 1, 1]
     assert tree_gain(0.5, 3, 1) == pytest.approx(chain_gain(0.5, 3))  # branching 1 is a chain
     assert tree_gain(0.5, 6, 2) > chain_gain(0.5, 2)  # two tries per level beat one
+
+
+def test_a_measured_tree_level_rate_decides_over_the_estimate_from_alpha() -> None:
+    hopeful = Candidate(0.5, 5, "draft", tree_size=6, tree_branching=2)  # 1 - 0.5^2 = 0.75 a level, from alpha
+    measured = Candidate(0.5, 5, "draft", tree_size=6, tree_branching=2, tree_level_acceptance=0.2)
+    assert choose_lengths([hopeful], 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT).is_tree == [True]
+    assert choose_lengths([measured], 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT).is_tree == [False]
+    assert tree_gain(0.5, 6, 2, level_acceptance=0.2) == pytest.approx(0.2 + 0.04)
