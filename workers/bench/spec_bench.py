@@ -72,13 +72,17 @@ def bench_spec(
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     prompts: list[list[int]] = []
     variants = {k: v for k, v in VARIANTS.items() if eagle_dir is not None or k not in EAGLE_VARIANTS}
+    engines: dict[str, Engine] = {}
     for name, overrides in variants.items():
         cfg = dataclasses.replace(base, **({"tree_size": plan.tree_size} | overrides))
-        engine = Engine(cfg, target_dir, draft_dir, eagle_dir if name in EAGLE_VARIANTS else None)
+        engines[name] = Engine(cfg, target_dir, draft_dir, eagle_dir if name in EAGLE_VARIANTS else None)
         if not prompts:
-            prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
-        run_ours(engine, prompts[:1], 8)  # warm-up
-        for batch in plan.batch_sizes:
+            prompts = [engines[name].tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
+        run_ours(engines[name], prompts[:1], 8)  # warm-up
+    # each batch size runs every variant in turn, so the host's drift over the run (±20 % here) falls on
+    # all of them alike and the ratios within a batch size hold
+    for batch in plan.batch_sizes:
+        for name, engine in engines.items():
             before = dataclasses.replace(engine.speculator.stats.counts)
             chosen_before = _chosen_totals(engine)
             before_per_position = (list(before.drafted_per_position), list(before.accepted_per_position))
@@ -98,7 +102,10 @@ def bench_spec(
                 "chosen_draft_tokens_per_seq_step": _chosen_since(engine, chosen_before),
             })
             log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
-        dtype = engine.runner.model.embed.weight.dtype
+    order = list(engines)
+    rows.sort(key=lambda r: (order.index(r["system"]), r["batch"]))  # the table reads variant by variant
+    engine = engines["plain"]
+    dtype = engine.runner.model.embed.weight.dtype
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
     hf_draft = transformers.AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=dtype).eval()
