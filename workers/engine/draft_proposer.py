@@ -31,6 +31,20 @@ def draft_distributions(
     return row_distributions(logits, [s.params for s in seqs], greedy_rows)
 
 
+def append_draws(
+    q: torch.Tensor,  # [A, V] proposal distributions, one row per active sequence
+    rows: list[tuple[Sequence, list[int], list[torch.Tensor]]],  # [A] (sequence, its tokens, its q rows so far)
+) -> None:
+    """One more draft token per row: the argmax for greedy requests, else a draw with the request's generator
+    (its q row is kept: verification needs it)."""
+    for row, (seq, tokens, probs) in enumerate(rows):
+        if seq.params.is_greedy:
+            tokens.append(int(q[row].argmax()))
+        else:
+            tokens.append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
+            probs.append(q[row])
+
+
 class DraftProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -58,13 +72,7 @@ class DraftProposer:
                 ]
                 logits = self.runner.forward(items)  # [A, V]
             q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
-            for row, i in enumerate(active):
-                seq = seqs[i]
-                if seq.params.is_greedy:
-                    tokens[i].append(int(q[row].argmax()))
-                else:
-                    tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
-                    probs[i].append(q[row])
+            append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
             active = [i for i in active if ks[i] > j + 1]
         return [
             Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) + k - 1)

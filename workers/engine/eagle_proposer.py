@@ -11,7 +11,7 @@ and next step recomputes from there with the target's features of whatever was a
 
 import torch
 
-from workers.engine.draft_proposer import DraftFailure, draft_distributions
+from workers.engine.draft_proposer import DraftFailure, append_draws, draft_distributions
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sequence import Sequence
@@ -56,13 +56,7 @@ class EagleProposer:
                 ]
                 logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
             q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
-            for row, i in enumerate(active):
-                seq = seqs[i]
-                if seq.params.is_greedy:
-                    tokens[i].append(int(q[row].argmax()))
-                else:
-                    tokens[i].append(int(torch.multinomial(q[row], 1, generator=seq.generator)))
-                    probs[i].append(q[row])
+            append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
             keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
             hidden = hidden[keep]  # [A', hidden]
             active = [active[row] for row in keep]
