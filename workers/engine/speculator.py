@@ -24,7 +24,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
-from workers.spec.length_policy import Candidate, LengthPlan, choose_lengths
+from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import PassCostTable
 from workers.spec.proposal import Proposal, Verdict
@@ -70,7 +70,6 @@ class Speculator:
         for method, proposer in ((SpeculativeMethod.DRAFT, draft), (SpeculativeMethod.EAGLE, eagle)):
             if proposer is not None:
                 self.proposer_costs[method.value] = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
-        self.last_plan: LengthPlan | None = None  # the latest step's choice (logs, bench)
         # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
         self.chosen_by_batch: dict[int, list[int]] = {}
 
@@ -138,8 +137,6 @@ class Speculator:
             target=self.target_costs,
             proposers=self.proposer_costs,
         )
-        if chosen:
-            self.last_plan = plan
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
         tally[0] += 1
