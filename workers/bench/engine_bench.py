@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from shared.speculation import SpeculativeMethod
-from workers.demo.train import pinned_threads
 from workers.engine.compile_stats import CompileMode
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sampling_params import SamplingParams
 from workers.models.llama import LlamaModel
+from workers.models.threads import pinned_threads
 
 log = logging.getLogger(__name__)
 

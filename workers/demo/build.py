@@ -36,9 +36,9 @@ from workers.demo.train import (
     grow_depth,
     llama_config,
     new_model,
-    pinned_threads,
     train_steps,
 )
+from workers.models.threads import pinned_threads
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from workers.demo.build import DemoPair, build_record
 from workers.demo.corpus import held_out_prompts
-from workers.demo.train import pinned_threads
+from workers.models.threads import pinned_threads
 
 logger = logging.getLogger(__name__)
 

@@ -5,11 +5,10 @@ Deterministic by construction: the weights are initialised from `init_seed` and 
 count (`pinned_threads`).
 """
 
-import contextlib
 import copy
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,17 +65,6 @@ def llama_config(
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         dtype="float32",
     )
-
-
-@contextlib.contextmanager
-def pinned_threads(num_threads: int) -> Iterator[None]:
-    """Run the block with exactly `num_threads` torch threads (results depend on it), then restore."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def lr_factor(step: int, recipe: ModelRecipe) -> float:

@@ -12,13 +12,11 @@ Deterministic for a fixed recipe: a fixed step count (never a time budget), seed
 torch threads.
 """
 
-import contextlib
 import dataclasses
 import json
 import math
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from workers.eagle_train.dense import causal_attend, greedy_continuations
 from workers.models.eagle_head import EagleHead, HeadConfig, save_head
 from workers.models.llama import LlamaModel
 from workers.models.loader import load_model, load_tokenizer
+from workers.models.threads import pinned_threads
 
 TRAINING_RECORD = "training.json"  # the figures of a training run (times, last losses), beside the head
 
@@ -60,17 +59,6 @@ class EagleRecipe:
             raise ValueError(f"sizes and steps must be >= 1: {self}")
         if self.ttt_steps < 0 or self.warmup_steps < 0:
             raise ValueError(f"ttt_steps and warmup_steps must be >= 0: {self}")
-
-
-@contextlib.contextmanager
-def pinned_threads(num_threads: int) -> Iterator[None]:
-    """Exactly `num_threads` torch threads inside the block (results depend on it), restored after."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def corpus_windows(token_ids: torch.Tensor, recipe: EagleRecipe) -> torch.Tensor:  # [N] -> [num_sequences, P]
