@@ -37,6 +37,7 @@ class JobFailure:
     code: ErrorCode
     message: str
     field_name: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # what the attempt ran up (a timeout: compute_s, cost)
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,10 @@ class Emitter:
     def _failure_args(job_id: str, attempt: int, failure: JobFailure) -> list[str | int]:
         info = ErrorInfo(code=failure.code, message=failure.message, field=failure.field_name)
         event = ErrorEvent(status=JobStatus.FAILED, error=info).model_dump_json(exclude_none=True)
-        return ["finish", job_id, attempt, JobStatus.FAILED.value, "error", event, 2, "error",
-                info.model_dump_json(exclude_none=True)]  # fmt: skip
+        fields: list[str | int] = ["error", info.model_dump_json(exclude_none=True)]
+        if failure.metrics:
+            fields += ["metrics", metrics_from(failure.metrics).model_dump_json(exclude_none=True)]
+        return ["finish", job_id, attempt, JobStatus.FAILED.value, "error", event, len(fields), *fields]
 
     def fail(
         self, job_id: str, attempt: int, code: ErrorCode, message: str, field_name: str | None = None

@@ -332,11 +332,13 @@ class Worker:
             lease = self.leases[job_id]
             if self.running.pop(job_id, None) is not None:
                 self.engine.abort(job_id)
-            self._pending.writes.append(self.emitter.failure(job_id, lease.attempt, JobFailure(ErrorCode.TIMEOUT, message)))
+            compute_s, cost = self.costs.take(job_id)  # the record keeps what the job ran up, as a success's does
+            failure = JobFailure(ErrorCode.TIMEOUT, message, metrics={"compute_s": compute_s, "cost": cost})
+            self._pending.writes.append(self.emitter.failure(job_id, lease.attempt, failure))
             self._timed_out.add(job_id)
             self.deadlines.forget([job_id])
             if self.metrics is not None:
-                self.metrics.job_cost(*self.costs.take(job_id))
+                self.metrics.job_cost(compute_s, cost)
             log.info("job %s stopped at its deadline", job_id, extra={"job_id": job_id})
 
     def _account(self, step_s: float, outputs: list[StepOutput]) -> None:

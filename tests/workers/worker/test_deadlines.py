@@ -2,6 +2,7 @@
 worker` process) and a real Redis: a running job past its deadline fails `timeout` with its output so far; a
 job pulled past it never runs; the worker's deadline counters move. The deadline arithmetic is tested alone."""
 
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def test_running_job_past_its_deadline_fails_timeout_with_partial_output(
     num_tokens = int(job["completion_tokens"])
     assert 0 < num_tokens < LONG["max_tokens"]
     assert len(job["token_ids"].split(",")) == num_tokens and job["text"]  # the partial output is kept
+    job_metrics = json.loads(job["metrics"])  # and what it ran up, as a finished job's record has
+    assert job_metrics["compute_s"] > 0 and job_metrics["cost"] >= 0
     assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_total") == 1
     # a job that ended another way restarted the streak
     assert metrics.registry.get_sample_value("specfleet_jobs_deadline_exceeded_streak") == 0
