@@ -103,6 +103,9 @@ def print_e2e(result: dict) -> None:
                             ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
                              "tokens_per_s", "num_requests"]))
     typer.echo("")
+    typer.echo(format_table([r for r in rows if r["phase"] == "cost"],
+                            ["system", "concurrency", "speculation", "tokens", "compute_s_per_1k", "cost_per_1k"]))
+    typer.echo("")
     typer.echo(format_table([r for r in rows if r["phase"] == "sse"],
                             ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
                              "failed_jobs", "gateway_cpu_s"]))
