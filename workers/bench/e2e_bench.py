@@ -155,7 +155,7 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
                          "gateway_cpu_s": gateway_cpu_s})
             ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
                            "sse_lost_tokens": float(streams.lost_tokens)})
-    info = {**_engine_info(cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
+    info = {**_engine_info(engine.cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
     return {"rows": rows, "ratios": ratios, "engine": info}
 
 
