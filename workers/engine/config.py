@@ -51,6 +51,9 @@ class EngineConfig:
     # faster on this host; off by default: the first start compiles for tens of seconds (cached afterwards)
     compile: CompileMode = CompileMode.OFF
     compile_cache_dir: str | None = None  # compiled artifacts; None = $SPECFLEET_HOME/compile-cache
+    # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
+    # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank
+    tensor_parallel_size: PositiveInt = 1
     seed: int = 0  # seeds the RNG that unseeded sampling requests draw their generators from
     # speculative decoding (workers/spec/)
     # the method of requests that do not choose; None = the best the engine holds: the EAGLE head when it has
@@ -76,6 +79,8 @@ class EngineConfig:
             raise ValueError("need speculative_k_min <= num_speculative_tokens")
         if self.ngram_min_n > self.ngram_max_n:
             raise ValueError("need ngram_min_n <= ngram_max_n")
+        if self.tensor_parallel_size > 1 and self.compile is not CompileMode.OFF:
+            raise ValueError("compile runs one process's dense path: with tensor_parallel_size > 1 set compile: off")
         return self
 
     @classmethod

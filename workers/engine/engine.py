@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from workers.engine.scheduler import Scheduler
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
 from workers.engine.speculator import Speculator
+from workers.engine.tp_runner import load_target, make_runner
 from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
 from workers.spec.proposal import Proposal, Verdict
@@ -56,12 +58,16 @@ class Engine:
     ) -> None:
         cfg = dataclasses.replace(cfg, speculative_method=default_method(cfg, draft_dir, eagle_dir))
         self.cfg = cfg
-        threads = ThreadPolicy(cfg.num_threads or len(os.sched_getaffinity(0)), cfg.single_thread_max_tokens)
+        num_threads = cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // cfg.tensor_parallel_size)
+        threads = ThreadPolicy(num_threads, cfg.single_thread_max_tokens)
         torch.set_num_threads(threads.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
         self._decode = make_decode_fn(self.tokenizer)
         dtype = resolve_dtype(cfg.dtype)
-        model = load_model(target_dir, dtype, cfg.max_model_len or None)
+        # TP > 1: rank 0's shard; the other ranks' processes are up, closed by close() (or if start-up fails)
+        model, self.tp_group = load_target(cfg, target_dir, dtype, threads)
+        if self.tp_group is not None:
+            weakref.finalize(self, self.tp_group.close)
         self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
         draft = load_model(draft_dir, dtype, self.max_model_len) if draft_dir is not None else None
         if draft is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
@@ -80,7 +86,7 @@ class Engine:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, threads)
+        self.runner = make_runner(model, num_blocks, cfg.block_size, threads, self.tp_group)
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
         )
@@ -148,6 +154,11 @@ class Engine:
             return cls(cfg, Path(target_dir), draft_dir, eagle_dir)
         # the engine builds no model: the caller fills in the demo pair first (workers/demo/resolve.py)
         raise ValueError("EngineConfig.target_dir is not set (resolve the demo pair first: with_demo_pair)")
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with TP = 1). The engine cannot step afterwards."""
+        if self.tp_group is not None:
+            self.tp_group.close()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
