@@ -13,6 +13,7 @@ BENCHES = {
     "report": "workers.bench.run:bench_report_command",  # all three + a Markdown report; also takes --out DIR
     "warmup": "workers.bench.warmup_bench:bench_warmup_command",  # first-job TTFT vs steady, without/with warm-up
     "cost": "workers.bench.cost_bench:bench_cost_command",  # cost per 1,000 tokens per concurrency, SD on/off
+    "tp": "workers.bench.tp_bench:bench_tp_command",  # the demo target over 2 tensor-parallel ranks vs 1
 }
 
 

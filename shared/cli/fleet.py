@@ -97,6 +97,9 @@ def worker(
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most jobs running at once")] = None,
     num_threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    tensor_parallel_size: Annotated[
+        int | None, typer.Option(help="Shard the target over N ranks (processes) of this worker")
+    ] = None,
     burst: Annotated[bool, typer.Option("--burst", help="Exit once the queues are empty")] = False,
     name: Annotated[str | None, typer.Option(help="Worker id (default: host-pid-random)")] = None,
     model_version: Annotated[
@@ -111,6 +114,7 @@ def worker(
     from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
+    from workers.engine.tp_group import RankFailedError
     from workers.worker.main import Worker
 
     settings = get_settings()
@@ -129,6 +133,7 @@ def worker(
         draft_dir=draft,
         max_num_seqs=max_num_seqs,
         num_threads=num_threads,
+        tensor_parallel_size=tensor_parallel_size,
     )
     engine = Engine.from_config(with_demo_pair(cfg))
     metrics = None
@@ -138,10 +143,16 @@ def worker(
         metrics = EngineMetrics()
         metrics.serve(settings.host, settings.worker_metrics_port)
     client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True, health_check_interval=30)
-    Worker(
-        engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
-    ).run()
-    client.close()
+    try:
+        Worker(
+            engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
+        ).run()
+    except RankFailedError as exc:  # the worker handed its jobs back (or they are reclaimed); exit non-zero
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        engine.close()  # the other tensor-parallel ranks, if any
+        client.close()
 
 
 def tasks(

@@ -25,6 +25,9 @@ def generate(
         SpeculativeMethod | None, typer.Option(help="none | draft | ngram | eagle (default: the engine's speculative_method; unset: eagle with a head, else draft, else ngram)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
+    tensor_parallel_size: Annotated[
+        int | None, typer.Option(help="Shard the target over N ranks (processes); default: the engine config")
+    ] = None,
 ) -> None:
     """Run the engine in-process on one prompt; stream the text and print a stats line."""
     from workers.demo.resolve import with_demo_pair
@@ -33,7 +36,9 @@ def generate(
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
-    cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle)
+    cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle,
+                            tensor_parallel_size=tensor_parallel_size)
+    # with TP > 1 the other ranks stop when the engine is collected or this process exits (Engine.close)
     engine = Engine.from_config(with_demo_pair(cfg))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             speculative=speculative)

@@ -110,7 +110,7 @@ class TensorParallelGroup:
         try:
             return self.collectives.all_reduce(x)
         except RuntimeError as exc:
-            self._fail(f"an all-reduce failed: {exc}")
+            self._fail_in_collective("an all-reduce", exc)
             raise  # unreachable
 
     # ---- commands ---------------------------------------------------------------------------------------
@@ -142,12 +142,20 @@ class TensorParallelGroup:
         try:
             self.collectives.broadcast(x)
         except RuntimeError as exc:
-            self._fail(f"a broadcast failed: {exc}")
+            self._fail_in_collective("a broadcast", exc)
 
-    def _fail(self, reason: str) -> None:
+    def _fail_in_collective(self, what: str, exc: Exception) -> None:
+        """Name the dead rank when one is (a killed peer fails the collective as its socket closes)."""
+        dead = []
+        for rank, proc in enumerate(self.procs, start=1):
+            try:
+                dead.append(f"tensor-parallel rank {rank} died (exit code {proc.wait(0.5)})")
+            except subprocess.TimeoutExpired:
+                continue
+        self._fail(f"{'; '.join(dead)}: {what} failed" if dead else f"{what} failed: {exc}")
+
+    def _fail(self, message: str) -> None:
         """Stop every rank and raise (this and every later call) RankFailedError."""
-        dead = [f"rank {r} exit code {p.returncode}" for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
-        message = reason + (f" ({', '.join(dead)})" if dead and "exit code" not in reason else "")
         log.error("tensor parallel group failed: %s", message)
         self.error = RankFailedError(message)
         self.close()
