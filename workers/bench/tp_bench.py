@@ -36,9 +36,11 @@ def _engine(dtype: str, tensor_parallel_size: int) -> Any:
 
 def _run(engine: Any, prompts: list[str], mode: str, max_tokens: int) -> tuple[list[list[int]], int, float]:
     """(each prompt's tokens, tokens generated, seconds) for every prompt at once."""
+    from shared.speculation import SpeculativeMethod
     from workers.engine.sampling_params import SamplingParams
 
-    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=mode)
+    method = SpeculativeMethod(mode)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=method)
               for _ in prompts]  # fmt: skip
     out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     start_s = time.perf_counter()
@@ -75,7 +77,7 @@ def bench_tp(quick: bool) -> dict[str, Any]:
     for dtype in ("auto",) if quick else ("auto", "float32"):
         tp1, tp2 = _engine(dtype, 1), _engine(dtype, 2)
         try:
-            totals = {(mode, tp): [0, 0.0] for mode in MODES for tp in (1, 2)}
+            totals: dict[tuple[str, int], list[float]] = {(mode, tp): [0, 0.0] for mode in MODES for tp in (1, 2)}
             for _ in range(num_rounds):
                 for mode in MODES:
                     expected, num_tokens, seconds = _run(tp1, prompts, mode, max_tokens)
@@ -86,10 +88,10 @@ def bench_tp(quick: bool) -> dict[str, Any]:
                         totals[(mode, tp)][1] += s
             full_bytes = resident_weight_bytes(tp1.runner.model)
             fractions = [b / full_bytes for b in tp2.runner.group.rank_weight_bytes]
-            for (mode, tp), (n, s) in totals.items():
+            for (mode, tp), (total_tokens, total_s) in totals.items():
                 rows.append({
                     "dtype": str(tp1.runner.model.embed.weight.dtype).removeprefix("torch."), "speculative": mode,
-                    "tp": tp, "tokens_per_s": round(n / s, 1),
+                    "tp": tp, "tokens_per_s": round(total_tokens / total_s, 1),
                     "weight_fraction": "1.0" if tp == 1 else " / ".join(f"{f:.3f}" for f in fractions),
                 })  # fmt: skip
             if dtype == "auto":

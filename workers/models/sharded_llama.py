@@ -1,8 +1,8 @@
 """One tensor-parallel rank's Llama-family model (see sharding.py for who holds what).
 
 The layers are DecoderLayer's with their row-parallel projections (o, down) followed by an all-reduce: the
-rank's partial output is summed over the ranks (in float32 for half-precision weights, so N ranks round once,
-not N - 1 times), then the bias is added once. Everything else (norms, rotary, paged attention over the rank's
+rank's partial output is summed over the ranks (in float32 for half-precision weights: see _row_parallel),
+then the bias is added once. Everything else (norms, rotary, paged attention over the rank's
 own KV heads) is DecoderLayer's own code on fewer heads.
 """
 
@@ -44,12 +44,16 @@ class ShardedDecoderLayer(DecoderLayer):
         return h + self._row_parallel(F.silu(gate) * up, self.down)
 
     def _row_parallel(self, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:  # [T, in/N] -> [T, hidden]
-        partial = F.linear(x, linear.weight)  # [T, hidden]: this rank's share of the sum
-        if partial.dtype in (torch.float32, torch.float64):
-            out = self.all_reduce(partial)
-        else:
-            out = self.all_reduce(partial.float()).to(partial.dtype)
-        return out if linear.bias is None else out + linear.bias
+        if x.dtype in (torch.float32, torch.float64):
+            out = self.all_reduce(F.linear(x, linear.weight))  # [T, hidden]: the ranks' shares summed
+            return out if linear.bias is None else out + linear.bias
+        # half precision: one rank's product unrounded (bf16 x bf16 is exact in float32), the sum in float32,
+        # one rounding at the end, as the unsharded matmul's float32 accumulation rounds once
+        partial = F.linear(x.float(), linear.weight.float())  # [T, hidden] float32
+        out = self.all_reduce(partial)
+        if linear.bias is not None:
+            out = out + linear.bias.float()
+        return out.to(x.dtype)
 
 
 class ShardedLlamaModel(LlamaModel):
@@ -71,11 +75,10 @@ class _NoHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, hidden_size))
 
 
-def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters as held in memory (a tied head counted once)."""
-    seen: dict[int, int] = {}
-    for tensor in model.parameters():
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
+def resident_weight_bytes(model: LlamaModel) -> int:
+    """Bytes of the model's weights: every parameter once, the LM head not at all when it is the embedding
+    (tied), whether or not the loader kept one tensor for both."""
+    params = dict(model.named_parameters())  # shared Parameters appear once
+    if model.cfg.tie_word_embeddings:
+        params.pop("lm_head.weight", None)
+    return sum(p.numel() * p.element_size() for p in params.values())
