@@ -15,6 +15,7 @@ host's drift falls on both alike. Figures:
 - `tp2_max_logit_diff_fp32`: the largest |logit| difference over a ragged prefill of every prompt (float32).
 """
 
+import os
 import time
 from typing import Any
 
@@ -110,12 +111,16 @@ def bench_tp(quick: bool) -> dict[str, Any]:
 
 
 def bench_tp_command(quick: bool, json_path: str | None) -> int:
+    load_before = os.getloadavg()[0]
     result = bench_tp(quick)
+    load_after = os.getloadavg()[0]
     typer.echo(format_table(result["rows"], ["dtype", "speculative", "tp", "tokens_per_s", "weight_fraction"]))
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value}")
+    typer.echo(f"load average (1 min) before {load_before:.2f}, after {load_after:.2f}")
     if json_path:
         machine = machine_info(quick=quick, num_prompts=result["num_prompts"], max_tokens=result["max_tokens"],
-                               num_rounds=result["num_rounds"])  # fmt: skip
+                               num_rounds=result["num_rounds"], load_avg_1m_before=load_before,
+                               load_avg_1m_after=load_after)  # fmt: skip
         write_json(json_path, "tp", machine, result["rows"], result["ratios"])
     return 0 if result["ratios"]["tp2_greedy_match"] == 1.0 else 1
