@@ -289,12 +289,12 @@ class Engine:
         )
 
     @staticmethod
-    def _prompt_logprobs_once(seq: Sequence) -> list[TokenLogprob | None] | None:
-        """[num_prompt_tokens] the prompt's logprobs (None for its first token), on the first output only."""
+    def _prompt_logprobs_once(seq: Sequence) -> list[TokenLogprob] | None:
+        """[num_prompt_tokens] the prompt's logprobs (its first token has none), on the first output only."""
         if seq.params.prompt_logprobs is None or seq.is_prompt_logprobs_sent:
             return None
         seq.is_prompt_logprobs_sent = True
-        return [None, *seq.prompt_logprobs]
+        return [TokenLogprob(seq.token_ids[0], None), *seq.prompt_logprobs]
 
 
 def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:

@@ -8,7 +8,7 @@ class TokenLogprob:
     """One token's log-probability under the target (workers/engine/logprobs.py)."""
 
     token_id: int
-    logprob: float  # the target's log-softmax of its raw logits at this position
+    logprob: float | None  # the target's log-softmax of its raw logits here; None: a prompt's first token
     top: tuple[tuple[int, float], ...] = ()  # the N most likely (token id, logprob), most likely first
 
 
@@ -23,5 +23,5 @@ class StepOutput:
     num_output_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)  # filled when finished: ttft_ms, tokens_per_s, ...
     new_logprobs: list[TokenLogprob] | None = None  # with params.logprobs: [len(new_token_ids)]; else None
-    # with params.prompt_logprobs, on the step of the first new token: [num_prompt_tokens] (None first)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # with params.prompt_logprobs, on the step of the first new token: [num_prompt_tokens] (the first: logprob None)
+    prompt_logprobs: list[TokenLogprob] | None = None
