@@ -15,7 +15,7 @@ class TopLogprob(BaseModel):
     token: str  # the token's text alone (a part of a UTF-8 character reads as U+FFFD; see bytes)
     token_id: int
     logprob: float
-    bytes: list[int] = Field(default_factory=list)  # the token's UTF-8 bytes
+    bytes: list[int] = Field(default_factory=list)  # the token's bytes (workers/worker/logprobs.py)
 
 
 class TokenLogprob(TopLogprob):

@@ -16,26 +16,61 @@ from workers.engine import outputs as engine_outputs
 TOKEN_CACHE_SIZE = 65_536
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character -> the byte it stands for (GPT-2's scheme: printable
+    Latin-1 bytes stand for themselves, the other bytes for the characters from U+0100 on, in byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    alphabet = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            alphabet[chr(256 + extra)] = b
+            extra += 1
+    return alphabet
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        return backend is not None and json.loads(backend.to_str())["decoder"]["type"] == "ByteLevel"
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 class TokenTexts:
-    """Token id -> its text and UTF-8 bytes, through the model's tokenizer (cached)."""
+    """Token id -> its text and bytes, through the model's tokenizer (cached). A byte-level BPE token's bytes
+    are its own (a part of a UTF-8 character too, whose text reads U+FFFD); otherwise its text's UTF-8."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self._decode = lru_cache(maxsize=TOKEN_CACHE_SIZE)(
-            lambda token_id: str(tokenizer.decode([token_id], skip_special_tokens=False))
-        )
+        alphabet = _byte_level_alphabet() if _is_byte_level(tokenizer) else None
+
+        def name(token_id: int) -> tuple[str, tuple[int, ...]]:
+            text = str(tokenizer.decode([token_id], skip_special_tokens=False))
+            piece = tokenizer.convert_ids_to_tokens(token_id) if alphabet is not None else None
+            if isinstance(piece, str) and piece and all(c in alphabet for c in piece):  # type: ignore[operator]
+                return text, tuple(alphabet[c] for c in piece)  # type: ignore[index]
+            return text, tuple(text.encode())
+
+        self._name = lru_cache(maxsize=TOKEN_CACHE_SIZE)(name)
 
     def text(self, token_id: int) -> str:
-        return str(self._decode(token_id))
+        return self._name(token_id)[0]
+
+    def bytes_of(self, token_id: int) -> list[int]:
+        return list(self._name(token_id)[1])
 
     def named(self, lp: engine_outputs.TokenLogprob) -> TokenLogprob:
         """One engine logprob, its token and alternatives named."""
-        text = self.text(lp.token_id)
-        tops = []
-        for top_id, top_logprob in lp.top:
-            top_text = self.text(top_id)
-            tops.append(TopLogprob(token=top_text, token_id=top_id, logprob=top_logprob, bytes=list(top_text.encode())))
+        tops = [
+            TopLogprob(token=self.text(top_id), token_id=top_id, logprob=top_logprob, bytes=self.bytes_of(top_id))
+            for top_id, top_logprob in lp.top
+        ]
         return TokenLogprob(
-            token=text, token_id=lp.token_id, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=tops
+            token=self.text(lp.token_id),
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            bytes=self.bytes_of(lp.token_id),
+            top_logprobs=tops,
         )
 
 
