@@ -26,6 +26,7 @@ class BatchStore:
         metadata: dict[str, str],
         window_s: float,
         owner: str = "",  # the API key id the batch (and every job of its lines) belongs to
+        fields: dict[str, str] | None = None,  # more hash fields: input_file_id, endpoint, completion_window
     ) -> str:
         batch_id = f"batch_{uuid.uuid4().hex}"
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
@@ -47,6 +48,7 @@ class BatchStore:
                 "webhook": webhook or "",
                 "metadata": json.dumps(metadata),
                 keys.OWNER_FIELD: owner,
+                **(fields or {}),  # type: ignore[dict-item]
             },
         )
         for start in range(0, len(lines), LINES_PER_PUSH):

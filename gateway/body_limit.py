@@ -14,6 +14,8 @@ from shared.settings import ServiceSettings
 
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 BATCH_PATH = "/v1/batches"
+FILES_PATH = "/v1/files"
+MULTIPART_OVERHEAD_BYTES = 65536  # form fields and boundaries around an uploaded file
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -34,6 +36,8 @@ class BodyLimit:
             return max(
                 self.settings.max_request_bytes, int(getattr(self.settings, "batch_max_bytes", 0)) + 65536
             )
+        if path.startswith(FILES_PATH):
+            return max(self.settings.max_request_bytes, self.settings.file_max_bytes + MULTIPART_OVERHEAD_BYTES)
         return self.settings.max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

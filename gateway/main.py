@@ -19,7 +19,7 @@ from gateway.metrics import process_exiting
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import batches, health, jobs, models, openai_chat, openai_completions
+from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
 from shared.settings import ServiceSettings, get_settings
@@ -91,7 +91,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     tenant = [Depends(owned_resources)]
     app.include_router(jobs.router, dependencies=tenant)
     app.include_router(batches.router, dependencies=tenant)
-    for router in (openai_completions.router, openai_chat.router, models.router):
+    for router in (openai_completions.router, openai_chat.router, models.router, files.router):
         app.include_router(router)
     app.include_router(health.router)
     app.add_middleware(BodyLimit, settings=settings)

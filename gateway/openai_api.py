@@ -28,11 +28,13 @@ from gateway.cancel_after import with_cancel_after
 from gateway.deps import Gateway
 from gateway.errors import ApiError
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
+from gateway.openai_stream_logprobs import StreamLogprobs
 from shared import keys
 from shared import openai_compat as oa
 from shared.api_keys import ApiKey
 from shared.job_record import job_from_fields
 from shared.job_state import ErrorCode, JobStatus
+from shared.openai_logprobs import ChatLogprobs, CompletionLogprobs
 from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, EventType, Job, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -128,7 +130,10 @@ class Call:
             error = _job_failure(job)
             error.headers = {**(error.headers or {}), JOB_ID_HEADER: self.job_id}
             raise error
-        answer = oa.chat_completion_of(job, self.model) if self.is_chat else oa.completion_of(job, self.model)
+        if isinstance(self.body, oa.ChatCompletionRequest):
+            answer: BaseModel = oa.chat_completion_of(job, self.model)
+        else:
+            answer = oa.completion_of(job, self.model, self.body.prompt_text() if self.body.echo else None)
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
     async def _wait(self) -> Job:
@@ -163,17 +168,24 @@ class Call:
         return job_from_fields(fields, self.gw.base_url(self.request))
 
     async def _frames(self) -> AsyncIterator[bytes]:
+        extras = StreamLogprobs(self.body)  # logprobs and echo (gateway/openai_stream_logprobs.py)
         try:
             if self.is_chat:
                 yield self._chunk(oa.ChatDelta(role="assistant", content=""))
+            if (prompt := extras.opening_echo()) is not None:
+                yield self._chunk(prompt)
             async with aclosing(self.gw.hub.follow(self.job_id)) as events:
                 async for event in events:
                     if event is None:
                         yield b": keepalive\n\n"
                     elif event.type is EventType.TOKEN:
-                        text = TokenEvent.model_validate_json(event.data).text
-                        if text:
-                            yield self._chunk(oa.ChatDelta(content=text) if self.is_chat else text)
+                        token = TokenEvent.model_validate_json(event.data)
+                        if (echoed := extras.echo_with_logprobs(token)) is not None:
+                            yield self._chunk(echoed[0], logprobs=echoed[1])
+                        logprobs = extras.of(token)
+                        if token.text or logprobs is not None:
+                            delta = oa.ChatDelta(content=token.text) if self.is_chat else token.text
+                            yield self._chunk(delta, logprobs=logprobs)
                     elif event.type is EventType.DONE:
                         done = DoneEvent.model_validate_json(event.data)
                         self.is_finished = True
@@ -193,7 +205,12 @@ class Call:
                 with anyio.CancelScope(shield=True):
                     await self._cancel_if_abandoned()
 
-    def _chunk(self, delta: oa.ChatDelta | str, finish: oa.FinishReason | None = None) -> bytes:
+    def _chunk(
+        self,
+        delta: oa.ChatDelta | str,
+        finish: oa.FinishReason | None = None,
+        logprobs: CompletionLogprobs | ChatLogprobs | None = None,
+    ) -> bytes:
         created = int(time.time())
         chunk: BaseModel
         if isinstance(delta, oa.ChatDelta):
@@ -201,14 +218,24 @@ class Call:
                 id=oa.chat_completion_id(self.job_id),
                 created=created,
                 model=self.model,
-                choices=[oa.ChatChunkChoice(delta=delta, finish_reason=finish)],
+                choices=[
+                    oa.ChatChunkChoice(
+                        delta=delta, finish_reason=finish, logprobs=logprobs if isinstance(logprobs, ChatLogprobs) else None
+                    )
+                ],
             )
         else:
             chunk = oa.Completion(
                 id=oa.completion_id(self.job_id),
                 created=created,
                 model=self.model,
-                choices=[oa.CompletionChoice(text=delta, finish_reason=finish)],
+                choices=[
+                    oa.CompletionChoice(
+                        text=delta,
+                        finish_reason=finish,
+                        logprobs=logprobs if isinstance(logprobs, CompletionLogprobs) else None,
+                    )
+                ],
             )
         return b"data: " + chunk.model_dump_json(exclude={"usage"}).encode() + b"\n\n"
 

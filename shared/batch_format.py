@@ -114,8 +114,11 @@ def parse_line(number: int, text: str) -> tuple[BatchLine | None, BatchLineError
     return BatchLine(custom_id, url, request, openai_compat.model_of(body)), None
 
 
-def parse_batch(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[BatchLineError]]:
-    """Every valid line and every bad one (a duplicate custom_id is bad); raises BatchTooLarge."""
+def parse_batch(
+    data: bytes, max_lines: int, endpoint: str | None = None
+) -> tuple[list[BatchLine], list[BatchLineError]]:
+    """Every valid line and every bad one (a duplicate custom_id is bad; with `endpoint`, so is a line calling
+    another url); raises BatchTooLarge."""
     lines: list[BatchLine] = []
     errors: list[BatchLineError] = []
     first_seen: dict[str, int] = {}
@@ -134,6 +137,10 @@ def parse_batch(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[Batc
             errors.append(error)
             continue
         assert line is not None
+        if endpoint is not None and line.url != endpoint:
+            message = f"url must be {endpoint}, the batch's endpoint"
+            errors.append(BatchLineError(line=number, code="invalid_url", message=message))
+            continue
         if line.custom_id in first_seen:
             message = f"custom_id {line.custom_id!r} already used on line {first_seen[line.custom_id]}"
             errors.append(BatchLineError(line=number, code="duplicate_custom_id", message=message))

@@ -3,9 +3,10 @@
 import json
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.batch_state import BatchStatus
+from shared.file_schemas import batch_file_ids
 from shared.schemas import MAX_METADATA_KEYS, ErrorInfo, WebhookDelivery, WebhookEvent
 from shared.webhook_status import webhook_status_from
 
@@ -48,6 +49,13 @@ class Batch(BaseModel):
     webhook: str | None = None
     webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None
     urls: BatchUrls
+    # OpenAI's fields: a batch made from an uploaded file names it and its endpoint; the window as given
+    # ("24h"), or in seconds; an ended batch names its output and error files (GET /v1/files/{id}/content)
+    input_file_id: str | None = None
+    endpoint: str | None = None
+    completion_window: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
 
 
 class BatchList(BaseModel):
@@ -80,6 +88,17 @@ class BatchOptions(BaseModel):
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
     completion_window_s: float | None = Field(None, gt=0)
+
+
+class FileBatchRequest(BaseModel):
+    """OpenAI's `POST /v1/batches` body: the lines come from an uploaded file (POST /v1/files)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_file_id: str = Field(min_length=1, max_length=128)
+    endpoint: Literal["/v1/completions", "/v1/chat/completions", "/v1/jobs"]  # every line's url
+    completion_window: str = Field("24h", min_length=1, max_length=32)  # a duration: 24h, 90m, 3600s
+    metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
+    webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")  # ours
 
 
 def batch_urls(base_url: str, batch_id: str) -> BatchUrls:
@@ -115,4 +134,9 @@ def batch_from_fields(fields: dict[str, str], base_url: str) -> Batch:
         webhook=fields.get("webhook") or None,
         webhook_status=webhook_status_from(fields),
         urls=batch_urls(base_url, fields["id"]),
+        input_file_id=fields.get("input_file_id") or None,
+        endpoint=fields.get("endpoint") or None,
+        completion_window=fields.get("completion_window") or None,
+        output_file_id=batch_file_ids(fields).get("output"),
+        error_file_id=batch_file_ids(fields).get("errors"),
     )

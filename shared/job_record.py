@@ -2,9 +2,11 @@
 
 import json
 
+from pydantic import TypeAdapter
 from pydantic_core import from_json
 
 from shared.job_state import JobStatus
+from shared.logprobs import TokenLogprob
 from shared.schemas import ErrorInfo, Job, JobMetrics, JobOutput, JobUrls, Priority, Usage
 from shared.webhook_status import webhook_status_from
 
@@ -26,6 +28,13 @@ def _float(value: str | None) -> float | None:
     return float(value) if value else None
 
 
+_LOGPROBS = TypeAdapter(list[TokenLogprob])
+
+
+def _logprobs(raw: str | None) -> list[TokenLogprob] | None:
+    return _LOGPROBS.validate_json(raw) if raw else None
+
+
 def job_from_fields(fields: dict[str, str], base_url: str) -> Job:
     """Build the API view of a job from its hash (HGETALL, decoded)."""
     status = JobStatus(fields["status"])
@@ -43,6 +52,8 @@ def job_from_fields(fields: dict[str, str], base_url: str) -> Job:
             text=fields.get("text", ""),
             token_ids=parse_token_ids(fields.get("token_ids")),
             finish_reason=fields.get("finish_reason") or None,
+            logprobs=_logprobs(fields.get("logprobs")),
+            prompt_logprobs=_logprobs(fields.get("prompt_logprobs")),
         )
         if has_output
         else None,

@@ -125,3 +125,25 @@ def batches_of(key_id: str) -> str:
 
 
 INFLIGHT_TTL_S = 8 * 24 * 3600  # an idle key's in-flight hash outlives any job (max_ttl_s + a run)
+
+
+# -- files (OpenAI's Files API: gateway/file_store.py) -------------------------------------------------------
+# An uploaded file is a metadata hash plus its bytes under a second key, so listing never reads the content.
+# A finished batch's output and error files are not stored: they are views of its results (batch_results).
+FILE_PREFIX = f"{NAMESPACE}:file:"
+FILES_ZSET = f"{NAMESPACE}:files"  # file id -> created_at, every tenant's (an admin's listing)
+
+
+def file_hash(file_id: str) -> str:
+    """The file's record: id bytes created_at filename purpose owner."""
+    return FILE_PREFIX + file_id
+
+
+def file_content(file_id: str) -> str:
+    """The file's bytes (a string)."""
+    return FILE_PREFIX + file_id + ":content"
+
+
+def files_of(key_id: str) -> str:
+    """Sorted set: the key's file ids -> created_at (GET /v1/files of a tenant, newest first)."""
+    return f"{NAMESPACE}:files:of:{key_id}"

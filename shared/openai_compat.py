@@ -3,10 +3,11 @@
 
 Request: `prompt` (a string, or a list holding one string) or `messages` (system/developer/user/assistant, string
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
-(string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), and specfleet's
+(string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
+chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), and specfleet's
 own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters) and `timeout_s` (the execution deadline). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
-(`n` > 1, a penalty, logprobs, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
+(`n` > 1, a penalty, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
 sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
 with the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
@@ -30,6 +31,14 @@ from pydantic import (
     model_validator,
 )
 
+from shared.openai_logprobs import (
+    MAX_CHAT_TOP_LOGPROBS,
+    MAX_COMPLETION_LOGPROBS,
+    ChatLogprobs,
+    CompletionLogprobs,
+    chat_logprobs,
+    completion_logprobs,
+)
 from shared.schemas import MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
 
 COMPLETIONS_URL = "/v1/completions"
@@ -132,10 +141,10 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    echo: StrictBool | None = None  # the answer's text (and logprobs) start with the prompt's
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # N alternatives per token
     # accepted at their neutral values only
-    echo: StrictBool | None = None
     best_of: StrictInt | None = None
-    logprobs: StrictInt | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -151,12 +160,8 @@ class CompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "CompletionRequest":
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.best_of not in (None, 1):
             raise ValueError("best_of: only 1 is supported")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self
@@ -193,9 +198,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
+    logprobs: StrictBool | None = None  # each output token's logprob, with top_logprobs alternatives
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # accepted at their neutral values only
-    logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
     parallel_tool_calls: StrictBool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none"] | None = None
@@ -203,8 +208,8 @@ class ChatCompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "ChatCompletionRequest":
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs are not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         if self.tools:
             raise ValueError("tools are not supported")
         if self.response_format not in (None, {"type": "text"}):
@@ -233,8 +238,11 @@ def to_job_request(
     if isinstance(req, CompletionRequest):
         fields["prompt"] = req.prompt_text()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        fields["logprobs"] = req.logprobs
+        fields["prompt_logprobs"] = req.logprobs if req.echo else None
     else:
         fields["messages"] = [m.to_message() for m in req.messages]
+        fields["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.requested_max_tokens() or default_max_tokens
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
@@ -253,6 +261,8 @@ def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priorit
         raise ValueError(f"no OpenAI translation for {url}")
     if req.stream:
         raise ValueError("a batch line cannot stream (stream must be false)")
+    if isinstance(req, CompletionRequest) and req.echo:
+        raise ValueError("echo is not supported in batch lines")
     return to_job_request(req.model_copy(update={"priority": None}), priority)
 
 
@@ -274,7 +284,7 @@ class CompletionUsage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -296,7 +306,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -318,7 +328,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -354,16 +364,22 @@ def chat_completion_id(job_id: str) -> str:
     return f"chatcmpl-{job_id}"
 
 
-def completion_of(job: Job, model: str) -> Completion:
-    """The `text_completion` object of a finished job."""
+def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Completion:
+    """The `text_completion` object of a finished job (with `echo`: its text, and logprobs, start with the
+    prompt's)."""
+    output = job.output
+    logprobs = None
+    if output is not None and output.logprobs is not None:
+        logprobs = completion_logprobs([*(output.prompt_logprobs or []), *output.logprobs])
     return Completion(
         id=completion_id(job.id),
         created=int(job.created_at),
         model=model,
         choices=[
             CompletionChoice(
-                text=job.output.text if job.output else "",
-                finish_reason=finish_reason(job.output.finish_reason if job.output else None),
+                text=(echo_prompt or "") + (output.text if output else ""),
+                logprobs=logprobs,
+                finish_reason=finish_reason(output.finish_reason if output else None),
             )
         ],
         usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
@@ -379,6 +395,7 @@ def chat_completion_of(job: Job, model: str) -> ChatCompletion:
         choices=[
             ChatChoice(
                 message=AssistantMessage(content=job.output.text if job.output else ""),
+                logprobs=chat_logprobs(job.output.logprobs) if job.output and job.output.logprobs is not None else None,
                 finish_reason=finish_reason(job.output.finish_reason if job.output else None),
             )
         ],

@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.job_state import JobStatus
+from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
@@ -73,6 +74,9 @@ class JobRequest(BaseModel):
     # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
     webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent))
+    # the target's logprobs (shared/logprobs.py): of each output token with N alternatives, of each prompt token
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":
@@ -124,6 +128,9 @@ class JobOutput(BaseModel):
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+    # with the request's logprobs / prompt_logprobs, once the job succeeded: one per token_ids / prompt token
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Usage(BaseModel):
@@ -168,6 +175,8 @@ class Job(BaseModel):
 class TokenEvent(BaseModel):
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # with the request's logprobs: one per token_ids
+    prompt_logprobs: list[TokenLogprob] | None = None  # with prompt_logprobs: on the first token event
 
 
 class DoneEvent(BaseModel):

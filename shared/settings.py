@@ -121,6 +121,9 @@ class ServiceSettings(BaseSettings):
     batch_retry_s: float = Field(default=2.0, gt=0)  # expansion retry delay when the batch queue is full
     # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
     batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
+    # files (OpenAI's Files API, gateway/routes/files.py): the largest upload, and how many files a key keeps
+    file_max_bytes: int = Field(default=100 * 2**20, ge=1)
+    file_max_per_key: int = Field(default=1_000, ge=1)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
     # Prometheus /metrics of the Celery worker (workers/tasks/metrics.py) on `host`; 0 = off
     tasks_metrics_port: int = Field(default=0, ge=0, le=65535)

@@ -1,7 +1,14 @@
-"""/v1/batches: submit a JSONL file (OpenAI Batch lines), read, list, results (JSONL), cancel."""
+"""/v1/batches: submit a JSONL file (OpenAI Batch lines), read, list, results (JSONL), cancel.
+
+Two ways in, one implementation: the file itself (a raw JSONL body or a multipart upload), or OpenAI's JSON body
+`{"input_file_id", "endpoint", "completion_window", "metadata"}` naming a file uploaded to /v1/files (the key's
+own), whose lines must all call `endpoint`. Either way the lines are validated the same way (every bad line
+named, 422) and queued by the same store call.
+"""
 
 import asyncio
 import json
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -9,11 +16,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from gateway.auth import may_access
 from gateway.batch_store import BatchStore
+from gateway.cancel_after import parse_duration_s
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
+from gateway.file_store import FileStore
 from gateway.webhook_guard import check_webhook
 from shared import keys
+from shared.api_keys import ApiKey
 from shared.batch_format import BatchLine, BatchLineError, BatchTooLarge, parse_batch
 from shared.batch_schemas import (
     Batch,
@@ -21,11 +32,11 @@ from shared.batch_schemas import (
     BatchErrorResponse,
     BatchList,
     BatchOptions,
+    FileBatchRequest,
     batch_from_fields,
 )
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode
-from shared.settings import ServiceSettings
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
 
@@ -66,9 +77,20 @@ def _options(webhook: str | None, metadata: str | None, window_s: str | float | 
         raise ApiError(422, ErrorCode.INVALID_REQUEST, f"batch options: {message}", field="metadata") from exc
 
 
-async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, BatchOptions]:
-    """The file and options: multipart (`file`, `webhook`, `metadata`, `completion_window_s` fields), or a
-    raw JSONL body with the options as query parameters."""
+@dataclass
+class BatchInput:
+    """What a batch is made of, whichever way it came in."""
+
+    data: bytes  # the JSONL file
+    options: BatchOptions
+    endpoint: str | None = None  # the file form: every line must call it
+    fields: dict[str, str] = field(default_factory=dict)  # extra batch hash fields (input_file_id, endpoint, window)
+
+
+async def _input(request: Request, gw: GatewayDep, key: ApiKey) -> BatchInput:
+    """The file and options: multipart (`file`, `webhook`, `metadata`, `completion_window_s` fields), a
+    raw JSONL body with the options as query parameters, or OpenAI's JSON body naming an uploaded file."""
+    settings = gw.settings
     max_bytes = settings.batch_max_bytes
     declared = request.headers.get("content-length")
     is_multipart = request.headers.get("content-type", "").startswith("multipart/form-data")
@@ -81,7 +103,11 @@ async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, Ba
     if not is_multipart:
         q = request.query_params
         data = await _read_body(request, max_bytes)
-        return data, _options(q.get("webhook"), q.get("metadata"), q.get("completion_window_s"))
+        if request.headers.get("content-type", "").startswith("application/json"):
+            from_file = await _file_input(gw, data, key)
+            if from_file is not None:
+                return from_file
+        return BatchInput(data, _options(q.get("webhook"), q.get("metadata"), q.get("completion_window_s")))
     async with request.form(max_files=1, max_fields=8) as form:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -92,12 +118,54 @@ async def _input(request: Request, settings: ServiceSettings) -> tuple[bytes, Ba
             raise _too_large(f"the batch file is larger than {max_bytes} bytes")
         data = await upload.read()
         fields = {name: form.get(name) for name in ("webhook", "metadata", "completion_window_s")}
-    return data, _options(*(v if isinstance(v, str) else None for v in fields.values()))
+    return BatchInput(data, _options(*(v if isinstance(v, str) else None for v in fields.values())))
 
 
-def _parse(data: bytes, max_lines: int) -> tuple[list[BatchLine], list[BatchLineError], list[str]]:
+def _bad_request(message: str, field_name: str) -> ApiError:
+    return ApiError(400, ErrorCode.INVALID_REQUEST, message, field=field_name)
+
+
+async def _file_input(gw: GatewayDep, raw: bytes, key: ApiKey) -> BatchInput | None:
+    """OpenAI's JSON body naming an uploaded file -> its input; None when `raw` is not such a body."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or "input_file_id" not in body:
+        return None
+    try:
+        request = FileBatchRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise _bad_request(f"{where}: {first.get('msg', 'invalid')}", where) from exc
+    try:
+        window_s = parse_duration_s(request.completion_window)
+    except ValueError as exc:
+        raise _bad_request(f"completion_window: {exc}", "completion_window") from exc
+    if window_s <= 0:
+        raise _bad_request("completion_window must be a positive duration", "completion_window")
+    files = FileStore(gw.redis)
+    record = await files.record(request.input_file_id)
+    text = await files.text(request.input_file_id) if record is not None else None
+    if record is None or text is None or not may_access(key, record.get(keys.OWNER_FIELD)):
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no file {request.input_file_id}", field="input_file_id")
+    if record["purpose"] != "batch":
+        raise _bad_request(f"file {request.input_file_id} has purpose {record['purpose']}, not batch", "input_file_id")
+    options = BatchOptions(webhook=request.webhook, metadata=request.metadata or {}, completion_window_s=window_s)
+    fields = {
+        "input_file_id": request.input_file_id,
+        "endpoint": request.endpoint,
+        "completion_window": request.completion_window,
+    }
+    return BatchInput(text.encode(), options, request.endpoint, fields)
+
+
+def _parse(
+    data: bytes, max_lines: int, endpoint: str | None
+) -> tuple[list[BatchLine], list[BatchLineError], list[str]]:
     """Validate and encode the lines (CPU work: run off the event loop)."""
-    lines, errors = parse_batch(data, max_lines)
+    lines, errors = parse_batch(data, max_lines, endpoint)
     return lines, errors, [] if errors else [line.to_json() for line in lines]
 
 
@@ -112,9 +180,12 @@ async def create_batch(
 ) -> Batch | JSONResponse:
     """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs."""
     settings, base = gw.settings, gw.base_url(request)
-    data, options = await _input(request, settings)
+    given = await _input(request, gw, key)
+    data, options = given.data, given.options
+    if len(data) > settings.batch_max_bytes:
+        raise _too_large(f"the batch file is larger than {settings.batch_max_bytes} bytes")
     try:
-        lines, errors, encoded = await asyncio.to_thread(_parse, data, settings.batch_max_lines)
+        lines, errors, encoded = await asyncio.to_thread(_parse, data, settings.batch_max_lines, given.endpoint)
     except BatchTooLarge as exc:
         raise _too_large(str(exc)) from exc
     if errors:
@@ -127,7 +198,8 @@ async def create_batch(
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
     window_s = options.completion_window_s or settings.batch_completion_window_s
-    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id)
+    fields = given.fields or {"completion_window": f"{window_s:g}s"}
+    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields)
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch

@@ -27,8 +27,9 @@ from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.head_runner import HeadRunner
+from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
-from workers.engine.outputs import StepOutput
+from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
@@ -233,16 +234,19 @@ class Engine:
         proposals = proposed.to_verify  # request_id -> draft tokens scored this step
         start_s = time.perf_counter()
         items = [forward_item(s, proposals.get(s.request_id)) for s in plan.scheduled]
+        num_verify = [it.num_logits for it in items]  # the rows verification reads: the last ones of each item
+        items = [widen(s, it) for s, it in zip(plan.scheduled, items, strict=True)]  # echo: every prompt row
         # EAGLE sequences keep their committed tokens' features from this same pass
         with_features = any(s.seq.spec is not None and s.seq.spec.wants_features for s in plan.scheduled)
         logits, features = self.runner.forward_with_features(items, with_features)  # [S, V], [T, hidden] | None
+        rows = verify_rows(items, num_verify)
         sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
         entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
-        verdicts = self.speculator.verify(entries, logits)
+        verdicts = self.speculator.verify(entries, logits if rows is None else logits.index_select(0, rows))
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
-        return self._postprocess(plan, verified, items, features)
+        return self._postprocess(plan, verified, items, features, StepLogits(logits, items))
 
     def _postprocess(
         self,
@@ -250,28 +254,34 @@ class Engine:
         verified: dict[str, tuple[Proposal | None, Verdict]],
         items: list[ForwardItem],  # [num_scheduled] what the target pass computed, in plan order
         features: torch.Tensor | None,  # [T, hidden] the pass's features, items' rows back to back; None = unused
+        step_logits: StepLogits,  # the pass's logits by item: the logprobs requests ask for come from them
     ) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
         row = 0
-        for s, item in zip(plan.scheduled, items, strict=True):
+        for index, (s, item) in enumerate(zip(plan.scheduled, items, strict=True)):
             item_features = features[row : row + len(item.token_ids)] if features is not None else None
             row += len(item.token_ids)
+            step_logits.record_prompt(index, s)  # echo: the prompt tokens this chunk scored
             if s.request_id not in verified:
                 self.applier.apply_chunk(s, item_features)  # a prefill chunk short of the prompt's end
                 continue
             proposal, verdict = verified[s.request_id]
             appended, reason = self.applier.apply_verdict(s, proposal, verdict, now, item_features)
+            num_top = s.seq.params.logprobs
+            logprobs = None if num_top is None else step_logits.of_tokens(index, proposal, verdict, appended, num_top)
             seq = s.seq
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.sequences[seq.request_id]
             else:
                 self.block_manager.truncate(seq, len(seq))  # unused lookahead blocks go back
-            outputs.append(self._output(seq, appended, now))
+            outputs.append(self._output(seq, appended, now, logprobs))
         return outputs
 
-    def _output(self, seq: Sequence, tokens: list[int], now: float) -> StepOutput:
+    def _output(
+        self, seq: Sequence, tokens: list[int], now: float, logprobs: list[TokenLogprob] | None = None
+    ) -> StepOutput:
         metrics: dict[str, float] = {}
         if seq.is_finished:
             first_token = seq.first_token_time_s or now
@@ -292,7 +302,17 @@ class Engine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             metrics=metrics,
+            new_logprobs=logprobs,
+            prompt_logprobs=self._prompt_logprobs_once(seq),
         )
+
+    @staticmethod
+    def _prompt_logprobs_once(seq: Sequence) -> list[TokenLogprob] | None:
+        """[num_prompt_tokens] the prompt's logprobs (its first token has none), on the first output only."""
+        if seq.params.prompt_logprobs is None or seq.is_prompt_logprobs_sent:
+            return None
+        seq.is_prompt_logprobs_sent = True
+        return [TokenLogprob(seq.token_ids[0], None), *seq.prompt_logprobs]
 
 
 def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:

@@ -3,6 +3,15 @@
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the target (workers/engine/logprobs.py)."""
+
+    token_id: int
+    logprob: float | None  # the target's log-softmax of its raw logits here; None: a prompt's first token
+    top: tuple[tuple[int, float], ...] = ()  # the N most likely (token id, logprob), most likely first
+
+
 @dataclass
 class StepOutput:
     request_id: str
@@ -13,3 +22,6 @@ class StepOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)  # filled when finished: ttft_ms, tokens_per_s, ...
+    new_logprobs: list[TokenLogprob] | None = None  # with params.logprobs: [len(new_token_ids)]; else None
+    # with params.prompt_logprobs, on the step of the first new token: [num_prompt_tokens] (the first: logprob None)
+    prompt_logprobs: list[TokenLogprob] | None = None

@@ -18,6 +18,10 @@ class SamplingParams:
     ignore_eos: bool = False
     # None = the engine's default; validate() turns a plain string ("draft", "ngram", "none") into the enum
     speculative: SpeculativeMethod | None = None
+    # the target's log-probabilities (workers/engine/logprobs.py): None = off; N = each token's own and its N
+    # most likely alternatives, of every output token (logprobs) and every prompt token but the first (prompt_)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -44,6 +48,10 @@ class SamplingParams:
         ids = self.stop_token_ids
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError("stop_token_ids", "must be a list of integers")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
+                raise InvalidRequestError(name, f"must be an integer in [0, 20] (or null), got {value!r}")
         if self.speculative is not None:
             choices = [m.value for m in SpeculativeMethod]
             if not isinstance(self.speculative, str) or self.speculative not in choices:

@@ -16,9 +16,14 @@ import redis
 from shared import keys, lua
 from shared.job_record import token_ids_csv
 from shared.job_state import ErrorCode, JobStatus
+from shared.logprobs import TokenLogprob
 from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, TokenEvent, Usage, metrics_from
 from shared.settings import ServiceSettings
 from workers.engine.outputs import StepOutput
+from workers.worker.logprobs import JobLogprobs
+
+# token event field -> the JobWrite field it comes from; an event leaves them out when the job did not ask
+_LOGPROB_FIELDS = {"logprobs": "new_logprobs", "prompt_logprobs": "prompt_logprobs"}
 
 
 @dataclass
@@ -30,6 +35,8 @@ class Running:
     prompt_tokens: int  # of the original prompt (a resumed attempt's prompt also holds earlier output)
     completion_tokens: int = 0  # all attempts together
     metrics: dict[str, float] = field(default_factory=dict)
+    logprobs: JobLogprobs | None = None  # the request asked for logprobs or prompt_logprobs
+    wants_token_logprobs: bool = False  # ... for its output tokens
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,9 @@ class JobWrite:
     is_finished: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     failure: JobFailure | None = None  # the job failed (the engine refused it)
+    new_logprobs: tuple[TokenLogprob, ...] | None = None  # with the request's logprobs: one per new token
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # with prompt_logprobs: on the first token write
+    record_fields: tuple[str, ...] = ()  # more job hash fields written with the finish (name, value, ...)
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,12 @@ class Emitter:
             if job is None or not (out.new_token_ids or out.finished):
                 continue
             job.completion_tokens += len(out.new_token_ids)
+            new_logprobs, prompt_logprobs = job.logprobs.add(out) if job.logprobs is not None else (None, None)
+            record_fields = (
+                job.logprobs.record_fields(job.wants_token_logprobs)
+                if job.logprobs is not None and out.finished
+                else []
+            )
             writes.append(
                 JobWrite(
                     job_id=job.job_id,
@@ -91,6 +107,9 @@ class Emitter:
                     finish_reason=out.finish_reason,
                     is_finished=out.finished,
                     metrics=dict(out.metrics) if out.finished else {},
+                    new_logprobs=tuple(new_logprobs) if new_logprobs is not None else None,
+                    prompt_logprobs=tuple(prompt_logprobs) if prompt_logprobs is not None else None,
+                    record_fields=tuple(record_fields),
                 )
             )
         return writes
@@ -157,7 +176,12 @@ class Emitter:
 
     def _token_args(self, write: JobWrite) -> list[str | int]:
         token_ids = list(write.new_token_ids)
-        event = TokenEvent(text=write.new_text, token_ids=token_ids).model_dump_json()
+        event = TokenEvent(
+            text=write.new_text,
+            token_ids=token_ids,
+            logprobs=list(write.new_logprobs) if write.new_logprobs is not None else None,
+            prompt_logprobs=list(write.prompt_logprobs) if write.prompt_logprobs is not None else None,
+        ).model_dump_json(exclude={name for name in _LOGPROB_FIELDS if getattr(write, _LOGPROB_FIELDS[name]) is None})
         return ["emit", write.job_id, write.attempt, write.new_text, token_ids_csv(token_ids), len(token_ids),
                 write.prompt_tokens, event, write.completion_tokens - len(token_ids)]  # fmt: skip
 
@@ -171,6 +195,7 @@ class Emitter:
             "finish_reason", write.finish_reason or "",
             "metrics", job_metrics.model_dump_json(exclude_none=True),
             "prompt_tokens", write.prompt_tokens,
+            *write.record_fields,
         ]  # fmt: skip
         return ["finish", write.job_id, write.attempt, JobStatus.SUCCEEDED.value, "done", done.model_dump_json(),
                 len(fields), *fields]  # fmt: skip

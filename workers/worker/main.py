@@ -36,6 +36,7 @@ from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
 from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
+from workers.worker.logprobs import JobLogprobs, TokenTexts
 from workers.worker.prompts import engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
 from workers.worker.warmup import WarmupReport, warm_up
@@ -87,6 +88,7 @@ class Worker:
         self.metrics = metrics
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
+        self.token_texts = TokenTexts(engine.tokenizer)  # names the tokens of logprobs
         model_info = {
             "max_model_len": str(engine.max_model_len),
             "tokenizer_path": str(getattr(engine.tokenizer, "name_or_path", "") or ""),
@@ -312,9 +314,21 @@ class Worker:
             self._fail(lease, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}", None)
         else:
             self.running[lease.job_id] = Running(
-                lease.job_id, lease.attempt, num_prompt - num_resumed, num_resumed
+                lease.job_id,
+                lease.attempt,
+                num_prompt - num_resumed,
+                num_resumed,
+                logprobs=self._job_logprobs(lease, num_prompt - num_resumed),
+                wants_token_logprobs=request.logprobs is not None,
             )
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
+
+    def _job_logprobs(self, lease: Lease, num_prompt_tokens: int) -> JobLogprobs | None:
+        """The job's logprobs keeper, when its request asks for any (workers/worker/logprobs.py)."""
+        request = lease.request
+        if request.logprobs is None and request.prompt_logprobs is None:
+            return None
+        return JobLogprobs(self.token_texts, num_prompt_tokens, bool(lease.resumed_token_ids))
 
     def _fail(self, lease: Lease, code: ErrorCode, message: str, field_name: str | None) -> None:
         """Fail a job the engine refused: written with this step's writes, retired once that landed."""

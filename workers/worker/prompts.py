@@ -35,4 +35,6 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         stop=list(request.stop),
         ignore_eos=request.ignore_eos,
         speculative=request.speculative_method,
+        logprobs=request.logprobs,
+        prompt_logprobs=request.prompt_logprobs,
     )

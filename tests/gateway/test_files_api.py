@@ -1,0 +1,147 @@
+"""OpenAI's Files + Batches workflow with the real `openai` client: upload a JSONL file, create a batch from it,
+poll, download its output and error files; per tenant, with clear 4xx answers. Real gateway (uvicorn), Redis,
+Celery and engine worker (tiny random model)."""
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from shared.settings import ServiceSettings
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import create_key
+from tests.helpers.tasks import CeleryWorker
+from tests.helpers.waiting import wait_until
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_line(i: int, max_tokens: int = 3) -> dict:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": max_tokens}
+    return {"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {**body, "temperature": 0}}
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+@pytest.fixture
+def served(hook_settings: ServiceSettings) -> Iterator[ThreadedGateway]:
+    with ThreadedGateway(hook_settings, default_key=False).start() as server:
+        yield server
+
+
+def tenant_client(server: ThreadedGateway, settings: ServiceSettings, name: str) -> openai.OpenAI:
+    assert settings.redis_url is not None
+    secret = create_key(settings.redis_url, name)[1]
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=secret, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def alice(served: ThreadedGateway, hook_settings: ServiceSettings) -> Iterator[openai.OpenAI]:
+    with tenant_client(served, hook_settings, "alice") as client:
+        yield client
+
+
+@pytest.fixture
+def bob(served: ThreadedGateway, hook_settings: ServiceSettings) -> Iterator[openai.OpenAI]:
+    with tenant_client(served, hook_settings, "bob") as client:
+        yield client
+
+
+def test_the_openai_batch_workflow_runs_unchanged(
+    alice: openai.OpenAI, celery_worker: CeleryWorker, engine_worker: EngineThread
+) -> None:
+    lines = [chat_line(i) for i in range(4)]
+    lines.append(chat_line(4, max_tokens=1_000_000))  # past the tiny model's context: the worker refuses it
+    uploaded = alice.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes == len(jsonl(lines)) and uploaded.id.startswith("file-")
+    assert alice.files.retrieve(uploaded.id).filename == "requests.jsonl"
+    assert alice.files.content(uploaded.id).content == jsonl(lines)
+
+    created = alice.batches.create(
+        input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h", metadata={"run": "files"}
+    )
+    assert created.input_file_id == uploaded.id and created.endpoint == CHAT
+    assert created.completion_window == "24h" and created.metadata == {"run": "files"}
+    assert created.output_file_id is None  # not before it ends
+
+    def ended() -> openai.types.Batch | None:
+        batch = alice.batches.retrieve(created.id)
+        return batch if batch.status in ("completed", "failed", "expired", "cancelled") else None
+
+    batch = wait_until(ended, 120, 0.1, "the batch to end")
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 1)
+    assert batch.output_file_id and batch.error_file_id
+
+    output = [json.loads(line) for line in alice.files.content(batch.output_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(4)]
+    for line in output:
+        body = line["response"]["body"]
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 3
+    errors = [json.loads(line) for line in alice.files.content(batch.error_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in errors] == ["req-4"] and errors[0]["response"] is None
+    assert errors[0]["error"]["code"] == "prompt_too_long"
+    described = alice.files.retrieve(batch.output_file_id)
+    assert described.purpose == "batch_output"
+    assert described.bytes == len(alice.files.content(batch.output_file_id).content)
+
+    assert alice.files.delete(uploaded.id).deleted  # the batch keeps its lines and results
+    assert [f.id for f in alice.files.list().data] == []
+    assert alice.files.content(batch.output_file_id).text
+
+
+def test_files_are_per_tenant(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
+    mine = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch")
+    theirs = bob.files.create(file=("b.jsonl", jsonl([chat_line(1)])), purpose="batch")
+    assert [f.id for f in alice.files.list().data] == [mine.id]
+    assert [f.id for f in bob.files.list().data] == [theirs.id]
+    for call in (
+        lambda: bob.files.retrieve(mine.id),
+        lambda: bob.files.content(mine.id),
+        lambda: bob.files.delete(mine.id),
+        lambda: bob.batches.create(input_file_id=mine.id, endpoint=CHAT, completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert alice.files.retrieve(mine.id).id == mine.id  # still there
+
+
+def test_bad_uploads_and_batch_bodies_get_clear_4xx(
+    alice: openai.OpenAI, served: ThreadedGateway, hook_settings: ServiceSettings
+) -> None:
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="line 2 is not valid JSON"):
+        alice.files.create(file=("a.jsonl", b'{"a": 1}\n{oops\n'), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="no lines"):
+        alice.files.create(file=("a.jsonl", b"\n\n"), purpose="batch")
+    hook_settings.file_max_bytes = 100
+    with pytest.raises(openai.APIStatusError) as too_large:
+        alice.files.create(file=("a.jsonl", jsonl([chat_line(i) for i in range(3)])), purpose="batch")
+    assert too_large.value.status_code == 413
+    hook_settings.file_max_bytes = 10_000
+    with pytest.raises(openai.NotFoundError):
+        alice.files.retrieve("file-nothere")
+    wrong_url = alice.files.create(
+        file=("a.jsonl", jsonl([chat_line(0), {**chat_line(1), "url": "/v1/completions", "body": {"prompt": "x"}}])), purpose="batch"
+    )
+    with pytest.raises(openai.UnprocessableEntityError) as bad_lines:
+        alice.batches.create(input_file_id=wrong_url.id, endpoint=CHAT, completion_window="24h")
+    assert bad_lines.value.body["data"] == [  # type: ignore[index]
+        {"line": 2, "code": "invalid_url", "message": f"url must be {CHAT}, the batch's endpoint"}
+    ]
+    good = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        alice.batches.create(input_file_id=good.id, endpoint=CHAT, completion_window="soon")  # type: ignore[arg-type]
+    response = httpx.post(
+        f"{served.url}/v1/batches",
+        json={"input_file_id": good.id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        headers={"Authorization": f"Bearer {alice.api_key}"},
+    )
+    assert response.status_code == 400 and response.json()["error"]["field"] == "endpoint"
