@@ -28,6 +28,7 @@ import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 FORMS = (
     "redis://host:port[/db], rediss://host:port[/db], unix:///path/to.sock, "
@@ -125,7 +126,7 @@ def parse(url: str) -> RedisTarget:
 
 def _retry_kwargs() -> dict[str, Any]:
     return {
-        "retry": redis.Retry(ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S), RETRY_COUNT),
+        "retry": Retry(ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S), RETRY_COUNT),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
 
