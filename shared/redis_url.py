@@ -23,12 +23,15 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.client
 import redis.cluster
 import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from shared import keys
 
 FORMS = (
     "redis://host:port[/db], rediss://host:port[/db], unix:///path/to.sock, "
@@ -226,3 +229,17 @@ def celery_broker(redis_url: str, broker_url: str | None) -> tuple[str, dict[str
     scheme = "sentinel"
     kombu_url = ";".join(f"{scheme}://{auth}{host}:{port}/{target.db}" for host, port in target.nodes)
     return kombu_url, {"master_name": target.master_name}
+
+
+def pipeline(client: redis.Redis, *, transaction: bool = False) -> "redis.client.Pipeline":
+    """A pipeline that may carry scripts (EVALSHA) and MULTI on every topology.
+
+    RedisCluster's own pipelines refuse scripts. Every fleet key shares one hash tag (shared/keys.py), so on a
+    Cluster this is a plain pipeline on the node that owns that slot now; if the slot has moved meanwhile the
+    pipeline fails (MOVED, a RedisError every caller already handles) and the next one goes to the new owner."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        node = client.get_node_from_key(keys.PREFIX)
+        if node is None or node.redis_connection is None:
+            raise RedisConnectionError(f"no cluster node serves the slot of {keys.PREFIX!r}")
+        return node.redis_connection.pipeline(transaction=transaction)
+    return client.pipeline(transaction=transaction)
