@@ -2,6 +2,7 @@
 `REDIS_URL=redis+cluster://...`. Every script runs on one slot (shared/keys.py's hash tag); SSE streaming and
 the workers' wake-ups ride cluster pub/sub."""
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import redis
 from shared import keys
 from shared import redis_url as redis_urls
 from shared.client import FleetClient
+from shared.redis_server import RedisServer
 from shared.redis_topologies import LocalCluster
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.redis_fixtures import FAST_TIMINGS
+from tests.helpers.tasks import CeleryWorker
 from tests.helpers.waiting import wait_until
 
 SHORT = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
@@ -35,6 +38,9 @@ def cluster_fleet(
     settings = ServiceSettings(
         redis_url=cluster.url, redis_dir=tmp_path_factory.mktemp("worker"), **FAST_TIMINGS  # type: ignore[arg-type]
     )
+    broker = RedisServer(tmp_path_factory.mktemp("broker"), appendonly=False).start()
+    settings.celery_broker_url = broker.url  # kombu has no Cluster transport: Celery's broker stands alone
+    celery = CeleryWorker(settings, tmp_path_factory.mktemp("celery") / "celery.log").start()
     worker = EngineThread(settings, tiny_target, worker_id="cluster-w1", model_name="tiny", max_num_seqs=4).start()
     gateway = ThreadedGateway(settings).start()
     client = redis_urls.client(cluster.url, decode_responses=True)
@@ -46,6 +52,8 @@ def cluster_fleet(
     finally:
         gateway.stop()
         worker.stop()
+        celery.stop()
+        broker.stop()
         client.close()
 
 
@@ -94,3 +102,21 @@ def test_idempotent_submit_priorities_and_cancel_on_a_cluster(cluster_fleet: tup
     jobs = [_finished(fleet, job_id) for job_id in (first, running, batch)]
     assert [job["status"] for job in jobs] == ["succeeded", "cancelled", "succeeded"]
     assert jobs[1]["usage"]["completion_tokens"] < LONG["max_tokens"]
+
+
+def test_a_batch_runs_with_celery_on_its_own_broker(
+    cluster_fleet: tuple[FleetClient, redis.Redis], tmp_path: Path
+) -> None:
+    fleet, _ = cluster_fleet
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/jobs", "body": {**SHORT, "max_tokens": 4}}
+             for i in range(3)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    batch_id = fleet.submit_batch(path)["id"]
+    batch = wait_until(
+        lambda: (b := fleet.get_batch(batch_id))["status"] in ("completed", "failed", "cancelled") and b,
+        timeout_s=120,
+        interval_s=0.05,
+        what="the batch to finish",
+    )
+    assert batch["status"] == "completed" and batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
