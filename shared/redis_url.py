@@ -161,6 +161,26 @@ def _cluster_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in ("db", "retry", "retry_on_error", "health_check_interval")}
 
 
+class _SentinelMaster(redis.Redis):
+    """The master's client; closing it also closes its connections to the sentinels."""
+
+    sentinel_manager: redis.sentinel.Sentinel | None = None
+
+    def close(self) -> None:
+        super().close()
+        for node in self.sentinel_manager.sentinels if self.sentinel_manager else []:
+            node.close()
+
+
+class _AsyncSentinelMaster(redis.asyncio.Redis):
+    sentinel_manager: redis.asyncio.sentinel.Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for node in self.sentinel_manager.sentinels if self.sentinel_manager else []:
+            await node.aclose()
+
+
 def client(url: str, **kwargs: Any) -> redis.Redis:
     """A synchronous client for REDIS_URL (kwargs: redis-py's, e.g. decode_responses, socket_timeout).
 
@@ -173,9 +193,14 @@ def client(url: str, **kwargs: Any) -> redis.Redis:
         sentinel = redis.sentinel.Sentinel(
             list(target.nodes), sentinel_kwargs=_sentinel_kwargs(kwargs), **_sentinel_kwargs(kwargs)
         )
-        return sentinel.master_for(
-            target.master_name, db=target.db, **{**_retry_kwargs(), **_data_kwargs(target), **kwargs}
+        master = sentinel.master_for(
+            target.master_name,
+            redis_class=_SentinelMaster,
+            db=target.db,
+            **{**_retry_kwargs(), **_data_kwargs(target), **kwargs},
         )
+        master.sentinel_manager = sentinel
+        return master
     nodes = [redis.cluster.ClusterNode(host, port) for host, port in target.nodes]
     cluster = redis.cluster.RedisCluster(startup_nodes=nodes, **_cluster_kwargs({**_data_kwargs(target), **kwargs}))
     return cast(redis.Redis, cluster)
@@ -199,9 +224,14 @@ def async_client(
             list(target.nodes), sentinel_kwargs=_sentinel_kwargs(kwargs), **_sentinel_kwargs(kwargs)
         )
         extra = {} if max_connections is None else {"max_connections": max_connections}
-        return sentinel.master_for(
-            target.master_name, db=target.db, **{**_async_retry_kwargs(), **_data_kwargs(target), **extra, **kwargs}
+        master = sentinel.master_for(
+            target.master_name,
+            redis_class=_AsyncSentinelMaster,
+            db=target.db,
+            **{**_async_retry_kwargs(), **_data_kwargs(target), **extra, **kwargs},
         )
+        master.sentinel_manager = sentinel
+        return master
     nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.nodes]
     extra = {} if max_connections is None else {"max_connections": max_connections}
     cluster = redis.asyncio.cluster.RedisCluster(
