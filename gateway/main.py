@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.telemetry import TelemetryConfig
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.auth import num_active_keys, owned_resources
@@ -22,6 +22,7 @@ from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
+from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings, get_settings
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = BlockingConnectionPool.from_url(
+        redis = redis_urls.async_client(  # standalone: a blocking pool it owns (aclose() closes it)
             redis_url,
             max_connections=settings.redis_max_connections,
-            timeout=10,
             decode_responses=True,
             health_check_interval=30,
         )
-        redis = Redis.from_pool(pool)  # owns the pool: aclose() closes it
         gateway = app.state.gateway = Gateway(
             settings=settings,
             redis=redis,

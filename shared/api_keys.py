@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from shared import keys
+from shared import redis_url as redis_urls
 
 KEY_PREFIX = "sf-"
 WEBHOOK_SECRET_PREFIX = "whsec_"
@@ -118,7 +119,7 @@ class KeyRegistry:
             webhook_secret=webhook_secret or new_webhook_secret(),
         )
         hashed = digest(secret)
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = redis_urls.pipeline(self.redis, transaction=True)
         pipe.hset(keys.api_key_record(hashed), mapping=key.to_fields())  # type: ignore[arg-type]
         pipe.hset(keys.API_KEYS_INDEX, key.id, hashed)
         pipe.execute()
@@ -126,7 +127,7 @@ class KeyRegistry:
 
     def list(self) -> list[ApiKey]:
         index: dict[str, str] = self.redis.hgetall(keys.API_KEYS_INDEX)  # type: ignore[assignment]
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = redis_urls.pipeline(self.redis, transaction=False)
         for hashed in index.values():
             pipe.hgetall(keys.api_key_record(hashed))
         records = [ApiKey.from_fields(raw) for raw in pipe.execute() if raw]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from shared import batch_lua, keys, lua
+from shared import redis_url as redis_urls
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY
 from shared.job_state import ErrorCode
 from shared.settings import ServiceSettings
@@ -76,7 +77,7 @@ class DeadLetters:
     def list(self) -> list[DeadLetter]:
         """Every dead-lettered job, oldest first."""
         entries = self._entries()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = redis_urls.pipeline(self.redis, transaction=False)
         for _, fields in entries:
             pipe.hmget(keys.job_hash(fields["id"]), "status", "priority", "completion_tokens", "deliveries",
                        "created_at")

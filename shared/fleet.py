@@ -19,6 +19,7 @@ import httpx
 import redis
 
 from shared import keys
+from shared import redis_url as redis_urls
 from shared.procs import die_with_parent
 from shared.redis_server import RedisServer, free_port
 
@@ -90,7 +91,7 @@ class Fleet:
     def start_worker(self, args: list[str], name: str | None = None, timeout_s: float = 900.0) -> None:
         """`specfleet worker <args> [--name NAME]`; returns once it heartbeats (by NAME, else any worker)."""
         self._spawn("worker", ["worker", *args, *(["--name", name] if name else [])])
-        client = redis.Redis.from_url(self.redis_url)
+        client = redis_urls.client(self.redis_url)
         deadline = time.monotonic() + timeout_s
         try:
             while not _is_heartbeating(client, name):

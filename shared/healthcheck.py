@@ -9,6 +9,8 @@ import socket
 import sys
 import time
 
+from shared import redis_url as redis_urls
+
 
 def gateway_ok() -> bool:
     import httpx
@@ -30,7 +32,7 @@ def worker_ok() -> bool:
     settings = get_settings()
     if settings.redis_url is None:
         return False
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, decode_responses=True)
+    client = redis_urls.client(settings.redis_url, socket_timeout=2.0, decode_responses=True)
     try:
         alive: list[str] = client.zrangebyscore(  # type: ignore[assignment]
             keys.WORKERS_ZSET, time.time() - settings.worker_ttl_s, "+inf"

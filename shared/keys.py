@@ -5,25 +5,30 @@ keys from a job id it read from a stream), so no key string is written anywhere 
 """
 
 NAMESPACE = "specfleet"
+# Every key below starts with PREFIX, whose `{specfleet}` is a Redis Cluster hash tag: the whole fleet's keys
+# hash to ONE slot, so every Lua script and MULTI of the protocol (each touches a job's hash and events, its
+# queue stream, the outbox, the idempotency and rate-limit keys together) runs unchanged on a Cluster. The
+# cost: one fleet's keys live on one shard (the README's "Redis topologies" says what spreads and what not).
+PREFIX = "{" + NAMESPACE + "}:"
 
 CONSUMER_GROUP = "workers"  # the one consumer group on every queue stream
 
-JOB_PREFIX = f"{NAMESPACE}:job:"  # + job id -> job hash
+JOB_PREFIX = f"{PREFIX}job:"  # + job id -> job hash
 EVENTS_SUFFIX = ":events"  # job hash key + suffix -> the job's event stream
-CHANNEL_PREFIX = f"{NAMESPACE}:wake:"  # + job id -> pub/sub channel announcing a new event
+CHANNEL_PREFIX = f"{PREFIX}wake:"  # + job id -> pub/sub channel announcing a new event
 
-DEAD_LETTER_STREAM = f"{NAMESPACE}:jobs:dead"  # jobs that exceeded max_deliveries
-CANCEL_CHANNEL = f"{NAMESPACE}:control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
-QUEUED_CHANNEL = f"{NAMESPACE}:control:queued"  # pub/sub: a job was queued (payload: its priority)
-WORKERS_ZSET = f"{NAMESPACE}:workers"  # worker id -> unix time of its last heartbeat
-HUB_CHANNEL = f"{NAMESPACE}:hub"  # every gateway's one pub/sub connection stays subscribed here
-MODEL_INFO = f"{NAMESPACE}:model"  # hash written by workers: max_model_len, tokenizer_path, model
-WORKER_VERSIONS = f"{NAMESPACE}:workers:versions"  # hash: worker id -> the model version it serves
+DEAD_LETTER_STREAM = f"{PREFIX}jobs:dead"  # jobs that exceeded max_deliveries
+CANCEL_CHANNEL = f"{PREFIX}control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
+QUEUED_CHANNEL = f"{PREFIX}control:queued"  # pub/sub: a job was queued (payload: its priority)
+WORKERS_ZSET = f"{PREFIX}workers"  # worker id -> unix time of its last heartbeat
+HUB_CHANNEL = f"{PREFIX}hub"  # every gateway's one pub/sub connection stays subscribed here
+MODEL_INFO = f"{PREFIX}model"  # hash written by workers: max_model_len, tokenizer_path, model
+WORKER_VERSIONS = f"{PREFIX}workers:versions"  # hash: worker id -> the model version it serves
 
 
 def queue_stream(priority: str) -> str:
     """The stream of jobs waiting at one priority (`interactive`, `default`, `batch`)."""
-    return f"{NAMESPACE}:jobs:{priority}"
+    return f"{PREFIX}jobs:{priority}"
 
 
 def job_hash(job_id: str) -> str:
@@ -43,7 +48,7 @@ def job_channel(job_id: str) -> str:
 
 def idempotency(key: str) -> str:
     """Idempotency-Key header value -> the id of the job it created."""
-    return f"{NAMESPACE}:idem:{key}"
+    return f"{PREFIX}idem:{key}"
 
 
 # Lifetimes and caps of the keys above (the defaults of the matching fields in shared/settings.py).
@@ -58,13 +63,13 @@ DEAD_LETTER_MAXLEN = 10_000
 # Every fleet process tells the Celery side what happened by appending a notice to ONE stream (a transactional
 # outbox: the job protocol's finish() appends `completed` atomically with the transition, see shared/lua.py);
 # a bridge inside the Celery worker turns notices into tasks (workers/tasks/outbox.py).
-OUTBOX_STREAM = f"{NAMESPACE}:outbox"  # fields: kind (job|batch), id, event, [status]
+OUTBOX_STREAM = f"{PREFIX}outbox"  # fields: kind (job|batch), id, event, [status]
 OUTBOX_GROUP = "tasks"  # the consumer group of the Celery workers' bridges
 OUTBOX_MAXLEN = 100_000  # approximate cap
-CELERY_KEY_PREFIX = f"{NAMESPACE}:celery:"  # kombu's global_keyprefix: Celery's own keys live under it
+CELERY_KEY_PREFIX = f"{PREFIX}celery:"  # kombu's global_keyprefix: Celery's own keys live under it
 CELERY_QUEUE = "tasks"  # the Celery queue name (kombu prefixes it with CELERY_KEY_PREFIX)
-BATCHES_ZSET = f"{NAMESPACE}:batches"  # batch id -> created_at (listing, newest first)
-BATCH_PREFIX = f"{NAMESPACE}:batch:"
+BATCHES_ZSET = f"{PREFIX}batches"  # batch id -> created_at (listing, newest first)
+BATCH_PREFIX = f"{PREFIX}batch:"
 WEBHOOK_FIELD_PREFIX = "webhook:"  # job/batch hash field prefix + event -> json outcome of its delivery
 
 
@@ -99,8 +104,8 @@ BATCH_RESULT_TTL_S = 7 * 24 * 3600  # a finished batch (status, results) is kept
 # -- API keys, tenants and per-key limits (shared/api_keys.py, gateway/auth.py, gateway/rate_limit.py) -------
 # A key is found by the SHA-256 of its secret (the secret itself is never stored); the index maps key ids to
 # those digests for listing and revoking. Jobs and batches carry their owner's key id in an `owner` field.
-API_KEY_PREFIX = f"{NAMESPACE}:apikey:"  # + sha256 hex of the secret -> hash: the key's record
-API_KEYS_INDEX = f"{NAMESPACE}:apikeys"  # hash: key id -> sha256 hex of its secret
+API_KEY_PREFIX = f"{PREFIX}apikey:"  # + sha256 hex of the secret -> hash: the key's record
+API_KEYS_INDEX = f"{PREFIX}apikeys"  # hash: key id -> sha256 hex of its secret
 OWNER_FIELD = "owner"  # job / batch hash field: the id of the API key that created it
 
 
@@ -111,17 +116,17 @@ def api_key_record(digest: str) -> str:
 
 def rate_limit_state(key_id: str) -> str:
     """Hash: `requests_tat` and `tokens_tat`, the GCRA theoretical arrival times (unix s) of one key."""
-    return f"{NAMESPACE}:ratelimit:{key_id}"
+    return f"{PREFIX}ratelimit:{key_id}"
 
 
 def inflight_jobs(key_id: str) -> str:
     """Hash: job id -> tokens reserved for it, for every job of the key not yet seen finished."""
-    return f"{NAMESPACE}:inflight:{key_id}"
+    return f"{PREFIX}inflight:{key_id}"
 
 
 def batches_of(key_id: str) -> str:
     """Sorted set: the key's batch ids -> created_at (GET /v1/batches of a tenant, newest first)."""
-    return f"{NAMESPACE}:batches:of:{key_id}"
+    return f"{PREFIX}batches:of:{key_id}"
 
 
 INFLIGHT_TTL_S = 8 * 24 * 3600  # an idle key's in-flight hash outlives any job (max_ttl_s + a run)

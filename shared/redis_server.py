@@ -44,6 +44,7 @@ class RedisServer:
     """`with RedisServer(data_dir) as server: server.url` — a redis-server child process.
 
     unix_socket=True listens on `data_dir/redis.sock` only (no TCP port).
+    extra_args go on its command line (a cluster node, a replica: shared/redis_topologies.py).
     """
 
     def __init__(
@@ -54,12 +55,14 @@ class RedisServer:
         unix_socket: bool = False,
         appendonly: bool = True,
         start_timeout_s: float = 10.0,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.unix_socket = unix_socket
         self.port = 0 if unix_socket else (port or free_port())
         self.appendonly = appendonly
         self.start_timeout_s = start_timeout_s
+        self.extra_args = extra_args or []  # e.g. --cluster-enabled yes, --replicaof HOST PORT
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -95,6 +98,7 @@ class RedisServer:
             "--logfile",
             str(self.data_dir / "redis.log"),
         ]
+        args += self.extra_args
         if self.unix_socket:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)

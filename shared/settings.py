@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from shared import keys
+from shared.redis_url import parse as parse_redis_url
 from shared.schemas import MODEL_VERSION_PATTERN, Priority
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
 
@@ -56,6 +57,16 @@ class ServiceSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "SPECFLEET_REDIS_URL", "redis_url")
     )
     redis_dir: Path = Path(".specfleet/redis")  # data dir (AOF) of the private redis-server
+    # Celery's broker; None: REDIS_URL itself. Required when REDIS_URL is a Redis Cluster (kombu has no Cluster
+    # transport): a small standalone or Sentinel Redis (shared/redis_url.py celery_broker)
+    celery_broker_url: str | None = None
+
+    @field_validator("redis_url", "celery_broker_url")
+    @classmethod
+    def _known_redis_form(cls, url: str | None) -> str | None:
+        if url is not None:
+            parse_redis_url(url)  # RedisUrlError (a ValueError) names the forms expected
+        return url
 
     # gateway
     host: str = "127.0.0.1"

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
+from shared import redis_url as redis_urls
+
 app = typer.Typer(no_args_is_help=True, help="Dead letters: jobs whose worker died max_deliveries times")
 
 
 def _dead_letters():  # type: ignore[no-untyped-def]  # noqa: ANN202
-    import redis
 
     from shared.dlq import DeadLetters
     from shared.settings import get_settings
@@ -20,7 +21,7 @@ def _dead_letters():  # type: ignore[no-untyped-def]  # noqa: ANN202
     if settings.redis_url is None:
         typer.echo("error: set REDIS_URL (the Redis of the fleet)", err=True)
         raise typer.Exit(2)
-    return DeadLetters(redis.Redis.from_url(settings.redis_url, decode_responses=True), settings)
+    return DeadLetters(redis_urls.client(settings.redis_url, decode_responses=True), settings)
 
 
 @app.command("list")

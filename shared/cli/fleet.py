@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from shared import redis_url as redis_urls
+
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported
 
 
@@ -108,7 +110,6 @@ def worker(
     ] = None,
 ) -> None:
     """Pull jobs from Redis and run them on the engine (needs REDIS_URL)."""
-    import redis
 
     from shared.settings import get_settings, with_model_version
     from workers.demo.resolve import with_demo_pair
@@ -142,7 +143,7 @@ def worker(
 
         metrics = EngineMetrics()
         metrics.serve(settings.host, settings.worker_metrics_port)
-    client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True, health_check_interval=30)
+    client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     try:
         Worker(
             engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics

@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 
+from shared import redis_url as redis_urls
+
 app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke (stored hashed in Redis)")
 
 
 def _registry():  # type: ignore[no-untyped-def]  # noqa: ANN202
-    import redis
 
     from shared.api_keys import KeyRegistry
     from shared.settings import get_settings
@@ -21,7 +22,7 @@ def _registry():  # type: ignore[no-untyped-def]  # noqa: ANN202
     if url is None:
         typer.echo("error: set REDIS_URL (the Redis of the fleet)", err=True)
         raise typer.Exit(2)
-    return KeyRegistry(redis.Redis.from_url(url, decode_responses=True))
+    return KeyRegistry(redis_urls.client(url, decode_responses=True))
 
 
 @app.command()

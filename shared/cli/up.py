@@ -11,9 +11,9 @@ import signal
 import time
 from types import FrameType
 
-import redis
 import typer
 
+from shared import redis_url as redis_urls
 from shared.fleet import Fleet
 from shared.settings import ServiceSettings, get_settings
 
@@ -93,7 +93,7 @@ class Up:
         """Dev mode: a fresh admin key for this run (printed; stored hashed like any other)."""
         from shared.api_keys import KeyRegistry
 
-        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        client = redis_urls.client(redis_url, decode_responses=True)
         try:
             _, secret = KeyRegistry(client).create(
                 "dev",

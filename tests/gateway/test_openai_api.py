@@ -23,7 +23,7 @@ GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 12}
 def served(engine_thread: EngineThread, settings: ServiceSettings) -> Iterator[ThreadedGateway]:
     with ThreadedGateway(settings, default_key=False).start() as server:
         wait_until(
-            lambda: engine_thread.client.hget("specfleet:model", "model"), what="the worker's model info"
+            lambda: engine_thread.client.hget(keys.MODEL_INFO, "model"), what="the worker's model info"
         )
         yield server
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
@@ -32,7 +33,7 @@ def fuzzed(engine_thread: EngineThread, settings: ServiceSettings) -> Iterator[T
     settings.max_tokens_limit = 32  # jobs it makes stay short on the tiny model
     with ThreadedGateway(settings, default_key=False).start() as server:
         wait_until(
-            lambda: engine_thread.client.hget("specfleet:model", "model"), what="the worker's model info"
+            lambda: engine_thread.client.hget(keys.MODEL_INFO, "model"), what="the worker's model info"
         )
         yield server
 

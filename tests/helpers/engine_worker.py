@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
+from shared import redis_url as redis_urls
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import FAST_TIMINGS
@@ -27,7 +27,7 @@ class EngineThread:
         cfg = EngineConfig(  # plain decoding by default: the tiny target has no draft
             target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1, speculative_method="none"
         )
-        self.client = redis.Redis.from_url(str(settings.redis_url), decode_responses=True)
+        self.client = redis_urls.client(str(settings.redis_url), decode_responses=True)
         self.worker = Worker(Engine(cfg, target), self.client, settings, worker_id=worker_id, model_name=model_name)
         self.thread = threading.Thread(target=self.worker.run, name="engine-worker", daemon=True)
 

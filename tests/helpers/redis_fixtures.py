@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from shared import lua
+from shared import redis_url as redis_urls
 from shared.api_keys import ApiKey, KeyRegistry
 from shared.redis_server import RedisServer
 from shared.schemas import JobRequest
@@ -55,7 +56,7 @@ def settings(redis_url: str, tmp_path: Path) -> ServiceSettings:
 
 def create_key(redis_url: str, name: str = "test", **limits: object) -> tuple[ApiKey, str]:
     """A new API key in the test Redis (unlimited unless limits are given) -> (its record, its secret)."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_urls.client(redis_url, decode_responses=True)
     try:
         options = {"requests_per_min": 0, "tokens_per_min": 0, "max_concurrent_jobs": 0, **limits}
         return KeyRegistry(client).create(name, **options)  # type: ignore[arg-type]

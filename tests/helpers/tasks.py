@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared import redis_url as redis_urls
 from shared.procs import die_with_parent
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
@@ -64,6 +65,8 @@ def settings_env(settings: ServiceSettings) -> dict[str, str]:
         env[f"SPECFLEET_QUEUE_LIMITS__{priority.upper()}"] = str(getattr(settings.queue_limits, priority))
     if settings.public_url:
         env["SPECFLEET_PUBLIC_URL"] = settings.public_url
+    if settings.celery_broker_url:
+        env["SPECFLEET_CELERY_BROKER_URL"] = settings.celery_broker_url
     if settings.tasks_metrics_port:
         env["SPECFLEET_TASKS_METRICS_PORT"] = str(settings.tasks_metrics_port)
     return env
@@ -102,7 +105,7 @@ class CeleryWorker:
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,
             )
-        client = redis.Redis.from_url(str(self.settings.redis_url), decode_responses=True)
+        client = redis_urls.client(str(self.settings.redis_url), decode_responses=True)
         try:
             wait_until(lambda: self._bridge_reading(client), 30, 0.05, "the Celery worker's outbox bridge")
         finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 from shared import keys
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY_LITERAL = re.compile(rf"[\"']{keys.NAMESPACE}:[a-z{{]")  # "specfleet:job:..." (not "specfleet: help")
+KEY_LITERAL = re.compile(rf"[\"']\{{?{keys.NAMESPACE}\}}?:[a-z{{]")  # "{specfleet}:job:..." (not "specfleet: help")
 
 
 def test_no_key_strings_outside_keys_module() -> None:
@@ -22,3 +22,12 @@ def test_key_layout() -> None:
     assert keys.job_events("j1") == keys.job_hash("j1") + keys.EVENTS_SUFFIX
     assert keys.job_channel("j1").startswith(keys.CHANNEL_PREFIX)
     assert len({keys.queue_stream(p) for p in ("interactive", "default", "batch")}) == 3
+
+
+def test_every_key_shares_the_fleet_hash_tag() -> None:
+    """Redis Cluster: the scripts touch a job's keys, its queue, the outbox and the limits together, so every key
+    must hash to one slot."""
+    samples = [keys.job_hash("j1"), keys.job_events("j1"), keys.queue_stream("batch"), keys.idempotency("k"),
+               keys.OUTBOX_STREAM, keys.DEAD_LETTER_STREAM, keys.WORKERS_ZSET, keys.batch_lines("b"),
+               keys.rate_limit_state("k1"), keys.inflight_jobs("k1"), keys.api_key_record("d"), keys.CELERY_KEY_PREFIX]
+    assert {key.split("}")[0] + "}" for key in samples} == {"{" + keys.NAMESPACE + "}"}

@@ -11,9 +11,8 @@ after the other at each level (the same minute of machine noise).
 import asyncio
 from typing import Any
 
-import redis
-
 from shared import keys
+from shared import redis_url as redis_urls
 from shared.job_record import job_from_fields
 from workers.bench.e2e_latency import Timings, run_fleet
 from workers.bench.http_client import Endpoint
@@ -22,9 +21,9 @@ from workers.worker.cost import CostMeter
 
 def billed(redis_url: str, timings: Timings) -> tuple[float, int]:
     """(compute_s, completion tokens) summed over the finished jobs of one fleet run, from their records."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_urls.client(redis_url, decode_responses=True)
     try:
-        pipe = client.pipeline(transaction=False)
+        pipe = redis_urls.pipeline(client, transaction=False)
         for job_id in timings.job_ids:
             pipe.hgetall(keys.job_hash(job_id))
         compute_s, num_tokens = 0.0, 0

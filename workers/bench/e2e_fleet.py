@@ -6,8 +6,7 @@ import logging
 from pathlib import Path
 from types import TracebackType
 
-import redis
-
+from shared import redis_url as redis_urls
 from shared.api_keys import KeyRegistry
 from shared.fleet import Fleet
 from workers.bench.http_client import Endpoint, cpu_seconds
@@ -63,7 +62,7 @@ class BenchFleet:
     def reset_data(self) -> None:
         """Empty Redis between phases (jobs, queues, keys), then a fresh API key without limits: the benchmark
         measures the fleet, not a tenant's rate limit."""
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
             client.flushall()
             _, self.api_key = KeyRegistry(client).create(

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-import redis
-
 from shared import lua
+from shared import redis_url as redis_urls
 from shared.schemas import EventType, JobRequest
 from shared.settings import ServiceSettings
 from shared.submit import submit_call
@@ -89,7 +88,7 @@ def xadd_ceiling(redis_url: str, num: int) -> float:
 def submit_script_ceiling(redis_url: str, num: int, settings: ServiceSettings) -> float:
     """The gateway's SUBMIT script (hash + enqueue + idempotency + limit) per second, pipelined: Redis's own
     cost of one job, with no HTTP in front of it."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_urls.client(redis_url, decode_responses=True)
     script = client.register_script(lua.SUBMIT)
     request = JobRequest.model_validate(SUBMIT_BODY)
     calls = [submit_call(request, uuid.uuid4().hex, None, settings) for _ in range(num)]

@@ -17,6 +17,7 @@ import uuid
 from celery import shared_task
 
 from shared import batch_lua, keys, lua
+from shared import redis_url as redis_urls
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY, BatchLine, unstarted_line
 from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
@@ -76,7 +77,7 @@ def expand(self: object, batch_id: str) -> str:
     ttl_s = max(0.001, float(fields["expires_at"]) - time.time())  # past the window: the job expires
     submit = r.register_script(lua.SUBMIT)
     ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
-    pipe = r.pipeline(transaction=False)
+    pipe = redis_urls.pipeline(r, transaction=False)
     for offset, raw in enumerate(raw_lines):
         index = start + offset
         request = _job_request(BatchLine.from_json(raw), batch_id, index, ttl_s)
@@ -131,7 +132,7 @@ def _cancel_queued(job_ids: list[str]) -> int:
     error = info.model_dump_json(exclude_none=True)
     event = ErrorEvent(status=JobStatus.CANCELLED, error=info).model_dump_json(exclude_none=True)
     script = r.register_script(batch_lua.CANCEL_QUEUED_JOB)
-    pipe = r.pipeline(transaction=False)
+    pipe = redis_urls.pipeline(r, transaction=False)
     for job_id in job_ids:
         script(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
@@ -260,7 +261,7 @@ def finalize(batch_id: str) -> str:
         final = BatchStatus.COMPLETED
     if _transition(batch_id, final) != "ok":
         return "raced"
-    pipe = r.pipeline(transaction=True)
+    pipe = redis_urls.pipeline(r, transaction=True)
     for key in (keys.batch_hash(batch_id), keys.batch_jobs(batch_id), keys.batch_results(batch_id)):
         pipe.expire(key, settings.batch_result_ttl_s)
     pipe.delete(keys.batch_lines(batch_id))

@@ -16,6 +16,7 @@ from celery import Celery
 from celery.signals import worker_init
 
 from shared import keys
+from shared.redis_url import celery_broker
 from shared.settings import ServiceSettings, get_settings
 from workers.tasks import metrics
 from workers.tasks.outbox import OutboxStep
@@ -27,7 +28,10 @@ VISIBILITY_TIMEOUT_S = 2 * 3600
 
 
 def make_celery(settings: ServiceSettings) -> Celery:
-    app = Celery("specfleet", broker=settings.redis_url or "redis://127.0.0.1:6379/0", include=TASK_MODULES)
+    # Kombu has no Redis Cluster transport: with a Cluster REDIS_URL, the broker is celery_broker_url
+    default_url = settings.redis_url or "redis://127.0.0.1:6379/0"
+    broker_url, broker_options = celery_broker(default_url, settings.celery_broker_url)
+    app = Celery("specfleet", broker=broker_url, include=TASK_MODULES)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -42,6 +46,7 @@ def make_celery(settings: ServiceSettings) -> Celery:
         broker_transport_options={
             "global_keyprefix": keys.CELERY_KEY_PREFIX,
             "visibility_timeout": max(VISIBILITY_TIMEOUT_S, int(settings.webhook_retry_max_s) * 2),
+            **broker_options,
         },
     )
     app.steps["worker"].add(OutboxStep)

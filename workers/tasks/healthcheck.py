@@ -10,6 +10,7 @@ import sys
 import redis
 
 from shared import keys
+from shared import redis_url as redis_urls
 from shared.settings import get_settings
 
 MAX_IDLE_MS = 15_000
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     url = get_settings().redis_url
     if url is None:
         return 1
-    client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+    client = redis_urls.client(url, socket_timeout=3, socket_connect_timeout=3)
     try:
         return 0 if bridge_alive(client, node) else 1
     finally:

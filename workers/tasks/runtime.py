@@ -5,6 +5,7 @@ from typing import cast
 
 import redis
 
+from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings, get_settings
 from shared.ssrf import Allowlist
 
@@ -18,7 +19,7 @@ def redis_client() -> redis.Redis:
     url = settings().redis_url
     if url is None:
         raise RuntimeError("the Celery worker needs REDIS_URL (`specfleet up` sets it)")
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    return redis_urls.client(url, decode_responses=True, health_check_interval=30)
 
 
 @lru_cache(maxsize=1)

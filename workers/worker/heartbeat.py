@@ -14,6 +14,7 @@ from collections.abc import Callable
 import redis
 
 from shared import keys, lua
+from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings
 from workers.worker.queue_reader import Lease
 
@@ -46,7 +47,7 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One heartbeat (also called directly by tests)."""
         leases = self.held()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = redis_urls.pipeline(self.redis, transaction=False)
         pipe.zadd(keys.WORKERS_ZSET, {self.worker_id: time.time()})
         if self.model_info:
             pipe.hset(keys.MODEL_INFO, mapping=self.model_info)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import time
 
 import redis
 
+from shared import redis_url as redis_urls
 from shared.outbox import OUTBOX_XADD, NoticeKind, notice_fields
 from shared.schemas import JobRequest, WebhookEvent
 from shared.settings import ServiceSettings
@@ -74,7 +75,7 @@ class JobHooks:
         if not notices:
             return
         try:
-            pipe = self.redis.pipeline(transaction=False)
+            pipe = redis_urls.pipeline(self.redis, transaction=False)
             self.queue(pipe, notices)
             pipe.execute()
         except redis.RedisError as exc:  # a lost start/output notice never stops the job

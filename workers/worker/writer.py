@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import redis
 from redis.exceptions import NoScriptError
 
+from shared import redis_url as redis_urls
 from workers.worker.emitter import Emitter, JobWrite
 from workers.worker.job_hooks import JobHooks, Notice
 
@@ -150,7 +151,7 @@ class StepWriter(threading.Thread):
             self._cond.notify_all()
 
     def _write(self, steps: list[StepWrite]) -> Report:
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = redis_urls.pipeline(self.redis, transaction=False)
         starts = [n for s in steps for n in s.start_notices]
         self.hooks.queue(pipe, starts)
         call_keys, args, calls = self.emitter.step_call([w for s in steps for w in s.writes])

@@ -1,0 +1,122 @@
+"""The fleet on a real 3-master Redis Cluster: a worker loop (tiny model) and the gateway over HTTP, with
+`REDIS_URL=redis+cluster://...`. Every script runs on one slot (shared/keys.py's hash tag); SSE streaming and
+the workers' wake-ups ride cluster pub/sub."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import keys
+from shared import redis_url as redis_urls
+from shared.client import FleetClient
+from shared.redis_server import RedisServer
+from shared.redis_topologies import LocalCluster
+from shared.settings import ServiceSettings
+from tests.helpers.engine_worker import EngineThread
+from tests.helpers.gateway import ThreadedGateway
+from tests.helpers.redis_fixtures import FAST_TIMINGS
+from tests.helpers.tasks import CeleryWorker
+from tests.helpers.waiting import wait_until
+
+SHORT = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
+LONG = {"prompt": "hello", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cluster_fleet(
+    cluster: LocalCluster, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[FleetClient, redis.Redis]]:
+    settings = ServiceSettings(
+        redis_url=cluster.url, redis_dir=tmp_path_factory.mktemp("worker"), **FAST_TIMINGS  # type: ignore[arg-type]
+    )
+    broker = RedisServer(tmp_path_factory.mktemp("broker"), appendonly=False).start()
+    settings.celery_broker_url = broker.url  # kombu has no Cluster transport: Celery's broker stands alone
+    celery = CeleryWorker(settings, tmp_path_factory.mktemp("celery") / "celery.log").start()
+    worker = EngineThread(settings, tiny_target, worker_id="cluster-w1", model_name="tiny", max_num_seqs=4).start()
+    gateway = ThreadedGateway(settings).start()
+    client = redis_urls.client(cluster.url, decode_responses=True)
+    wait_until(lambda: client.zscore(keys.WORKERS_ZSET, "cluster-w1") is not None, timeout_s=120,
+               what="the worker to heartbeat")
+    try:
+        with FleetClient(gateway.url, api_key=gateway.api_key) as fleet:
+            yield fleet, client
+    finally:
+        gateway.stop()
+        worker.stop()
+        celery.stop()
+        broker.stop()
+        client.close()
+
+
+def _finished(fleet: FleetClient, job_id: str) -> dict:
+    return wait_until(
+        lambda: (job := fleet.get(job_id))["status"] not in ("queued", "running") and job,
+        timeout_s=120,
+        interval_s=0.02,
+        what=f"job {job_id} to finish",
+    )
+
+
+def test_the_fleet_keys_spread_over_no_more_than_one_slot_but_the_cluster_has_three_masters(
+    cluster_fleet: tuple[FleetClient, redis.Redis],
+) -> None:
+    fleet, client = cluster_fleet
+    assert isinstance(client, redis.cluster.RedisCluster) and len(client.get_primaries()) == 3
+    job_id = fleet.submit(SHORT)["id"]
+    _finished(fleet, job_id)
+    slots = {client.keyslot(k) for k in (keys.job_hash(job_id), keys.job_events(job_id), keys.queue_stream("default"),
+                                        keys.OUTBOX_STREAM, keys.WORKERS_ZSET)}
+    assert len(slots) == 1
+
+
+def test_submit_poll_and_stream_match_on_a_cluster(cluster_fleet: tuple[FleetClient, redis.Redis]) -> None:
+    fleet, client = cluster_fleet
+    job_id = fleet.submit({**SHORT, "priority": "interactive"})["id"]
+    events = list(fleet.stream(job_id))  # the gateway's hub: cluster pub/sub wake-ups + the event stream
+    job = _finished(fleet, job_id)
+    assert job["status"] == "succeeded" and events[-1].event == "done"
+    assert [t for e in events if e.event == "token" for t in e.data["token_ids"]] == job["output"]["token_ids"]
+    assert len(job["output"]["token_ids"]) == SHORT["max_tokens"]
+    assert client.hget(keys.job_hash(job_id), "attempt") == "1"
+    assert fleet.http.get("/readyz").status_code == 200
+
+
+def test_idempotent_submit_priorities_and_cancel_on_a_cluster(cluster_fleet: tuple[FleetClient, redis.Redis]) -> None:
+    fleet, _ = cluster_fleet
+    first = fleet.submit(SHORT, idempotency_key="same")["id"]
+    assert fleet.submit(SHORT, idempotency_key="same")["id"] == first
+    running = fleet.submit(LONG)["id"]
+    wait_until(lambda: fleet.get(running)["usage"]["completion_tokens"] > 0, timeout_s=120,
+               what="the long job to produce tokens")
+    assert fleet.cancel(running)["status"] == "cancelled"  # the cancel channel reaches the worker
+    batch = fleet.submit({**SHORT, "priority": "batch"})["id"]
+    jobs = [_finished(fleet, job_id) for job_id in (first, running, batch)]
+    assert [job["status"] for job in jobs] == ["succeeded", "cancelled", "succeeded"]
+    assert jobs[1]["usage"]["completion_tokens"] < LONG["max_tokens"]
+
+
+def test_a_batch_runs_with_celery_on_its_own_broker(
+    cluster_fleet: tuple[FleetClient, redis.Redis], tmp_path: Path
+) -> None:
+    fleet, _ = cluster_fleet
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/jobs", "body": {**SHORT, "max_tokens": 4}}
+             for i in range(3)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    batch_id = fleet.submit_batch(path)["id"]
+    batch = wait_until(
+        lambda: (b := fleet.get_batch(batch_id))["status"] in ("completed", "failed", "cancelled") and b,
+        timeout_s=120,
+        interval_s=0.05,
+        what="the batch to finish",
+    )
+    assert batch["status"] == "completed" and batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
