@@ -26,6 +26,7 @@ import redis
 
 from shared import keys, logs
 from shared.job_state import ErrorCode
+from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
@@ -36,7 +37,7 @@ from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
 from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
-from workers.worker.prompts import engine_prompt, sampling_params
+from workers.worker.prompts import engine_priority, engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
 from workers.worker.warmup import WarmupReport, warm_up
 from workers.worker.writer import StepWrite, StepWriter
@@ -54,10 +55,13 @@ class EngineLike(Protocol):
     tokenizer: Any
     max_model_len: int
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int: ...
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> int: ...
     def step(self) -> list[StepOutput]: ...
     def abort(self, request_id: str) -> bool: ...
     def free_capacity(self) -> int: ...
+    def free_capacity_for(self, priority: int) -> int: ...
 
 
 def new_worker_id() -> str:
@@ -130,6 +134,7 @@ class Worker:
         self._account(time.perf_counter() - step_start_s, outputs)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
+            self.metrics.priorities.step(self.engine, outputs, self.leases)
         self._emit(outputs)
 
     def _retire(self) -> None:
@@ -143,8 +148,15 @@ class Worker:
             self._drop(report.gone)
 
     def _may_pull(self) -> bool:
-        """Room in the engine, and a job may be waiting (cheap: no Redis call when no pull is due)."""
-        if self.is_stopping or self.engine.free_capacity() <= 0:
+        """Room in the engine (free, or held by less urgent jobs it would preempt for a waiting one), and a
+        job may be waiting (cheap: no Redis call when no pull is due)."""
+        if self.is_stopping:
+            self.num_pulled_last = 0
+            return False
+        if self.engine.free_capacity() <= 0:  # full: worth a pull only for a queue that would preempt
+            urgent = self._preempting_priorities()
+            if urgent and (self._jobs_queued or any(self.reader.waiting[p] for p in urgent)):
+                return True
             self.num_pulled_last = 0
             return False
         is_due = time.monotonic() - self._last_pull_s >= self.settings.reclaim_interval_s
@@ -153,10 +165,20 @@ class Worker:
         self.num_pulled_last = 0
         return False
 
+    def _preempting_priorities(self) -> dict[Priority, int]:
+        """Queues whose jobs the full engine would start now by preempting less urgent ones -> how many."""
+        room = {p: self.engine.free_capacity_for(engine_priority(p)) for p in Priority}
+        return {p: n for p, n in room.items() if n > 0}
+
     def _pull(self) -> None:
-        self._jobs_queued = False
         self._last_pull_s = time.monotonic()
-        leases = self.reader.pull(self.engine.free_capacity())
+        free = self.engine.free_capacity()
+        if free > 0:
+            self._jobs_queued = False
+            leases = self.reader.pull(free)
+        else:  # a full engine takes only jobs it would preempt for; as many as the least urgent of them may
+            urgent = self._preempting_priorities()
+            leases = self.reader.pull(min(urgent.values()), list(urgent))
         self.num_pulled_last = len(leases)
         for lease in leases:
             self._admit(lease)
@@ -278,6 +300,8 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        if self.metrics is not None and lease.attempt == 1 and lease.clock is not None:
+            self.metrics.priorities.job_started(lease.priority, lease.clock.started_at - lease.clock.created_at)
         if self.deadlines.track(lease.job_id, request, lease.clock) <= 0:
             self._time_out([lease.job_id])  # pulled already past its deadline: no engine step for it
             return
@@ -301,7 +325,7 @@ class Worker:
                 )
                 return
             num_prompt = self.engine.add_request(
-                lease.job_id, prompt, self.params_factory(request, remaining)
+                lease.job_id, prompt, self.params_factory(request, remaining), engine_priority(lease.priority)
             )
         except PromptTooLongError as exc:
             self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
