@@ -27,7 +27,8 @@ class PriorityPolicy:
         max_num_seqs: int,
         num_blocks: int,
         preemption_limit: int = 0,  # preemptions for more urgent sequences, at most, per sequence; 0 = none
-        reserved_fraction: dict[int, float] | None = None,  # priority -> share of slots and blocks kept for <= it
+        reserved_fraction: dict[int, float]
+        | None = None,  # priority -> share of slots and blocks kept for <= it
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.num_blocks = num_blocks
@@ -72,7 +73,9 @@ class PriorityPolicy:
             return victims
         return None
 
-    def num_preemptible_for(self, priority: int, waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:
+    def num_preemptible_for(
+        self, priority: int, waiting: Iterable[Sequence], running: Iterable[Sequence]
+    ) -> int:
         """How many sequences of `priority` could start now by preempting less urgent ones (slots only; KV
         is checked when they are scheduled): none while one at least as urgent already waits."""
         if any(w.priority <= priority for w in waiting):

@@ -1,11 +1,11 @@
 """The worker's metrics per queue priority (issue 18), in the worker's registry:
 
-    specfleet_preemptions_total{priority}        counter: sequences preempted (KV freed, recomputed later),
-                                                 by the priority of the preempted job
-    specfleet_queue_wait_seconds{priority}       histogram: job created -> first started (Redis clock), first
-                                                 attempts only
-    specfleet_ttft_seconds{priority}             histogram: job given to the engine -> its first token, finished
-                                                 jobs (queue wait + this = the user's time to first token)
+specfleet_preemptions_total{priority}        counter: sequences preempted (KV freed, recomputed later),
+                                             by the priority of the preempted job
+specfleet_queue_wait_seconds{priority}       histogram: job created -> first started (Redis clock), first
+                                             attempts only
+specfleet_ttft_seconds{priority}             histogram: job given to the engine -> its first token, finished
+                                             jobs (queue wait + this = the user's time to first token)
 """
 
 from collections.abc import Mapping
@@ -23,12 +23,26 @@ TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 
 class PriorityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.preemptions = Counter("specfleet_preemptions", "Sequences preempted, by the job's priority",
-                                   ["priority"], registry=registry)
-        self.queue_wait = Histogram("specfleet_queue_wait_seconds", "Job created -> first started, by priority",
-                                    ["priority"], buckets=QUEUE_WAIT_BUCKETS_S, registry=registry)
-        self.ttft = Histogram("specfleet_ttft_seconds", "Job given to the engine -> first token, by priority",
-                              ["priority"], buckets=TTFT_BUCKETS_S, registry=registry)
+        self.preemptions = Counter(
+            "specfleet_preemptions",
+            "Sequences preempted, by the job's priority",
+            ["priority"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "specfleet_queue_wait_seconds",
+            "Job created -> first started, by priority",
+            ["priority"],
+            buckets=QUEUE_WAIT_BUCKETS_S,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "specfleet_ttft_seconds",
+            "Job given to the engine -> first token, by priority",
+            ["priority"],
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
+        )
         for priority in Priority:  # every priority exported from the start
             self.preemptions.labels(priority.value)
             self.queue_wait.labels(priority.value)

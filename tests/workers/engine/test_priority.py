@@ -27,7 +27,9 @@ def run_plan(scheduler: Scheduler) -> list[str]:
     return [s.request_id for s in plan.scheduled]
 
 
-def scheduler_with(num_blocks: int, max_num_seqs: int, limit: int = 4, reserved: dict[int, float] | None = None) -> Scheduler:
+def scheduler_with(
+    num_blocks: int, max_num_seqs: int, limit: int = 4, reserved: dict[int, float] | None = None
+) -> Scheduler:
     blocks = BlockManager(num_blocks=num_blocks, block_size=4)
     policy = PriorityPolicy(max_num_seqs, num_blocks, limit, reserved)
     return Scheduler(blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=64, policy=policy)
@@ -35,11 +37,19 @@ def scheduler_with(num_blocks: int, max_num_seqs: int, limit: int = 4, reserved:
 
 def test_an_urgent_request_preempts_the_least_urgent_newest_running_one_for_a_slot() -> None:
     scheduler = scheduler_with(num_blocks=32, max_num_seqs=3)
-    old_batch, default, new_batch = new_seq("old", 4, BATCH), new_seq("def", 4, DEFAULT), new_seq("new", 4, BATCH)
+    old_batch, default, new_batch = (
+        new_seq("old", 4, BATCH),
+        new_seq("def", 4, DEFAULT),
+        new_seq("new", 4, BATCH),
+    )
     for seq in (old_batch, default, new_batch):
         scheduler.add(seq)
     run_plan(scheduler)
-    assert [s.request_id for s in scheduler.running] == ["def", "old", "new"]  # sorted by priority, FCFS within
+    assert [s.request_id for s in scheduler.running] == [
+        "def",
+        "old",
+        "new",
+    ]  # sorted by priority, FCFS within
     scheduler.add(new_seq("urgent", 4, INTERACTIVE))
     assert scheduler.num_preemptible_for(INTERACTIVE) == 0  # one as urgent already waits
     plan = scheduler.schedule()
