@@ -64,6 +64,15 @@ class EngineLike(Protocol):
     def free_capacity_for(self, priority: int) -> int: ...
 
 
+def _queued_priorities(payload: Any) -> set[Priority]:
+    """The queue a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish the job's priority);
+    every queue when the payload names none."""
+    try:
+        return {Priority(str(payload))}
+    except ValueError:
+        return set(Priority)
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -110,7 +119,7 @@ class Worker:
         self.num_pulled_last = 0
         self.epoch = 0  # +1 after each Redis failure: the writer skips writes of a failed epoch
         self._pending = StepWrite(self.epoch)  # what admission wrote this step (failures, start notices)
-        self._jobs_queued = True  # a job may be waiting that no pull saw yet
+        self._jobs_queued: set[Priority] = set(Priority)  # queues where a job may wait that no pull saw yet
         self._last_pull_s = -float("inf")
         self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
 
@@ -155,7 +164,7 @@ class Worker:
             return False
         if self.engine.free_capacity() <= 0:  # full: worth a pull only for a queue that would preempt
             urgent = self._preempting_priorities()
-            if urgent and (self._jobs_queued or any(self.reader.waiting[p] for p in urgent)):
+            if any(p in self._jobs_queued or self.reader.waiting[p] for p in urgent):
                 return True
             self.num_pulled_last = 0
             return False
@@ -174,11 +183,12 @@ class Worker:
         self._last_pull_s = time.monotonic()
         free = self.engine.free_capacity()
         if free > 0:
-            self._jobs_queued = False
+            self._jobs_queued = set()
             leases = self.reader.pull(free)
         else:  # a full engine takes only jobs it would preempt for; as many as the least urgent of them may
             urgent = self._preempting_priorities()
             leases = self.reader.pull(min(urgent.values()), list(urgent))
+            self._jobs_queued -= urgent.keys()
         self.num_pulled_last = len(leases)
         for lease in leases:
             self._admit(lease)
@@ -202,7 +212,7 @@ class Worker:
                     self.step()
                     if self._is_idle():
                         self.reader.wait_for_jobs(self.settings.idle_block_ms)
-                        self._jobs_queued = True
+                        self._jobs_queued = set(Priority)
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
         finally:
@@ -220,7 +230,7 @@ class Worker:
         self.writer.discard(self.epoch)
         self.epoch += 1
         self._pending = StepWrite(self.epoch)
-        self._jobs_queued = True
+        self._jobs_queued = set(Priority)
         time.sleep(REDIS_RETRY_S)
 
     def _is_idle(self) -> bool:
@@ -378,12 +388,12 @@ class Worker:
         try:
             while (message := self._control.get_message(timeout=0.0)) is not None:
                 if message["channel"] == keys.QUEUED_CHANNEL:
-                    self._jobs_queued = True
+                    self._jobs_queued.update(_queued_priorities(message["data"]))
                 else:
                     lost.add(str(message["data"]))
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)
-            self._jobs_queued = True
+            self._jobs_queued = set(Priority)
         return lost & self.leases.keys()
 
     def _drop(self, job_ids: list[str] | set[str]) -> None:
