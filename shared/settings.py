@@ -121,6 +121,11 @@ class ServiceSettings(BaseSettings):
     batch_retry_s: float = Field(default=2.0, gt=0)  # expansion retry delay when the batch queue is full
     # a running batch is re-checked this often: lines whose outbox notice was lost are counted from their jobs
     batch_reconcile_interval_s: float = Field(default=60.0, gt=0)
+    # the per-key batch quota (shared/batch_quota.py): lines of one key's batches queued or running at once (the
+    # expansion adds more as they finish: tenants' batches progress together), and lines of its unfinished
+    # batches (a batch past it is a 429); 0 = no limit
+    batch_max_inflight_lines_per_key: int = Field(default=256, ge=0)
+    batch_max_pending_lines_per_key: int = Field(default=200_000, ge=0)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
     # Prometheus /metrics of the Celery worker (workers/tasks/metrics.py) on `host`; 0 = off
     tasks_metrics_port: int = Field(default=0, ge=0, le=65535)
