@@ -46,6 +46,15 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
     assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert doc["machine"]["load_avg_1m_before"] >= 0
+    # the mixed phase: interactive requests with and without a batch backlog, two tenants' batches
+    mixed = {r["system"]: r for r in doc["rows"] if r["phase"] == "mixed"}
+    assert set(mixed) == {"interactive_idle", "batch_alone", "interactive_under_batch", "batch_under_interactive"}
+    assert mixed["interactive_idle"]["num_requests"] == plan.mixed.num_idle_interactive
+    assert mixed["interactive_under_batch"]["num_requests"] >= 1
+    assert {"mixed_interactive_ttft_p99_vs_idle", "mixed_batch_throughput_vs_alone", "mixed_batch_preemptions",
+            "fairness_second_vs_first_at_half", "fairness_min_ratio"} <= set(doc["ratios"])  # fmt: skip
+    last = [r for r in doc["rows"] if r["phase"] == "fairness"][-1]
+    assert last["first_completed"] == last["second_completed"] == plan.mixed.fairness_lines
 
 
 def test_lost_tokens_counts_missing_extra_and_moved_tokens() -> None:
