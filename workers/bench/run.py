@@ -98,21 +98,20 @@ def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny", p
 
 def print_e2e(result: dict) -> None:
     rows = result["rows"]
-    typer.echo(format_table([r for r in rows if r["phase"] in ("ceiling", "submit")],
-                            ["phase", "system", "concurrency", "ops_per_s", "client_cpu_ms_per_job",
-                             "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "latency"],
-                            ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
-                             "tokens_per_s", "num_requests"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "sse"],
-                            ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
-                             "failed_jobs", "gateway_cpu_s"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "mixed"],
-                            ["system", "num_requests", "ttft_ms_p50", "ttft_ms_p99", "tokens_per_s", "seconds"]))
-    typer.echo("")
+    tables = (
+        (("ceiling", "submit"), ["phase", "system", "concurrency", "ops_per_s", "client_cpu_ms_per_job",
+                                 "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]),
+        (("latency",), ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+                        "tokens_per_s", "num_requests"]),
+        (("sse",), ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
+                    "failed_jobs", "gateway_cpu_s"]),
+        (("mixed",), ["system", "num_requests", "ttft_ms_p50", "ttft_ms_p99", "tokens_per_s", "seconds"]),
+    )  # fmt: skip
+    for phases, columns in tables:
+        phase_rows = [r for r in rows if r["phase"] in phases]
+        if phase_rows:  # `--phase mixed` runs that one alone
+            typer.echo(format_table(phase_rows, columns))
+            typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
 

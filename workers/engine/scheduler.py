@@ -107,7 +107,7 @@ class Scheduler:
             if num_slots_short <= 0 and manager.can_allocate(need):
                 return
             victims = self.policy.victims(seq, self.running, need - manager.num_free_blocks, num_slots_short)
-            if victims is None:
+            if victims is None or not self.policy.may_admit(seq, [r for r in self.running if r not in victims], need):
                 return
             for victim in victims:
                 self.preempt(victim)
