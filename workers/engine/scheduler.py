@@ -2,6 +2,8 @@
 with decode under a token budget, and preempts the newest running sequence (recompute) when blocks run out.
 Priorities (workers/engine/priority.py): both queues are sorted by priority, the most urgent waiting sequence
 may preempt less urgent running ones (bounded per sequence), and KV pressure preempts the least urgent first.
+A sequence preempted for a slot only keeps its KV while it waits (parked) and resumes without recompute; KV
+pressure frees parked KV before it preempts any running sequence.
 
 A preempted sequence is recomputed from its prompt and output so far, up to but not including its last token;
 that token then runs as an ordinary decode (drafting as it would have): a seeded request's draws come from its
@@ -58,6 +60,7 @@ class Scheduler:
         preempted: list[Sequence] = []
         self._preempt_for_waiting(preempted)
         num_for_priority = len(preempted)
+        self._resume_parked(preempted)
         lookaheads = self._plan_lookahead()
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
@@ -106,13 +109,35 @@ class Scheduler:
             num_slots_short = len(self.running) + 1 - self.max_num_seqs
             if num_slots_short <= 0 and manager.can_allocate(need):
                 return
-            victims = self.policy.victims(seq, self.running, need - manager.num_free_blocks, num_slots_short)
+            parked = [w for w in reversed(self.waiting) if w.block_table and w.priority > seq.priority]
+            num_blocks_short = need - manager.num_free_blocks - sum(len(w.block_table) for w in parked)
+            victims = self.policy.victims(seq, self.running, num_blocks_short, num_slots_short)
             if victims is None or not self.policy.may_admit(seq, [r for r in self.running if r not in victims], need):
                 return
+            self._release_parked_kv(parked, need)
+            is_kv_short = not manager.can_allocate(need)  # else only slots were short: the victims keep their KV
             for victim in victims:
-                self.preempt(victim)
+                self.preempt(victim, keep_kv=not is_kv_short)
                 preempted.append(victim)
             self._admit(seq, num_new)
+
+    def _resume_parked(self, preempted: list[Sequence]) -> None:
+        """Parked sequences first in the waiting queue go back to running while slots allow, before the step's
+        draft lengths are planned: their next step is the decode (and draft) it would have been."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table or seq in preempted or not self.policy.may_admit(seq, self.running, 1):
+                return
+            self._admit(seq, 0)
+
+    def _release_parked_kv(self, parked: list[Sequence], num_blocks: int) -> None:
+        """Free the KV of waiting sequences that kept theirs (`parked`, in order) until `num_blocks` are free:
+        they are recomputed on readmission."""
+        for seq in parked:
+            if self.block_manager.can_allocate(num_blocks):
+                return
+            self.block_manager.free(seq)
+            seq.drop_kv()
 
     def _plan_lookahead(self) -> dict[str, int]:
         """Ask for the step's draft lengths, with the pass it will run: the running sequences' chunks and
@@ -130,6 +155,9 @@ class Scheduler:
         """Give `seq` KV room for `num_tokens`, preempting the newest of the least urgent running sequences if
         needed (seq itself when it is that one)."""
         manager = self.block_manager
+        if not manager.can_allocate(manager.num_missing_blocks(seq, num_tokens)):  # parked KV goes first
+            parked = [w for w in reversed(self.waiting) if w.block_table]
+            self._release_parked_kv(parked, manager.num_missing_blocks(seq, num_tokens))
         while not manager.can_allocate(manager.num_missing_blocks(seq, num_tokens)):
             victim = self.running[-1]
             self.preempt(victim)
@@ -139,12 +167,14 @@ class Scheduler:
         manager.allocate(seq, num_tokens)
         return True
 
-    def preempt(self, seq: Sequence) -> None:
-        """Free the sequence's KV and put it back first among its priority's waiting sequences; it is
-        recomputed on readmission."""
+    def preempt(self, seq: Sequence, keep_kv: bool = False) -> None:
+        """Put the sequence back first among its priority's waiting sequences. Its KV is freed (it is recomputed
+        on readmission) unless `keep_kv`: preempted for a slot only, it is parked with its KV and resumes where
+        it stopped, unless KV runs short meanwhile (then parked KV is the first to go)."""
         self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.drop_kv()
+        if not keep_kv:
+            self.block_manager.free(seq)
+            seq.drop_kv()
         seq.num_preemptions += 1
         seq.move_to(SequenceStatus.WAITING)
         insert_by_priority(self.waiting, seq, first_of_its_priority=True)

@@ -53,11 +53,34 @@ def test_an_urgent_request_preempts_the_least_urgent_newest_running_one_for_a_sl
     scheduler.add(new_seq("urgent", 4, INTERACTIVE))
     assert scheduler.num_preemptible_for(INTERACTIVE) == 0  # one as urgent already waits
     plan = scheduler.schedule()
-    assert plan.preempted == [new_batch]
-    assert new_batch.status is SequenceStatus.WAITING and new_batch.num_computed_tokens == 0
-    assert new_batch.block_table == [] and new_batch.num_preemptions == 1
+    assert plan.preempted == [new_batch] and new_batch.num_preemptions == 1
+    # short of a slot only: it is parked with its KV, and resumes where it stopped
+    assert new_batch.status is SequenceStatus.WAITING and new_batch.num_computed_tokens == 4
+    assert len(new_batch.block_table) == 1
     assert [s.request_id for s in plan.scheduled] == ["urgent", "def", "old"]  # the urgent prefill runs first
     assert [s.request_id for s in scheduler.waiting] == ["new"]
+    scheduler.finish(scheduler.running[0], "stop")
+    (resumed,) = [s for s in scheduler.schedule().scheduled if s.request_id == "new"]
+    assert (resumed.start_pos, resumed.num_new_tokens, resumed.is_sampling) == (4, 1, True)  # no recompute
+
+
+def test_kv_pressure_frees_parked_kv_before_it_preempts_a_running_sequence() -> None:
+    scheduler = scheduler_with(num_blocks=6, max_num_seqs=2)
+    batch = new_seq("batch", 4, BATCH)
+    scheduler.add(batch)
+    run_plan(scheduler)
+    scheduler.add(new_seq("default", 4, DEFAULT))
+    run_plan(scheduler)
+    scheduler.add(new_seq("urgent", 8, INTERACTIVE))
+    plan = scheduler.schedule()
+    assert plan.preempted == [batch] and len(batch.block_table) == 2  # parked with its 2 blocks
+    for _ in range(3):  # the running two grow until the free blocks run out: the parked KV goes, nobody runs less
+        for s in plan.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            s.seq.token_ids.append(7)
+        plan = scheduler.schedule()
+        assert plan.preempted == [] and len(plan.scheduled) == 2
+    assert batch.block_table == [] and batch.num_computed_tokens == 0 and batch.num_preemptions == 1
 
 
 def test_never_preempted_for_an_equal_or_less_urgent_request() -> None:
@@ -88,6 +111,7 @@ def test_an_urgent_request_preempts_for_kv_room_only_when_that_makes_room() -> N
     scheduler.add(urgent)
     plan = scheduler.schedule()
     assert plan.preempted == [batch] and [s.request_id for s in plan.scheduled] == ["urgent"]
+    assert batch.block_table == [] and batch.num_computed_tokens == 0  # short of KV: its KV is freed
 
 
 def test_a_sequence_is_preempted_for_priority_at_most_limit_times() -> None:
@@ -109,7 +133,7 @@ def test_a_sequence_is_preempted_for_priority_at_most_limit_times() -> None:
 
 
 def test_recompute_stops_short_of_the_last_token_which_runs_as_a_decode() -> None:
-    scheduler = scheduler_with(num_blocks=32, max_num_seqs=1)
+    scheduler = scheduler_with(num_blocks=3, max_num_seqs=8)  # the urgent request needs the batch one's KV
     batch = new_seq("batch", 6, BATCH)
     scheduler.add(batch)
     run_plan(scheduler)
