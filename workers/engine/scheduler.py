@@ -62,9 +62,12 @@ class Scheduler:
         num_for_priority = len(preempted)
         self._resume_parked(preempted)
         lookaheads = self._plan_lookahead()
+        solo_priority = self._solo_priority()
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
+            if solo_priority is not None and seq.priority > solo_priority:
+                break  # running is sorted: everything from here on is less urgent
             num_new = _chunk_size(seq, budget)
             is_decode = num_new == seq.num_uncomputed_tokens == 1
             num_extra = min(lookaheads.get(seq.request_id, 0), budget - num_new) if is_decode else 0
@@ -99,7 +102,8 @@ class Scheduler:
     def _preempt_for_waiting(self, preempted: list[Sequence]) -> None:
         """Admit the most urgent waiting sequences that find no slot or no KV room by preempting less urgent
         running ones (the policy picks them, and only when that makes room); the running loop then schedules
-        them first among their priority's peers. A sequence that fits as things are is left to the ordinary
+        them first among their priority's peers. One that fits as things are is admitted here too when less
+        urgent ones run (its first chunk runs without them: _solo_priority), else left to the ordinary
         admission at the end of the step."""
         manager = self.block_manager
         while self.waiting and self.waiting[0] not in preempted:
@@ -108,7 +112,10 @@ class Scheduler:
             need = manager.num_missing_blocks(seq, seq.num_computed_tokens + num_new) + 1  # as in admission
             num_slots_short = len(self.running) + 1 - self.max_num_seqs
             if num_slots_short <= 0 and manager.can_allocate(need):
-                return
+                if not any(r.priority > seq.priority for r in self.running):
+                    return  # nobody less urgent runs: the ordinary admission takes it
+                self._admit(seq, num_new)  # now, so that its first chunk runs without them (schedule)
+                continue
             parked = [w for w in reversed(self.waiting) if w.block_table and w.priority > seq.priority]
             num_blocks_short = need - manager.num_free_blocks - sum(len(w.block_table) for w in parked)
             victims = self.policy.victims(seq, self.running, num_blocks_short, num_slots_short)
@@ -120,6 +127,16 @@ class Scheduler:
                 self.preempt(victim, keep_kv=not is_kv_short)
                 preempted.append(victim)
             self._admit(seq, num_new)
+
+    def _solo_priority(self) -> int | None:
+        """The priority of a request whose first prefill chunk runs this step while less urgent requests run:
+        the step then runs only requests at least as urgent (the others skip one step, which changes none of
+        their tokens), so an urgent request's first token costs what it costs on an idle engine. None: no such
+        request."""
+        fresh = [s.priority for s in self.running if s.num_computed_tokens == 0 and s.num_output_tokens == 0]
+        if fresh and min(fresh) < max(s.priority for s in self.running):
+            return min(fresh)
+        return None
 
     def _resume_parked(self, preempted: list[Sequence]) -> None:
         """Parked sequences first in the waiting queue go back to running while slots allow, before the step's

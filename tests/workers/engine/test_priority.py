@@ -57,29 +57,35 @@ def test_an_urgent_request_preempts_the_least_urgent_newest_running_one_for_a_sl
     # short of a slot only: it is parked with its KV, and resumes where it stopped
     assert new_batch.status is SequenceStatus.WAITING and new_batch.num_computed_tokens == 4
     assert len(new_batch.block_table) == 1
-    assert [s.request_id for s in plan.scheduled] == ["urgent", "def", "old"]  # the urgent prefill runs first
+    assert [s.request_id for s in plan.scheduled] == ["urgent"]  # its first chunk runs without less urgent ones
     assert [s.request_id for s in scheduler.waiting] == ["new"]
+    urgent = plan.scheduled[0].seq
+    urgent.num_computed_tokens, urgent.token_ids = 4, [*urgent.token_ids, 7]  # its prefill ran
+    assert [s.request_id for s in scheduler.schedule().scheduled] == ["urgent", "def", "old"]  # then together
     scheduler.finish(scheduler.running[0], "stop")
     (resumed,) = [s for s in scheduler.schedule().scheduled if s.request_id == "new"]
     assert (resumed.start_pos, resumed.num_new_tokens, resumed.is_sampling) == (4, 1, True)  # no recompute
 
 
 def test_kv_pressure_frees_parked_kv_before_it_preempts_a_running_sequence() -> None:
-    scheduler = scheduler_with(num_blocks=6, max_num_seqs=2)
+    scheduler = scheduler_with(num_blocks=7, max_num_seqs=2)
     batch = new_seq("batch", 4, BATCH)
     scheduler.add(batch)
     run_plan(scheduler)
     scheduler.add(new_seq("default", 4, DEFAULT))
-    run_plan(scheduler)
+    for _ in range(2):
+        run_plan(scheduler)
     scheduler.add(new_seq("urgent", 8, INTERACTIVE))
     plan = scheduler.schedule()
     assert plan.preempted == [batch] and len(batch.block_table) == 2  # parked with its 2 blocks
-    for _ in range(3):  # the running two grow until the free blocks run out: the parked KV goes, nobody runs less
+    for _ in range(8):  # the running two grow until the free blocks run out: the parked KV goes, nobody runs less
         for s in plan.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             s.seq.token_ids.append(7)
         plan = scheduler.schedule()
-        assert plan.preempted == [] and len(plan.scheduled) == 2
+        assert plan.preempted == [] and [s.request_id for s in plan.scheduled] == ["urgent", "default"]
+        if not batch.block_table:
+            break
     assert batch.block_table == [] and batch.num_computed_tokens == 0 and batch.num_preemptions == 1
 
 
