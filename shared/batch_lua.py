@@ -81,6 +81,22 @@ return ready(KEYS[1])
 """
 )
 
+# A dead-lettered line's job was retried (`specfleet dlq retry`): forget the line's failed result, so the
+# retried job's own result counts when it ends. Only while the batch runs: a finalizing or finished batch
+# has written its files. KEYS: batch hash, results hash. ARGV: line
+# -> 'reopened' | 'uncounted' (no result recorded yet) | 'missing' | the batch's status
+REOPEN_LINE = (
+    BATCH_PRELUDE
+    + """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st ~= B_IN_PROGRESS then return st end
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 0 then return 'uncounted' end
+redis.call('HINCRBY', KEYS[1], 'failed', -1)
+return 'reopened'
+"""
+)
+
 # Lines [from, to) were submitted as jobs. KEYS: batch hash, jobs hash.
 # ARGV: from to total line job_id line job_id ...
 # -> 'stale' (another task recorded them) | 'cancelling' (recorded; the caller cancels them) | 'more'

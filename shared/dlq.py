@@ -7,14 +7,20 @@ machine (shared/job_state.py `DEAD_LETTER_RETRY_FROM`): failed -> queued, with a
 of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
 execution deadline restarted (`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next
 worker resumes after it. Its result TTL is lifted until it finishes again.
-Limit: a batch line counted failed stays counted; its retried job's result is not re-added to the batch.
+A batch line's job: after the retry, REOPEN_LINE (shared/batch_lua.py) forgets the line's failed result while
+the batch is in progress, so the retried job's result is what the batch's output file gets. A batch already
+finalizing or finished keeps the failure (its files are written); the retried job still runs and its result
+stays on the job. The two steps are two calls (the job's keys and the batch's are apart): a crash between
+them leaves the line counted failed, as it was before the retry.
 """
 
+import json
 from dataclasses import dataclass
 
 import redis
 
-from shared import keys, lua
+from shared import batch_lua, keys, lua
+from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY
 from shared.job_state import ErrorCode
 from shared.settings import ServiceSettings
 
@@ -60,6 +66,7 @@ class DeadLetters:
         self.redis = client
         self.settings = settings
         self._retry = client.register_script(RETRY)
+        self._reopen_line = client.register_script(batch_lua.REOPEN_LINE)
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
 
     def _entries(self) -> list[tuple[str, dict[str, str]]]:
@@ -97,6 +104,16 @@ class DeadLetters:
             args=[self._ctx, job_id, repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
         )
         return str(result)
+
+    def reopen_batch_line(self, job_id: str) -> tuple[str, str] | None:
+        """After a retry: un-count the job's batch line -> (batch id, REOPEN_LINE's answer), None if no batch's."""
+        raw = self.redis.hget(keys.job_hash(job_id), "request")
+        metadata = (json.loads(str(raw)).get("metadata") or {}) if raw else {}
+        batch_id, line = metadata.get(BATCH_ID_KEY), metadata.get(BATCH_LINE_KEY)
+        if not batch_id or line is None:
+            return None
+        answer = self._reopen_line(keys=[keys.batch_hash(batch_id), keys.batch_results(batch_id)], args=[line])
+        return batch_id, str(answer)
 
     def purge(self) -> int:
         """Empty the dead-letter stream (the jobs stay failed until their result TTL) -> entries removed."""

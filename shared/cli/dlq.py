@@ -38,7 +38,8 @@ def list_dead(as_json: Annotated[bool, typer.Option("--json", help="Print JSON")
 @app.command()
 def retry(job_id: Annotated[str, typer.Argument(help="The dead-lettered job's id")]) -> None:
     """Put the job back in its queue with its output so far: the next worker resumes after it."""
-    result = _dead_letters().retry(job_id)
+    letters = _dead_letters()
+    result = letters.retry(job_id)
     if result != "ok":
         reason = {"missing": "no such job (or its record expired)"}.get(
             result, "it is not a job that failed with max_deliveries_exceeded"
@@ -46,6 +47,14 @@ def retry(job_id: Annotated[str, typer.Argument(help="The dead-lettered job's id
         typer.echo(f"error: cannot retry {job_id}: {reason}", err=True)
         raise typer.Exit(1)
     typer.echo(f"requeued {job_id}")
+    batch = letters.reopen_batch_line(job_id)
+    if batch is not None:
+        batch_id, answer = batch
+        if answer in ("reopened", "uncounted"):
+            typer.echo(f"its line in {batch_id} now waits for the retried job's result")
+        else:
+            typer.echo(f"note: batch {batch_id} is {answer}: its output keeps the line's failure; the retried "
+                       "job's result is on the job only", err=True)
 
 
 @app.command()

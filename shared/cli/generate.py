@@ -22,7 +22,7 @@ def generate(
     top_p: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int | None, typer.Option()] = None,
     speculative: Annotated[
-        SpeculativeMethod | None, typer.Option(help="none | draft | ngram | eagle (default: the engine's speculative_method, draft)")
+        SpeculativeMethod | None, typer.Option(help="none | draft | ngram | eagle (default: the engine's speculative_method; unset: eagle with a head, else draft, else ngram)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming")] = False,
 ) -> None:

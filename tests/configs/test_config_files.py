@@ -181,7 +181,7 @@ def test_unknown_and_unmarked_engine_keys_are_caught(tmp_path: Path) -> None:
     bad = tmp_path / "engine.yaml"
     bad.write_text("engine:\n  speculative_method: none\n  num_threads: 0\n")
     assert check_engine_yaml(bad) == [
-        "speculative_method: <SpeculativeMethod.NONE: 'none'> contradicts the default <SpeculativeMethod.DRAFT: 'draft'>",
+        "speculative_method: <SpeculativeMethod.NONE: 'none'> contradicts the default None",
         "num_threads: restates the default 0 (files hold overrides only)",
     ]
     bad.write_text("engine:\n  num_treads: 1\n")

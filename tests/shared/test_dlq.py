@@ -1,6 +1,7 @@
 """Dead letters on a real Redis: a job whose worker dies past max_deliveries is listed by `specfleet dlq list`,
 `retry` re-enqueues it with its partial output and a real worker loop (tiny target) resumes and finishes it;
-`purge` empties the list; retrying a job that is not a dead letter changes nothing."""
+`purge` empties the list; retrying a job that is not a dead letter changes nothing; a retried batch line
+counts its new result in a running batch, and a finished batch keeps the failure."""
 
 import json
 import os
@@ -11,12 +12,14 @@ from pathlib import Path
 import redis
 
 from shared import keys
+from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY
 from shared.dlq import DeadLetters
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.played_worker import PlayedWorker
 from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
+from workers.tasks.outbox import OutboxHandler
 from workers.worker.queue_reader import QueueReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +81,56 @@ def test_list_retry_resume_and_purge(
     assert dlq_cli(redis_url, "purge", "--yes").stdout.strip() == "purged 1 dead letters"
     assert DeadLetters(rclient, settings).list() == []
     assert rclient.hget(keys.job_hash(purged), "status") == "failed"  # purging forgets the letter, not the job
+
+
+def test_retried_batch_line_counts_its_new_result_not_its_failure(
+    settings: ServiceSettings, rclient: redis.Redis, redis_url: str, tiny_target: Path
+) -> None:
+    """A running batch whose line 0 was dead-lettered: the retry un-counts the failure, and the resumed job's
+    success is what the batch counts (through the outbox handler's real LINE_DONE path)."""
+    settings.max_deliveries = 1
+    batch_id = "batch_dlq"
+    job_id = dead_letter(rclient, settings, 1)[0]
+    request = json.loads(rclient.hget(keys.job_hash(job_id), "request"))
+    request["metadata"] = {BATCH_ID_KEY: batch_id, BATCH_LINE_KEY: "0", CUSTOM_ID_KEY: "a"}
+    rclient.hset(keys.job_hash(job_id), "request", json.dumps(request))
+    line = {"custom_id": "a", "url": "/v1/jobs", "model": "tiny", "request": {"prompt": "hello", "max_tokens": 12}}
+    rclient.rpush(keys.batch_lines(batch_id), json.dumps(line), json.dumps({**line, "custom_id": "b"}))
+    rclient.hset(keys.batch_hash(batch_id), mapping={"id": batch_id, "status": "in_progress", "total": 2,
+                                                      "completed": 0, "failed": 0, "num_expired": 0,
+                                                      "expanded": 2, "expansion": "done"})
+    handler = OutboxHandler(rclient, "http://gateway")
+    assert handler.settle_batch_line(batch_id, 0, job_id)  # the dead letter counted as the line's failure
+    assert rclient.hget(keys.batch_hash(batch_id), "failed") == "1"
+
+    retried = dlq_cli(redis_url, "retry", job_id)
+    assert retried.returncode == 0 and f"its line in {batch_id} now waits" in retried.stdout, retried.stderr
+    assert rclient.hget(keys.batch_hash(batch_id), "failed") == "0"
+    assert not rclient.hexists(keys.batch_results(batch_id), "0")
+
+    worker = EngineThread(settings, tiny_target, worker_id="resumer", model_name="tiny", max_num_seqs=2).start()
+    try:
+        wait_until(lambda: rclient.hget(keys.job_hash(job_id), "status") == "succeeded",
+                   what="the retried batch line's job to finish")
+    finally:
+        worker.stop()
+    assert handler.settle_batch_line(batch_id, 0, job_id)
+    batch = rclient.hgetall(keys.batch_hash(batch_id))
+    assert (batch["completed"], batch["failed"]) == ("1", "0")
+    assert json.loads(rclient.hget(keys.batch_results(batch_id), "0"))["error"] is None
+
+
+def test_retry_of_a_line_of_a_finished_batch_says_the_batch_keeps_the_failure(
+    settings: ServiceSettings, rclient: redis.Redis, redis_url: str
+) -> None:
+    settings.max_deliveries = 1
+    job_id = dead_letter(rclient, settings, 1)[0]
+    request = json.loads(rclient.hget(keys.job_hash(job_id), "request"))
+    request["metadata"] = {BATCH_ID_KEY: "batch_done", BATCH_LINE_KEY: "0", CUSTOM_ID_KEY: "a"}
+    rclient.hset(keys.job_hash(job_id), "request", json.dumps(request))
+    rclient.hset(keys.batch_hash("batch_done"), mapping={"id": "batch_done", "status": "completed", "failed": 1})
+    rclient.hset(keys.batch_results("batch_done"), "0", "{}")
+    retried = dlq_cli(redis_url, "retry", job_id)
+    assert retried.returncode == 0 and "batch batch_done is completed" in retried.stderr
+    assert rclient.hget(keys.batch_hash("batch_done"), "failed") == "1"  # its files are written: unchanged
+    assert rclient.hget(keys.job_hash(job_id), "status") == "queued"  # the job itself runs again

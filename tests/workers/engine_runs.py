@@ -28,7 +28,7 @@ def make_engine(
     target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None, **overrides: Any
 ) -> Engine:
     """An engine on test checkpoints: float32, 4 MiB of KV in blocks of 4 tokens, plain decoding by default
-    (the configured default method, draft, needs a draft model), unless overridden."""
+    (the engine's own default speculates with what it holds), unless overridden."""
     settings = dict(dtype="float32", kv_cache_mb=4, block_size=4, speculative_method="none") | overrides
     return Engine(EngineConfig(**settings), target_dir, draft_dir, eagle_dir)
 

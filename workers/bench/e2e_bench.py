@@ -4,6 +4,7 @@
 2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
    request mix straight into an in-process engine (same engine settings and torch thread count as the worker).
+   With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`).
 5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
@@ -12,7 +13,7 @@
 
 Headline ratios: `fleet_vs_engine_tokens_per_s_c{N}` (fleet tokens/s over the in-process engine's, same request
 mix, same minute), `fleet_ttft_overhead_ms_p50[_c{N}]`, `submit_rate_jobs_s` with the gateway's CPU per submit
-(`submit_gateway_cpu_ms_per_job`), `sse_streams`, `sse_lost_tokens`; the machine's load average before and
+(`submit_gateway_cpu_ms_per_job`), `sse_streams`, `sse_lost_tokens`, `cost_per_1k[_plain]_c{N}` and `cost_per_1k_sd_vs_plain_c{N}`; the machine's load average before and
 after (the benchmark shares its cores with whatever else runs).
 
 Everything runs on this machine: the benchmark client competes with the gateway, Redis and the worker for the
@@ -33,6 +34,7 @@ import torch
 
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
+from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
 from workers.bench.e2e_fleet import ROOT, BenchFleet
 from workers.bench.e2e_latency import request_mix, run_engine, run_fleet, summary
 from workers.bench.e2e_load import (
@@ -75,7 +77,8 @@ class E2EBenchPlan:
                    sse_max_tokens=3, num_gateway_procs=1, max_num_seqs=4, mixed=MixedPlan.tiny())
 
 
-def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan) -> list[dict[str, Any]]:
+def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
+    """Per concurrency: fleet, engine, then the fleet again with speculation off (the cost phase's baseline)."""
     rows = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
@@ -85,6 +88,8 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan) -> list[di
             rows.append({"phase": "latency", "system": system, "concurrency": c, **summary(t)})
         log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
                  rows[-1]["ttft_ms_p50"])
+        rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
+        rows.append(cost_row(fleet.redis_url, plain_run(fleet.endpoint, bodies, c), c, False, price))
     return rows
 
 
@@ -126,8 +131,10 @@ def bench_e2e(
         fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
                            num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs, env=env)
         with fleet:
+            cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
+                                    max_num_seqs=plan.max_num_seqs)  # fmt: skip
             if only != "mixed":
-                _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios)
+                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios)
             # 5: mixed workloads, on a worker with the phase's slots
             fleet.start_gateway(1)
             fleet.reset_data()
@@ -140,8 +147,6 @@ def bench_e2e(
             )
             rows += mixed_rows + fairness_rows
             ratios.update(mixed_ratios | fairness_ratios)
-    cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
-                            max_num_seqs=plan.max_num_seqs)  # fmt: skip
     info = {**_engine_info(cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
     return {"rows": rows, "ratios": ratios, "engine": info}
 
@@ -154,8 +159,9 @@ def _fleet_phases(
     draft_dir: Path | None,
     rows: list[dict[str, Any]],
     ratios: dict[str, float],
-) -> None:
-    """Phases 1-4 (the module's docstring): their rows and ratios are added to `rows` and `ratios`."""
+) -> Any:
+    """Phases 1-4 (the module's docstring): their rows and ratios are added to `rows` and `ratios`; -> the
+    in-process engine's config (its speculation method resolved)."""
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
 
@@ -177,9 +183,10 @@ def _fleet_phases(
     warm = request_mix(2, 4)
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
     run_engine(engine, warm, 1)
-    latency = _latency_rows(fleet, engine, plan)
+    latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
     rows.extend(latency)
     ratios.update(_overheads(latency))
+    ratios.update(cost_ratios(latency))
 
     # 4: many SSE streams, ONE gateway process
     body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
@@ -193,6 +200,7 @@ def _fleet_phases(
                  "gateway_cpu_s": gateway_cpu_s})
     ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
                    "sse_lost_tokens": float(streams.lost_tokens)})
+    return engine.cfg
 
 
 def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettings) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ class Timings:
     tpot_s: list[float] = field(default_factory=list)
     num_tokens: int = 0
     elapsed_s: float = 0.0
+    job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
 
     def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int) -> None:
         self.ttft_s.append(first_s - start_s)
@@ -77,6 +78,7 @@ async def _fleet_client(endpoint: Endpoint, bodies: list[dict[str, Any]], timing
             if status != 202:
                 raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
             job_id = json.loads(raw)["id"]
+            timings.job_ids.append(job_id)
             first = last = 0.0
             num_tokens = 0
             async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):

@@ -144,6 +144,12 @@ decides how often a depth is drafted at all; rarely drafted depths are left out 
 
 {_table(latency, ['system', 'concurrency', 'ttft_ms_p50', 'ttft_ms_p99', 'tpot_ms_p50', 'tokens_per_s', 'num_requests'])}
 
+## Cost per 1,000 tokens
+
+From the jobs' own records (each job's share of engine time), speculation on and off, the same requests:
+
+{_table([r for r in e2e_rows if r["phase"] == "cost"], ['concurrency', 'speculation', 'tokens', 'compute_s_per_1k', 'cost_per_1k'])}
+
 ## Headline ratios
 
 Engine:

@@ -103,6 +103,7 @@ def print_e2e(result: dict) -> None:
                                  "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]),
         (("latency",), ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
                         "tokens_per_s", "num_requests"]),
+        (("cost",), ["system", "concurrency", "speculation", "tokens", "compute_s_per_1k", "cost_per_1k"]),
         (("sse",), ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
                     "failed_jobs", "gateway_cpu_s"]),
         (("mixed",), ["system", "num_requests", "ttft_ms_p50", "ttft_ms_p99", "tokens_per_s", "seconds"]),

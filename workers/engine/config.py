@@ -59,8 +59,9 @@ class EngineConfig:
     compile_cache_dir: str | None = None  # compiled artifacts; None = $SPECFLEET_HOME/compile-cache
     seed: int = 0  # seeds the RNG that unseeded sampling requests draw their generators from
     # speculative decoding (workers/spec/)
-    # the method of requests that do not choose; `draft` without a draft model: the caller falls back to ngram
-    speculative_method: SpeculativeMethod = SpeculativeMethod.DRAFT
+    # the method of requests that do not choose; None = the best the engine holds: the EAGLE head when it has
+    # one (bench spec: 1.5x the draft model at batch 1 on the demo pair), else the draft model, else ngram
+    speculative_method: SpeculativeMethod | None = None
     num_speculative_tokens: PositiveInt = 4  # k at most (chain); adaptive k moves in [k_min, k]
     speculative_k_min: PositiveInt = 1
     is_adaptive: bool = True  # False: every speculating sequence uses num_speculative_tokens

@@ -42,10 +42,20 @@ from workers.spec.verify_batch import VerifyEntry
 log = logging.getLogger(__name__)
 
 
+def default_method(cfg: EngineConfig, draft_dir: Path | None, eagle_dir: Path | None) -> SpeculativeMethod:
+    """cfg's speculative_method, or when it names none the best the engine holds: head, draft model, ngram."""
+    if cfg.speculative_method is not None:
+        return cfg.speculative_method
+    if eagle_dir is not None:
+        return SpeculativeMethod.EAGLE
+    return SpeculativeMethod.DRAFT if draft_dir is not None else SpeculativeMethod.NGRAM
+
+
 class Engine:
     def __init__(
         self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None
     ) -> None:
+        cfg = dataclasses.replace(cfg, speculative_method=default_method(cfg, draft_dir, eagle_dir))
         self.cfg = cfg
         threads = ThreadPolicy(cfg.num_threads or len(os.sched_getaffinity(0)), cfg.single_thread_max_tokens)
         torch.set_num_threads(threads.num_threads)
@@ -139,9 +149,6 @@ class Engine:
         if target_dir is not None:
             draft_dir = Path(cfg.draft_dir) if cfg.draft_dir else None
             eagle_dir = Path(cfg.eagle_dir) if cfg.eagle_dir else None
-            if draft_dir is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
-                cfg = dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NGRAM)
-                log.warning("no draft model configured: default speculation is ngram")
             return cls(cfg, Path(target_dir), draft_dir, eagle_dir)
         # the engine builds no model: the caller fills in the demo pair first (workers/demo/resolve.py)
         raise ValueError("EngineConfig.target_dir is not set (resolve the demo pair first: with_demo_pair)")

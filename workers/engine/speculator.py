@@ -74,7 +74,7 @@ class Speculator:
         self.chosen_by_batch: dict[int, list[int]] = {}
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
-        method = SpeculativeMethod(params.speculative or self.cfg.speculative_method)
+        method = SpeculativeMethod(params.speculative or self.cfg.speculative_method or SpeculativeMethod.NONE)
         if method is SpeculativeMethod.NONE:
             return None
         if method is SpeculativeMethod.DRAFT and self.draft is None:

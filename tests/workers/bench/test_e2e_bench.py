@@ -46,6 +46,13 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
     assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert doc["machine"]["load_avg_1m_before"] >= 0
+    cost = [r for r in doc["rows"] if r["phase"] == "cost"]  # from the jobs' own records, SD on and off
+    assert {(r["speculation"], r["concurrency"]) for r in cost} == {
+        (s, c) for s in ("on", "off") for c in plan.concurrencies
+    }
+    assert all(r["tokens"] == max(plan.min_requests, r["concurrency"] * plan.requests_per_client) * plan.max_tokens
+               and r["compute_s_per_1k"] > 0 for r in cost)
+    assert {f"cost_per_1k_sd_vs_plain_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     # the mixed phase: interactive requests with and without a batch backlog, two tenants' batches
     mixed = {r["system"]: r for r in doc["rows"] if r["phase"] == "mixed"}
     assert set(mixed) == {"interactive_idle", "batch_alone", "interactive_under_batch", "batch_under_interactive"}

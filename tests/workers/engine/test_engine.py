@@ -157,9 +157,9 @@ def test_request_larger_than_the_whole_kv_cache_is_refused(tiny_models: dict[str
 def test_the_draft_method_needs_a_draft_model(tiny_models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="no draft model"):
         make_engine(tiny_models["llama"], speculative_method="draft")
-    # from configuration (a worker given a target alone), the default method falls back to n-gram lookup
+    # unset (a worker given a target alone), the method is the best the engine holds: n-gram lookup here
     engine = Engine.from_config(EngineConfig(target_dir=str(tiny_models["llama"]), kv_cache_mb=4, num_threads=1))
-    assert EngineConfig().speculative_method is SpeculativeMethod.DRAFT
+    assert EngineConfig().speculative_method is None
     assert engine.cfg.speculative_method is SpeculativeMethod.NGRAM
     out = run_all(engine, {"a": ([5, 9, 14, 5, 9, 14, 5, 9], greedy(8))})["a"]
     assert out[-1].metrics["num_spec_steps"] > 0  # it speculated

@@ -37,6 +37,16 @@ def plain(eagle_models: dict[str, Path]) -> dict[str, list[int]]:
     return {rid: tokens(o) for rid, o in run_all(engine, requests(make_prompts())).items()}
 
 
+def test_an_engine_holding_a_head_speculates_with_it_unless_told_otherwise(eagle_models, plain) -> None:
+    engine = spec_engine(eagle_models, eagle="copy_head", speculative_method=None)  # a draft model too
+    assert engine.cfg.speculative_method is SpeculativeMethod.EAGLE
+    outs = run_all(engine, requests(make_prompts()[:2]))
+    assert {rid: tokens(o) for rid, o in outs.items()} == {rid: plain[rid] for rid in outs}
+    assert engine.speculator.stats.methods[SpeculativeMethod.EAGLE].counts.num_steps > 0
+    assert SpeculativeMethod.DRAFT not in engine.speculator.stats.methods
+    assert spec_engine(eagle_models, speculative_method=None).cfg.speculative_method is SpeculativeMethod.DRAFT
+
+
 @pytest.mark.parametrize("name", EAGLE_CONFIGS)
 def test_greedy_eagle_equals_plain_decoding_in_a_batch(eagle_models, plain, name) -> None:
     engine = spec_engine(eagle_models, draft=None, **EAGLE_CONFIGS[name])
