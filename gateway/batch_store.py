@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
-from shared import batch_lua, keys
+from shared import batch_lua, batch_quota, keys
 from shared.batch_state import BatchStatus
 from shared.outbox import BatchEvent, NoticeKind, notice_fields
 
@@ -67,6 +67,16 @@ class BatchStore:
         )
         await pipe.execute()
         return batch_id
+
+    async def num_pending_lines(self, owner: str) -> int:
+        """Lines of the key's unfinished batches not finished yet (shared/batch_quota.py)."""
+        batch_ids: list[str] = await self.redis.zrevrange(keys.batches_of(owner), 0, batch_quota.MAX_BATCHES_COUNTED - 1)  # type: ignore[assignment]
+        if not batch_ids:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for batch_id in batch_ids:
+            pipe.hmget(keys.batch_hash(batch_id), batch_quota.FIELDS)
+        return batch_quota.count_lines(await pipe.execute()).num_pending
 
     async def get(self, batch_id: str) -> dict[str, str] | None:
         fields: dict[str, str] = await self.redis.hgetall(keys.batch_hash(batch_id))  # type: ignore[assignment]

@@ -135,6 +135,11 @@ class ServiceSettings(BaseSettings):
     # files (OpenAI's Files API, gateway/routes/files.py): the largest upload, and how many files a key keeps
     file_max_bytes: int = Field(default=100 * 2**20, ge=1)
     file_max_per_key: int = Field(default=1_000, ge=1)
+    # the per-key batch quota (shared/batch_quota.py): lines of one key's batches queued or running at once (the
+    # expansion adds more as they finish: tenants' batches progress together), and lines of its unfinished
+    # batches (a batch past it is a 429); 0 = no limit
+    batch_max_inflight_lines_per_key: int = Field(default=256, ge=0)
+    batch_max_pending_lines_per_key: int = Field(default=200_000, ge=0)
     celery_concurrency: int = Field(default=4, ge=1)  # threads of the Celery worker `specfleet up` starts
     # Prometheus /metrics of the Celery worker (workers/tasks/metrics.py) on `host`; 0 = off
     tasks_metrics_port: int = Field(default=0, ge=0, le=65535)

@@ -197,12 +197,29 @@ async def create_batch(
         )
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
+    await _check_quota(store, key.id, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
     window_s = options.completion_window_s or settings.batch_completion_window_s
     fields = given.fields or {"completion_window": f"{window_s:g}s"}
     batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields)
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch
+
+
+async def _check_quota(store: BatchStore, owner: str, num_lines: int, limit: int, retry_after_s: int) -> None:
+    """The key's quota of unfinished batch lines (shared/batch_quota.py): past it, 429."""
+    if limit == 0:
+        return
+    num_pending = await store.num_pending_lines(owner)
+    if num_pending + num_lines > limit:
+        raise ApiError(
+            429,
+            ErrorCode.RATE_LIMITED,
+            f"this key's batches have {num_pending} unfinished lines; {num_lines} more would pass its batch quota "
+            f"of {limit} (batch_max_pending_lines_per_key): retry when some have finished",
+            field="file",
+            headers={"Retry-After": str(retry_after_s)},
+        )
 
 
 async def _load(store: BatchStore, batch_id: str, base: str) -> Batch:

@@ -7,6 +7,9 @@
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`).
+5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
+   idle, batch throughput under an interactive trickle against alone, and two tenants' batches side by side.
+   `only="mixed"` runs this phase alone.
 
 Headline ratios: `fleet_vs_engine_tokens_per_s_c{N}` (fleet tokens/s over the in-process engine's, same request
 mix, same minute), `fleet_ttft_overhead_ms_p50[_c{N}]`, `submit_rate_jobs_s` with the gateway's CPU per submit
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 
+from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
 from workers.bench.e2e_fleet import ROOT, BenchFleet
@@ -40,6 +44,7 @@ from workers.bench.e2e_load import (
     submit_script_ceiling,
     xadd_ceiling,
 )
+from workers.bench.e2e_mixed import MixedPlan, preemptions, run_fairness, run_mixed
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +62,19 @@ class E2EBenchPlan:
     num_engine_threads: int = 1  # torch threads of the worker and of the in-process engine
     num_gateway_procs: int = 2  # the submit rate is measured with 1 and with this many; the rest with 1
     max_num_seqs: int = 32
+    mixed: MixedPlan = MixedPlan()
 
     @classmethod
     def quick(cls) -> "E2EBenchPlan":
         return cls(requests_per_client=2, min_requests=8, num_submit_jobs=3_000, num_ceiling_ops=16_000,
-                   sse_max_tokens=8)
+                   sse_max_tokens=8, mixed=MixedPlan.quick())
 
     @classmethod
     def tiny(cls) -> "E2EBenchPlan":
         """For tests: every phase, a few requests each (no figure means anything at this size)."""
         return cls(concurrencies=(1, 2), requests_per_client=1, min_requests=2, max_tokens=4,
                    num_submit_jobs=40, num_submit_clients=4, num_ceiling_ops=64, num_sse_streams=8,
-                   sse_max_tokens=3, num_gateway_procs=1, max_num_seqs=4)
+                   sse_max_tokens=3, num_gateway_procs=1, max_num_seqs=4, mixed=MixedPlan.tiny())
 
 
 def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
@@ -106,9 +112,11 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
     return ratios
 
 
-def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work_dir: Path | None = None) -> dict[str, Any]:
+def bench_e2e(
+    target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work_dir: Path | None = None, only: str | None = None
+) -> dict[str, Any]:
+    """Every phase, or only the one named (`mixed`)."""
     from workers.engine.config import EngineConfig
-    from workers.engine.engine import Engine
 
     settings = ServiceSettings()
     rows: list[dict[str, Any]] = []
@@ -116,47 +124,83 @@ def bench_e2e(target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work
     load_before = os.getloadavg()[0]
     num_fds = raise_fd_limit(2 * plan.num_sse_streams + 1024)  # the fleet's processes inherit it
     log.info("open files limit %d; load average %.2f", num_fds, load_before)
+    metrics_port = free_port()
+    env = {"SPECFLEET_WORKER_METRICS_PORT": str(metrics_port), "SPECFLEET_BATCH_RETRY_S": "0.25",
+           "SPECFLEET_BATCH_MAX_INFLIGHT_LINES_PER_KEY": str(plan.mixed.fairness_inflight_lines_per_key)}
     with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
         fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
-                           num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
+                           num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs, env=env)
         with fleet:
-            # 1-2: no worker yet
-            rows.extend(_ceiling_rows(fleet, plan, settings))
-            for procs in sorted({1, plan.num_gateway_procs}):
-                fleet.start_gateway(procs)
-                rows.append(_submit_row(fleet, plan))
-            ratios.update(_submit_ratios(rows))
-            fleet.start_gateway(1)  # as `specfleet up` runs it
-
-            # 3: latency, fleet vs engine
-            fleet.start_worker()
-            torch.set_num_threads(plan.num_engine_threads)
-            cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
-                                    draft_dir=str(draft_dir) if draft_dir else None,
-                                    num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
-            engine = Engine(cfg, target_dir, draft_dir)
-            warm = request_mix(2, 4)
-            asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
-            run_engine(engine, warm, 1)
-            latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
-            rows.extend(latency)
-            ratios.update(_overheads(latency))
-            ratios.update(cost_ratios(latency))
-
-            # 4: many SSE streams, ONE gateway process
-            body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
-            gateway_cpu0_s = fleet.cpu_seconds()["gateway"]
-            streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
-            gateway_cpu_s = fleet.cpu_seconds()["gateway"] - gateway_cpu0_s
-            rows.append({"phase": "sse", "system": "gateway_x1",
-                         "concurrency": streams.num_streams, "peak_open": streams.peak_open,
-                         "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
-                         "out_of_order": streams.num_out_of_order, "failed_jobs": streams.num_failed,
-                         "gateway_cpu_s": gateway_cpu_s})
-            ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
-                           "sse_lost_tokens": float(streams.lost_tokens)})
-    info = {**_engine_info(engine.cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
+            cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
+                                    max_num_seqs=plan.max_num_seqs)  # fmt: skip
+            if only != "mixed":
+                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios)
+            # 5: mixed workloads, on a worker with the phase's slots
+            fleet.start_gateway(1)
+            fleet.reset_data()
+            fleet.start_worker(plan.mixed.max_num_seqs)
+            mixed_rows, mixed_ratios = run_mixed(fleet.endpoint, plan.mixed)
+            mixed_ratios["mixed_batch_preemptions"] = preemptions(metrics_port)
+            fleet.start_celery()
+            fairness_rows, fairness_ratios = run_fairness(
+                [fleet.tenant_endpoint("first"), fleet.tenant_endpoint("second")], plan.mixed
+            )
+            rows += mixed_rows + fairness_rows
+            ratios.update(mixed_ratios | fairness_ratios)
+    info = {**_engine_info(cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
     return {"rows": rows, "ratios": ratios, "engine": info}
+
+
+def _fleet_phases(
+    fleet: BenchFleet,
+    plan: E2EBenchPlan,
+    settings: ServiceSettings,
+    target_dir: Path,
+    draft_dir: Path | None,
+    rows: list[dict[str, Any]],
+    ratios: dict[str, float],
+) -> Any:
+    """Phases 1-4 (the module's docstring): their rows and ratios are added to `rows` and `ratios`; -> the
+    in-process engine's config (its speculation method resolved)."""
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    # 1-2: no worker yet
+    rows.extend(_ceiling_rows(fleet, plan, settings))
+    for procs in sorted({1, plan.num_gateway_procs}):
+        fleet.start_gateway(procs)
+        rows.append(_submit_row(fleet, plan))
+    ratios.update(_submit_ratios(rows))
+    fleet.start_gateway(1)  # as `specfleet up` runs it
+
+    # 3: latency, fleet vs engine
+    fleet.start_worker()
+    torch.set_num_threads(plan.num_engine_threads)
+    cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
+                            draft_dir=str(draft_dir) if draft_dir else None,
+                            num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
+    engine = Engine(cfg, target_dir, draft_dir)
+    warm = request_mix(2, 4)
+    asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
+    run_engine(engine, warm, 1)
+    latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
+    rows.extend(latency)
+    ratios.update(_overheads(latency))
+    ratios.update(cost_ratios(latency))
+
+    # 4: many SSE streams, ONE gateway process
+    body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
+    gateway_cpu0_s = fleet.cpu_seconds()["gateway"]
+    streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
+    gateway_cpu_s = fleet.cpu_seconds()["gateway"] - gateway_cpu0_s
+    rows.append({"phase": "sse", "system": "gateway_x1",
+                 "concurrency": streams.num_streams, "peak_open": streams.peak_open,
+                 "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
+                 "out_of_order": streams.num_out_of_order, "failed_jobs": streams.num_failed,
+                 "gateway_cpu_s": gateway_cpu_s})
+    ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
+                   "sse_lost_tokens": float(streams.lost_tokens)})
+    return engine.cfg
 
 
 def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettings) -> list[dict[str, Any]]:

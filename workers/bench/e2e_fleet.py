@@ -33,6 +33,7 @@ class BenchFleet:
         num_gateway_procs: int = 1,
         num_engine_threads: int = 1,
         max_num_seqs: int = 32,
+        env: dict[str, str] | None = None,  # more environment for every process (settings of a phase)
     ) -> None:
         self.target_dir, self.draft_dir = target_dir, draft_dir
         self.num_engine_threads = num_engine_threads
@@ -40,7 +41,8 @@ class BenchFleet:
         self.initial_gateway_procs = num_gateway_procs
         work_dir.mkdir(parents=True, exist_ok=True)
         self.fleet = Fleet(
-            work_dir / "redis", appendonly=True, env=FLEET_ENV, log_dir=work_dir, cwd=ROOT, ready_poll_s=READY_POLL_S
+            work_dir / "redis", appendonly=True, env={**FLEET_ENV, **(env or {})}, log_dir=work_dir, cwd=ROOT,
+            ready_poll_s=READY_POLL_S,
         )
         self.port = self.fleet.port
         self.url = self.fleet.url
@@ -71,6 +73,20 @@ class BenchFleet:
         finally:
             client.close()
 
+    def tenant_endpoint(self, name: str) -> Endpoint:
+        """The gateway with a new API key of its own (a tenant), without limits."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            _, secret = KeyRegistry(client).create(name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0)
+        finally:
+            client.close()
+        return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {secret}"),))
+
+    def start_celery(self) -> None:
+        """The Celery worker (batch expansion, webhooks), as `specfleet up` runs it."""
+        if "celery" not in self.fleet.procs:
+            self.fleet.start_celery()
+
     def start(self) -> "BenchFleet":
         self.fleet.start_redis()
         self.reset_data()
@@ -85,9 +101,11 @@ class BenchFleet:
     def stop_gateway(self) -> None:
         self.fleet.stop_role("gateway")
 
-    def start_worker(self) -> None:
+    def start_worker(self, max_num_seqs: int | None = None) -> None:
+        """Start the worker (restart it, when one runs), with the fleet's slots unless `max_num_seqs`."""
+        self.stop_worker()
         args = ["--target", str(self.target_dir), "--num-threads", str(self.num_engine_threads),
-                "--max-num-seqs", str(self.max_num_seqs)]  # fmt: skip
+                "--max-num-seqs", str(max_num_seqs or self.max_num_seqs)]  # fmt: skip
         if self.draft_dir is not None:
             args += ["--draft", str(self.draft_dir)]
         self.fleet.start_worker(args, name=WORKER_NAME, timeout_s=READY_TIMEOUT_S)

@@ -61,13 +61,16 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     return 0
 
 
-def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny") -> int:
+def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny", phase: str | None = None) -> int:
     import tempfile
     from pathlib import Path
 
     from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
 
     plan = E2EBenchPlan.quick() if quick else E2EBenchPlan()
+    if phase not in (None, "mixed"):
+        typer.echo(f"error: --phase must be mixed (or left out: every phase), not {phase!r}", err=True)
+        return 2
     with tempfile.TemporaryDirectory(prefix="specfleet-models-") as tmp:
         if model == "tiny":
             from workers.demo.tiny import make_tiny_pair
@@ -85,7 +88,7 @@ def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny") -
         else:
             typer.echo(f"error: --model must be tiny or demo, not {model!r}", err=True)
             return 2
-        result = bench_e2e(target_dir, draft_dir, plan)
+        result = bench_e2e(target_dir, draft_dir, plan, only=phase)
     print_e2e(result)
     if json_path:
         machine = machine_info(model=model, quick=quick, **result["engine"])
@@ -95,21 +98,21 @@ def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny") -
 
 def print_e2e(result: dict) -> None:
     rows = result["rows"]
-    typer.echo(format_table([r for r in rows if r["phase"] in ("ceiling", "submit")],
-                            ["phase", "system", "concurrency", "ops_per_s", "client_cpu_ms_per_job",
-                             "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "latency"],
-                            ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
-                             "tokens_per_s", "num_requests"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "cost"],
-                            ["system", "concurrency", "speculation", "tokens", "compute_s_per_1k", "cost_per_1k"]))
-    typer.echo("")
-    typer.echo(format_table([r for r in rows if r["phase"] == "sse"],
-                            ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
-                             "failed_jobs", "gateway_cpu_s"]))
-    typer.echo("")
+    tables = (
+        (("ceiling", "submit"), ["phase", "system", "concurrency", "ops_per_s", "client_cpu_ms_per_job",
+                                 "gateway_cpu_ms_per_job", "redis_cpu_ms_per_job"]),
+        (("latency",), ["system", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+                        "tokens_per_s", "num_requests"]),
+        (("cost",), ["system", "concurrency", "speculation", "tokens", "compute_s_per_1k", "cost_per_1k"]),
+        (("sse",), ["system", "concurrency", "peak_open", "token_events", "lost_tokens", "out_of_order",
+                    "failed_jobs", "gateway_cpu_s"]),
+        (("mixed",), ["system", "num_requests", "ttft_ms_p50", "ttft_ms_p99", "tokens_per_s", "seconds"]),
+    )  # fmt: skip
+    for phases, columns in tables:
+        phase_rows = [r for r in rows if r["phase"] in phases]
+        if phase_rows:  # `--phase mixed` runs that one alone
+            typer.echo(format_table(phase_rows, columns))
+            typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
 

@@ -7,6 +7,7 @@ or in the overrides is an error, never silently ignored.
 """
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 from pydantic.dataclasses import dataclass
@@ -47,6 +49,10 @@ class EngineConfig:
     max_num_seqs: PositiveInt = 32  # sequences running at once
     max_num_batched_tokens: PositiveInt = 512  # tokens per forward (prefill chunks + decodes)
     max_model_len: NonNegativeInt = 0  # 0 = the target's max_position_embeddings
+    # priorities (workers/engine/priority.py; lower = more urgent): a request may be preempted for a more urgent
+    # one this many times at most (0 = never); priority -> share of slots and KV kept for it and more urgent ones
+    priority_preemption_limit: NonNegativeInt = 4
+    priority_reserved_fraction: dict[NonNegativeInt, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
     # torch.compile of the dense path (workers/engine/compilation.py), at start-up: `auto` = where it measured
     # faster on this host; off by default: the first start compiles for tens of seconds (cached afterwards)
     compile: CompileMode = CompileMode.OFF
@@ -73,6 +79,12 @@ class EngineConfig:
     spec_fallback_acceptance: Annotated[float, Field(ge=0, le=1)] = 0.15  # below this for `patience` steps: plain
     spec_fallback_patience_steps: PositiveInt = 16
 
+    @field_validator("priority_reserved_fraction", mode="before")
+    @classmethod
+    def _reserved_from_text(cls, value: Any) -> Any:
+        """The environment gives text: a JSON object, e.g. SPECFLEET_ENGINE_PRIORITY_RESERVED_FRACTION='{"0": 0.25}'."""
+        return json.loads(value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _ranges(self) -> "EngineConfig":
         if self.speculative_k_min > self.num_speculative_tokens:
@@ -81,6 +93,8 @@ class EngineConfig:
             raise ValueError("need ngram_min_n <= ngram_max_n")
         if self.tensor_parallel_size > 1 and self.compile is not CompileMode.OFF:
             raise ValueError("compile runs one process's dense path: with tensor_parallel_size > 1 set compile: off")
+        if sum(self.priority_reserved_fraction.values()) > 1:
+            raise ValueError("priority_reserved_fraction: the shares add up to more than 1")
         return self
 
     @classmethod

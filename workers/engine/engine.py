@@ -30,6 +30,7 @@ from workers.engine.head_runner import HeadRunner
 from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
 from workers.engine.outputs import StepOutput, TokenLogprob
+from workers.engine.priority import PriorityPolicy
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
@@ -98,8 +99,11 @@ class Engine:
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
         )
+        policy = PriorityPolicy(
+            cfg.max_num_seqs, num_blocks, cfg.priority_preemption_limit, cfg.priority_reserved_fraction
+        )
         self.scheduler = Scheduler(
-            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.speculator.plan_lookahead
+            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.speculator.plan_lookahead, policy
         )
         self.sequences: dict[str, Sequence] = {}
         self.last_plan: SchedulerOutput | None = None  # the last step's plan (the worker splits cost by it)
@@ -162,10 +166,15 @@ class Engine:
             self.tp_group.close()
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
-        """Queue a request; returns its prompt length in tokens. Raises InvalidRequestError."""
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> int:
+        """Queue a request (`priority`: lower = more urgent, workers/engine/priority.py); returns its prompt
+        length in tokens. Raises InvalidRequestError."""
         if request_id in self.sequences:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+            raise InvalidRequestError("priority", f"must be an integer >= 0, got {priority!r}")
         params.validate()
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -190,6 +199,7 @@ class Engine:
             detokenizer=Detokenizer(self._decode, prompt_ids, params.stop),
             generator=generator,
             spec=self.speculator.new_state(params, prompt_ids),
+            priority=priority,
         )
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
@@ -223,6 +233,11 @@ class Engine:
         if self.scheduler.waiting:
             return 0
         return max(0, self.cfg.max_num_seqs - len(self.scheduler.running))
+
+    def free_capacity_for(self, priority: int) -> int:
+        """How many more requests of `priority` could start now: free slots, or else the running requests
+        less urgent than it that may still be preempted for it (none while one as urgent waits)."""
+        return self.free_capacity() or self.scheduler.num_preemptible_for(priority)
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:

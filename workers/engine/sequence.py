@@ -42,6 +42,7 @@ class Sequence:
     first_scheduled_time_s: float | None = None
     first_token_time_s: float | None = None
     num_preemptions: int = 0
+    priority: int = 0  # lower = more urgent (workers/engine/priority.py); the worker's queue, as a number
     spec: SpecState | None = None  # speculation state; None = plain decoding
     # [num_prompt_tokens - 1 at most] the target's logprob of prompt tokens 1.. (params.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)

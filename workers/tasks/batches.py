@@ -1,6 +1,7 @@
 """Batch tasks: expand lines into jobs in chunks, cancel queued lines, finalize. All idempotent, acks_late.
 
-created notice -> expand (one chunk per task, re-enqueued until every line is a job)
+created notice -> expand (one chunk per task, re-enqueued until every line is a job; at most the key's quota of
+                 lines queued or running at once: shared/batch_quota.py)
 each line's job finishes -> its result line and count (workers/tasks/outbox.py, LINE_DONE)
 cancel notice -> cancel (queued lines' jobs cancelled; running ones finish)
 ready (see shared/batch_lua.py) -> finalize: fill never-started lines, decide the final status, webhook
@@ -16,7 +17,7 @@ import uuid
 
 from celery import shared_task
 
-from shared import batch_lua, keys, lua
+from shared import batch_lua, batch_quota, keys, lua
 from shared import redis_url as redis_urls
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY, BatchLine, unstarted_line
 from shared.batch_schemas import batch_from_fields
@@ -71,9 +72,11 @@ def expand(self: object, batch_id: str) -> str:
         return status.value
     r.hset(keys.batch_hash(batch_id), "expand_ran_at", repr(time.time()))  # reconcile: the chain is alive
     start, total = int(fields["expanded"]), int(fields["total"])
-    raw_lines = runtime.lrange(
-        keys.batch_lines(batch_id), start, min(total, start + settings.batch_chunk_lines) - 1
-    )
+    num_lines = min(settings.batch_chunk_lines, _quota_room(fields.get(keys.OWNER_FIELD, "")))
+    if num_lines <= 0 and start < total:  # the key has its quota of lines queued or running: later
+        expand.apply_async((batch_id,), countdown=settings.batch_retry_s)
+        return "quota"
+    raw_lines = runtime.lrange(keys.batch_lines(batch_id), start, min(total, start + num_lines) - 1)
     ttl_s = max(0.001, float(fields["expires_at"]) - time.time())  # past the window: the job expires
     submit = r.register_script(lua.SUBMIT)
     ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
@@ -120,6 +123,19 @@ def expand(self: object, batch_id: str) -> str:
     elif outcome == "finalize":
         finalize.delay(batch_id)
     return outcome
+
+
+def _quota_room(owner: str) -> int:
+    """Lines the key may still put on the batch queue (shared/batch_quota.py); unlimited without an owner."""
+    limit = runtime.settings().batch_max_inflight_lines_per_key
+    if not owner or limit == 0:
+        return 2**31
+    r = runtime.redis_client()
+    batch_ids = r.zrevrange(keys.batches_of(owner), 0, batch_quota.MAX_BATCHES_COUNTED - 1)
+    pipe = r.pipeline(transaction=False)
+    for other in batch_ids:
+        pipe.hmget(keys.batch_hash(str(other)), batch_quota.FIELDS)
+    return limit - batch_quota.count_lines(pipe.execute() if batch_ids else []).num_in_flight
 
 
 def _cancel_queued(job_ids: list[str]) -> int:

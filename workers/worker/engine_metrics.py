@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from workers.engine.outputs import StepOutput
+from workers.worker.priority_metrics import PriorityMetrics
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,7 @@ class EngineMetrics:
         r.register(self.spec)
         self.compile = CompileCollector()
         r.register(self.compile)
+        self.priorities = PriorityMetrics(r)  # preemptions, queue wait and TTFT by queue priority
         self._num_spec_steps_seen = -1
 
     def update(self, engine: Any, outputs: list[StepOutput]) -> None:

@@ -26,6 +26,7 @@ import redis
 
 from shared import keys, logs
 from shared.job_state import ErrorCode
+from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
@@ -37,7 +38,7 @@ from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.logprobs import JobLogprobs, TokenTexts
-from workers.worker.prompts import engine_prompt, sampling_params
+from workers.worker.prompts import engine_priority, engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
 from workers.worker.warmup import WarmupReport, warm_up
 from workers.worker.writer import StepWrite, StepWriter
@@ -55,10 +56,22 @@ class EngineLike(Protocol):
     tokenizer: Any
     max_model_len: int
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int: ...
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> int: ...
     def step(self) -> list[StepOutput]: ...
     def abort(self, request_id: str) -> bool: ...
     def free_capacity(self) -> int: ...
+    def free_capacity_for(self, priority: int) -> int: ...
+
+
+def _queued_priorities(payload: Any) -> set[Priority]:
+    """The queue a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish the job's priority);
+    every queue when the payload names none."""
+    try:
+        return {Priority(str(payload))}
+    except ValueError:
+        return set(Priority)
 
 
 def new_worker_id() -> str:
@@ -108,7 +121,7 @@ class Worker:
         self.num_pulled_last = 0
         self.epoch = 0  # +1 after each Redis failure: the writer skips writes of a failed epoch
         self._pending = StepWrite(self.epoch)  # what admission wrote this step (failures, start notices)
-        self._jobs_queued = True  # a job may be waiting that no pull saw yet
+        self._jobs_queued: set[Priority] = set(Priority)  # queues where a job may wait that no pull saw yet
         self._last_pull_s = -float("inf")
         self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
 
@@ -132,6 +145,7 @@ class Worker:
         self._account(time.perf_counter() - step_start_s, outputs)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
+            self.metrics.priorities.step(self.engine, outputs, self.leases)
         self._emit(outputs)
 
     def _retire(self) -> None:
@@ -145,8 +159,15 @@ class Worker:
             self._drop(report.gone)
 
     def _may_pull(self) -> bool:
-        """Room in the engine, and a job may be waiting (cheap: no Redis call when no pull is due)."""
-        if self.is_stopping or self.engine.free_capacity() <= 0:
+        """Room in the engine (free, or held by less urgent jobs it would preempt for a waiting one), and a
+        job may be waiting (cheap: no Redis call when no pull is due)."""
+        if self.is_stopping:
+            self.num_pulled_last = 0
+            return False
+        if self.engine.free_capacity() <= 0:  # full: worth a pull only for a queue that would preempt
+            urgent = self._preempting_priorities()
+            if any(p in self._jobs_queued or self.reader.waiting[p] for p in urgent):
+                return True
             self.num_pulled_last = 0
             return False
         is_due = time.monotonic() - self._last_pull_s >= self.settings.reclaim_interval_s
@@ -155,10 +176,21 @@ class Worker:
         self.num_pulled_last = 0
         return False
 
+    def _preempting_priorities(self) -> dict[Priority, int]:
+        """Queues whose jobs the full engine would start now by preempting less urgent ones -> how many."""
+        room = {p: self.engine.free_capacity_for(engine_priority(p)) for p in Priority}
+        return {p: n for p, n in room.items() if n > 0}
+
     def _pull(self) -> None:
-        self._jobs_queued = False
         self._last_pull_s = time.monotonic()
-        leases = self.reader.pull(self.engine.free_capacity())
+        free = self.engine.free_capacity()
+        if free > 0:
+            self._jobs_queued = set()
+            leases = self.reader.pull(free)
+        else:  # a full engine takes only jobs it would preempt for; as many as the least urgent of them may
+            urgent = self._preempting_priorities()
+            leases = self.reader.pull(min(urgent.values()), list(urgent))
+            self._jobs_queued -= urgent.keys()
         self.num_pulled_last = len(leases)
         for lease in leases:
             self._admit(lease)
@@ -182,7 +214,7 @@ class Worker:
                     self.step()
                     if self._is_idle():
                         self.reader.wait_for_jobs(self.settings.idle_block_ms)
-                        self._jobs_queued = True
+                        self._jobs_queued = set(Priority)
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
         finally:
@@ -200,7 +232,7 @@ class Worker:
         self.writer.discard(self.epoch)
         self.epoch += 1
         self._pending = StepWrite(self.epoch)
-        self._jobs_queued = True
+        self._jobs_queued = set(Priority)
         time.sleep(REDIS_RETRY_S)
 
     def _is_idle(self) -> bool:
@@ -280,6 +312,8 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        if self.metrics is not None and lease.attempt == 1 and lease.clock is not None:
+            self.metrics.priorities.job_started(lease.priority, lease.clock.started_at - lease.clock.created_at)
         if self.deadlines.track(lease.job_id, request, lease.clock) <= 0:
             self._time_out([lease.job_id])  # pulled already past its deadline: no engine step for it
             return
@@ -303,7 +337,7 @@ class Worker:
                 )
                 return
             num_prompt = self.engine.add_request(
-                lease.job_id, prompt, self.params_factory(request, remaining)
+                lease.job_id, prompt, self.params_factory(request, remaining), engine_priority(lease.priority)
             )
         except PromptTooLongError as exc:
             self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
@@ -368,12 +402,12 @@ class Worker:
         try:
             while (message := self._control.get_message(timeout=0.0)) is not None:
                 if message["channel"] == keys.QUEUED_CHANNEL:
-                    self._jobs_queued = True
+                    self._jobs_queued.update(_queued_priorities(message["data"]))
                 else:
                     lost.add(str(message["data"]))
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)
-            self._jobs_queued = True
+            self._jobs_queued = set(Priority)
         return lost & self.leases.keys()
 
     def _drop(self, job_ids: list[str] | set[str]) -> None:

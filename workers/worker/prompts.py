@@ -1,8 +1,9 @@
-"""A job's request -> what the engine takes: prompt (text, or token ids when resuming) and SamplingParams."""
+"""A job's request -> what the engine takes: prompt (text, or token ids when resuming), SamplingParams, and its
+queue as the engine's priority number (lower = more urgent: interactive 0, default 1, batch 2)."""
 
 from typing import Any
 
-from shared.schemas import JobRequest
+from shared.schemas import JobRequest, Priority
 from workers.engine.sampling_params import SamplingParams
 
 
@@ -38,3 +39,16 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
     )
+
+
+_PRIORITIES = list(Priority)  # highest first
+
+
+def engine_priority(priority: Priority) -> int:
+    """The engine's priority number of a queue: its place in Priority's order, 0 = interactive."""
+    return _PRIORITIES.index(priority)
+
+
+def priority_of(engine_priority_value: int) -> Priority:
+    """engine_priority's inverse (a value past the last queue counts as the last)."""
+    return _PRIORITIES[min(engine_priority_value, len(_PRIORITIES) - 1)]

@@ -94,15 +94,17 @@ class QueueReader:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    def pull(self, max_jobs: int) -> list[Lease]:
-        """Start and return up to `max_jobs` jobs (expired, cancelled and dead ones are settled on the way)."""
+    def pull(self, max_jobs: int, priorities: list[Priority] | None = None) -> list[Lease]:
+        """Start and return up to `max_jobs` jobs (expired, cancelled and dead ones are settled on the way),
+        from the queues of `priorities` only when given (a full engine that would preempt for them); such a
+        pull reclaims nothing, and leaves the other queues' `waiting` as the last full pull saw them."""
         if max_jobs <= 0:
             return []
         reclaim_ms = "0"
-        if time.monotonic() - self._last_reclaim_s >= self.settings.reclaim_interval_s:
+        if priorities is None and time.monotonic() - self._last_reclaim_s >= self.settings.reclaim_interval_s:
             self._last_reclaim_s = time.monotonic()
             reclaim_ms = str(int(self.settings.claim_timeout_s * 1000))
-        order = self.priority_order.order()
+        order = [p for p in self.priority_order.order() if priorities is None or p in priorities]
         call_keys = [keys.queue_stream(p) for p in order]
         call_args: list[str | int] = [
             self._ctx,
@@ -125,7 +127,7 @@ class QueueReader:
             started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
         self.last_ids.update(zip(order, last_ids, strict=True))
         leases = [self._lease(order, row) for row in started]
-        self.waiting = {p: bool(w) for p, w in zip(order, waiting, strict=True)}
+        self.waiting.update({p: bool(w) for p, w in zip(order, waiting, strict=True)})
         self.priority_order.record([lease.priority for lease in leases], self.waiting)
         return leases
 

@@ -53,6 +53,15 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert all(r["tokens"] == max(plan.min_requests, r["concurrency"] * plan.requests_per_client) * plan.max_tokens
                and r["compute_s_per_1k"] > 0 for r in cost)
     assert {f"cost_per_1k_sd_vs_plain_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    # the mixed phase: interactive requests with and without a batch backlog, two tenants' batches
+    mixed = {r["system"]: r for r in doc["rows"] if r["phase"] == "mixed"}
+    assert set(mixed) == {"interactive_idle", "batch_alone", "interactive_under_batch", "batch_under_interactive"}
+    assert mixed["interactive_idle"]["num_requests"] == plan.mixed.num_idle_interactive
+    assert mixed["interactive_under_batch"]["num_requests"] >= 1
+    assert {"mixed_interactive_ttft_p99_vs_idle", "mixed_batch_throughput_vs_alone", "mixed_batch_preemptions",
+            "fairness_second_vs_first_at_half", "fairness_min_ratio"} <= set(doc["ratios"])  # fmt: skip
+    last = [r for r in doc["rows"] if r["phase"] == "fairness"][-1]
+    assert last["first_completed"] == last["second_completed"] == plan.mixed.fairness_lines
 
 
 def test_lost_tokens_counts_missing_extra_and_moved_tokens() -> None:
