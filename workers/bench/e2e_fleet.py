@@ -75,7 +75,7 @@ class BenchFleet:
 
     def tenant_endpoint(self, name: str) -> Endpoint:
         """The gateway with a new API key of its own (a tenant), without limits."""
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
             _, secret = KeyRegistry(client).create(name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0)
         finally:
