@@ -18,6 +18,10 @@ class SamplingParams:
     ignore_eos: bool = False
     # None = the engine's default; validate() turns a plain string ("draft", "ngram", "none") into the enum
     speculative: SpeculativeMethod | None = None
+    # structured output: llguidance's grammar (shared/response_format.py grammar_of); None = free text
+    grammar: str | None = None
+    # a job resumed elsewhere: its last num_resumed_tokens prompt tokens are output the grammar already consumed
+    num_resumed_tokens: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -44,6 +48,12 @@ class SamplingParams:
         ids = self.stop_token_ids
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError("stop_token_ids", "must be a list of integers")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise InvalidRequestError("response_format", "the grammar must be a string")
+        if isinstance(self.num_resumed_tokens, bool) or not isinstance(self.num_resumed_tokens, int) or (
+            self.num_resumed_tokens < 0
+        ):
+            raise InvalidRequestError("num_resumed_tokens", f"must be an integer >= 0, got {self.num_resumed_tokens!r}")
         if self.speculative is not None:
             choices = [m.value for m in SpeculativeMethod]
             if not isinstance(self.speculative, str) or self.speculative not in choices:

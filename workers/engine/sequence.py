@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.engine.detokenizer import Detokenizer
+from workers.engine.grammar import GrammarMatcher
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.state import SpecState
 
@@ -42,6 +43,7 @@ class Sequence:
     first_token_time_s: float | None = None
     num_preemptions: int = 0
     spec: SpecState | None = None  # speculation state; None = plain decoding
+    grammar: GrammarMatcher | None = None  # structured output: the grammar of its output; None = free text
 
     def drop_kv(self) -> None:
         """Forget every cached K/V (preemption): target and draft recompute from the start."""
