@@ -128,7 +128,11 @@ class Call:
             error = _job_failure(job)
             error.headers = {**(error.headers or {}), JOB_ID_HEADER: self.job_id}
             raise error
-        answer = oa.chat_completion_of(job, self.model) if self.is_chat else oa.completion_of(job, self.model)
+        answer = (
+            oa.chat_completion_of(job, self.model, self.body.tool_set())
+            if isinstance(self.body, oa.ChatCompletionRequest)
+            else oa.completion_of(job, self.model)
+        )
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
     async def _wait(self) -> Job:

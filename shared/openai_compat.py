@@ -30,6 +30,15 @@ from pydantic import (
     model_validator,
 )
 
+from shared.response_format import (
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolSet,
+    tool_call_objects,
+    tool_calls_of,
+)
 from shared.schemas import MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
 
 COMPLETIONS_URL = "/v1/completions"
@@ -137,6 +146,7 @@ class CompletionRequest(_Common):
     best_of: StrictInt | None = None
     logprobs: StrictInt | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # as vLLM's extension (structured output, shared/response_format.py)
 
     @field_validator("prompt")
     @classmethod
@@ -197,19 +207,38 @@ class ChatCompletionRequest(_Common):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     parallel_tool_calls: StrictBool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none"] | None = None
-    response_format: dict[str, Any] | None = None
+    # structured output (shared/response_format.py): JSON-schema-constrained answers and function calls
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "ChatCompletionRequest":
         if self.logprobs or self.top_logprobs:
             raise ValueError("logprobs are not supported")
-        if self.tools:
-            raise ValueError("tools are not supported")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {'type': 'text'} is supported")
+        tools = self.tool_set()  # ValueError naming the problem (a bad name, a schema that does not compile)
+        if self.tool_choice is not None and self.tool_choice != "none" and tools is None:
+            raise ValueError("tool_choice needs tools")
+        if tools is not None and tools.is_active:
+            is_json = self.response_format is not None and self.response_format.type != "text"
+            if is_json and tools.response_format() is not None:
+                raise ValueError("response_format cannot be combined with a tool_choice that forces a call")
+            if self.stream:
+                raise ValueError("tools: streaming a function call is not supported (use stream: false)")
         return self
+
+    def tool_set(self) -> ToolSet | None:
+        """The tools and the choice among them; None without tools."""
+        if not self.tools:
+            return None
+        return ToolSet(tools=self.tools, tool_choice=self.tool_choice or "auto")
+
+    def answer_format(self) -> ResponseFormat | None:
+        """What constrains the answer: a forced function call, else response_format."""
+        tools = self.tool_set()
+        if tools is not None and tools.is_active and tools.response_format() is not None:
+            return tools.response_format()
+        return self.response_format
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -233,8 +262,13 @@ def to_job_request(
     if isinstance(req, CompletionRequest):
         fields["prompt"] = req.prompt_text()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        fields["response_format"] = req.response_format
     else:
         fields["messages"] = [m.to_message() for m in req.messages]
+        fields["response_format"] = req.answer_format()
+        tools = req.tool_set()
+        if tools is not None and tools.is_active:  # the model is told what it may call
+            fields["messages"].insert(0, Message(role="system", content=tools.prompt_note()))
     max_tokens = req.requested_max_tokens() or default_max_tokens
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
@@ -262,7 +296,7 @@ def model_of(body: dict[str, Any]) -> str | None:
 
 
 # -- responses ------------------------------------------------------------------------------------------------
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class CompletionUsage(BaseModel):
@@ -290,7 +324,8 @@ class Completion(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None  # the functions the answer calls (tools); then content is None
 
 
 class ChatChoice(BaseModel):
@@ -370,18 +405,20 @@ def completion_of(job: Job, model: str) -> Completion:
     )
 
 
-def chat_completion_of(job: Job, model: str) -> ChatCompletion:
-    """The `chat.completion` object of a finished job."""
+def chat_completion_of(job: Job, model: str, tools: ToolSet | None = None) -> ChatCompletion:
+    """The `chat.completion` object of a finished job (its answer read as function calls under `tools`)."""
+    text = job.output.text if job.output else ""
+    reason = finish_reason(job.output.finish_reason if job.output else None)
+    message = AssistantMessage(content=text)
+    calls = tool_calls_of(text, tools) if tools is not None and tools.is_active and reason == "stop" else None
+    if calls:
+        message = AssistantMessage(content=None, tool_calls=tool_call_objects(job.id, calls))
+        reason = "stop" if tools is not None and tools.named() is not None else "tool_calls"  # as OpenAI
     return ChatCompletion(
         id=chat_completion_id(job.id),
         created=int(job.created_at),
         model=model,
-        choices=[
-            ChatChoice(
-                message=AssistantMessage(content=job.output.text if job.output else ""),
-                finish_reason=finish_reason(job.output.finish_reason if job.output else None),
-            )
-        ],
+        choices=[ChatChoice(message=message, finish_reason=reason)],
         usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
     )
 

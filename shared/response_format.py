@@ -15,14 +15,17 @@ function's `parameters` (the answer is its arguments); `required` to `{"name": <
 """
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the type stubs only
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a schema (as JSON) past this is refused: compiling it costs the worker
 # compact JSON: no free whitespace (a model looping on spaces would never close its object)
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's
 
 
@@ -69,8 +72,11 @@ def grammar_of(fmt: ResponseFormat | None) -> str | None:
         return None
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise ValueError(f"the JSON schema is over {MAX_SCHEMA_CHARS} characters")
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except Exception as exc:  # whatever a hostile schema makes it raise is the client's 400, never a 500
+        raise ValueError(f"invalid JSON schema: {exc}") from exc
     if is_error:
         raise ValueError(f"invalid JSON schema: {messages[0] if messages else 'it does not compile'}")
     return grammar
@@ -150,16 +156,17 @@ class ToolSet(BaseModel):
         else:
             return None
         try:
-            return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="tool_call", schema=schema))
+            return ResponseFormat.model_validate(
+                {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
+            )
         except ValueError as exc:
             raise ValueError(f"tools: {exc}") from exc
 
     def prompt_note(self) -> str:
         """A system message telling the model which functions it may call, and how."""
         specs = [t.function.model_dump(exclude_none=True) for t in self.tools]
-        return (
-            "You may call these functions. To call one, answer only with a JSON object "
-            '{"name": <function name>, "arguments": <its arguments>}.\n' + json.dumps(specs)
+        return 'Functions you may call, answering {"name":...,"arguments":{...}}: ' + json.dumps(
+            specs, separators=(",", ":")
         )
 
 
@@ -185,3 +192,23 @@ def tool_calls_of(text: str, tools: ToolSet) -> list[tuple[str, str]] | None:
     if not isinstance(value, dict) or value.get("name") not in names or not isinstance(value.get("arguments"), dict):
         return None
     return [(value["name"], json.dumps(value["arguments"]))]
+
+
+# -- the answer -------------------------------------------------------------------------------------------------
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+def tool_call_objects(job_id: str, calls: list[tuple[str, str]]) -> list[ToolCall]:
+    """OpenAI's `tool_calls` of a job's answer: ids derived from the job's, so a re-read gives the same ones."""
+    return [
+        ToolCall(id=f"call_{job_id}_{i}", function=ToolCallFunction(name=name, arguments=arguments))
+        for i, (name, arguments) in enumerate(calls)
+    ]

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from shared.response_format import grammar_of
 from shared.schemas import JobRequest
 from workers.engine.sampling_params import SamplingParams
 
@@ -35,4 +36,5 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         stop=list(request.stop),
         ignore_eos=request.ignore_eos,
         speculative=request.speculative_method,
+        grammar=grammar_of(request.response_format),
     )

@@ -33,11 +33,10 @@ OPEN = {
     "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
     "required": ["name"],
 }
-SAMPLED_RUNS = 64
+SAMPLED_RUNS = 32
 METHODS = {
     "none": dict(speculative_method="none"),
     "draft-chain": dict(speculative_method="draft"),
-    "draft-chain-fixed-k": dict(speculative_method="draft", is_adaptive=False),
     "draft-tree-configured": dict(speculative_method="draft", tree_size=6, tree_branching=2),
     "ngram": dict(speculative_method="ngram", is_adaptive=False),
     "eagle-chain": dict(speculative_method="eagle", eagle="copy_head"),
@@ -60,7 +59,7 @@ def engine_for(eagle_models: dict[str, Path], method: str):
 def greedy_requests(schema: dict, max_tokens: int = 48) -> dict[str, tuple[list[int], SamplingParams]]:
     g = grammar(schema)
     return {str(i): (p, SamplingParams(max_tokens=max_tokens, temperature=0.0, grammar=g))
-            for i, p in enumerate(make_prompts()[:12])}
+            for i, p in enumerate(make_prompts()[::5])}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_greedy_constrained_output_follows_its_schema(eagle_models, plain) -> No
     engine = engine_for(eagle_models, "none")
     validator = jsonschema_rs.validator_for(BOUNDED)
     outs = run_all(engine, greedy_requests(BOUNDED))
-    for rid, o in outs.items():
+    for o in outs.values():
         assert o[-1].finish_reason == "stop"
         text = "".join(x.new_text for x in o)
         assert validator.is_valid(json.loads(text)), text
