@@ -22,11 +22,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -326,6 +328,13 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None  # the functions the answer calls (tools); then content is None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.tool_calls is None:
+            data.pop("tool_calls", None)  # a text answer keeps its plain shape
+        return data
 
 
 class ChatChoice(BaseModel):
