@@ -131,7 +131,7 @@ class Call:
             error.headers = {**(error.headers or {}), JOB_ID_HEADER: self.job_id}
             raise error
         if isinstance(self.body, oa.ChatCompletionRequest):
-            answer: BaseModel = oa.chat_completion_of(job, self.model)
+            answer: BaseModel = oa.chat_completion_of(job, self.model, self.body.tool_set())
         else:
             answer = oa.completion_of(job, self.model, self.body.prompt_text() if self.body.echo else None)
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)

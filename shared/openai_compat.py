@@ -23,11 +23,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -38,6 +40,15 @@ from shared.openai_logprobs import (
     CompletionLogprobs,
     chat_logprobs,
     completion_logprobs,
+)
+from shared.response_format import (
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolSet,
+    tool_call_objects,
+    tool_calls_of,
 )
 from shared.schemas import MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
 
@@ -146,6 +157,7 @@ class CompletionRequest(_Common):
     # accepted at their neutral values only
     best_of: StrictInt | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # as vLLM's extension (structured output, shared/response_format.py)
 
     @field_validator("prompt")
     @classmethod
@@ -202,19 +214,38 @@ class ChatCompletionRequest(_Common):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # accepted at their neutral values only
     parallel_tool_calls: StrictBool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none"] | None = None
-    response_format: dict[str, Any] | None = None
+    # structured output (shared/response_format.py): JSON-schema-constrained answers and function calls
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.tools:
-            raise ValueError("tools are not supported")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {'type': 'text'} is supported")
+        tools = self.tool_set()  # ValueError naming the problem (a bad name, a schema that does not compile)
+        if self.tool_choice is not None and self.tool_choice != "none" and tools is None:
+            raise ValueError("tool_choice needs tools")
+        if tools is not None and tools.is_active:
+            is_json = self.response_format is not None and self.response_format.type != "text"
+            if is_json and tools.response_format() is not None:
+                raise ValueError("response_format cannot be combined with a tool_choice that forces a call")
+            if self.stream:
+                raise ValueError("tools: streaming a function call is not supported (use stream: false)")
         return self
+
+    def tool_set(self) -> ToolSet | None:
+        """The tools and the choice among them; None without tools."""
+        if not self.tools:
+            return None
+        return ToolSet(tools=self.tools, tool_choice=self.tool_choice or "auto")
+
+    def answer_format(self) -> ResponseFormat | None:
+        """What constrains the answer: a forced function call, else response_format."""
+        tools = self.tool_set()
+        if tools is not None and tools.is_active and tools.response_format() is not None:
+            return tools.response_format()
+        return self.response_format
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -240,9 +271,14 @@ def to_job_request(
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
         fields["logprobs"] = req.logprobs
         fields["prompt_logprobs"] = req.logprobs if req.echo else None
+        fields["response_format"] = req.response_format
     else:
         fields["messages"] = [m.to_message() for m in req.messages]
         fields["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
+        fields["response_format"] = req.answer_format()
+        tools = req.tool_set()
+        if tools is not None and tools.is_active:  # the model is told what it may call
+            fields["messages"].insert(0, Message(role="system", content=tools.prompt_note()))
     max_tokens = req.requested_max_tokens() or default_max_tokens
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
@@ -272,7 +308,7 @@ def model_of(body: dict[str, Any]) -> str | None:
 
 
 # -- responses ------------------------------------------------------------------------------------------------
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class CompletionUsage(BaseModel):
@@ -300,7 +336,15 @@ class Completion(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None  # the functions the answer calls (tools); then content is None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.tool_calls is None:
+            data.pop("tool_calls", None)  # a text answer keeps its plain shape
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -386,17 +430,24 @@ def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Compl
     )
 
 
-def chat_completion_of(job: Job, model: str) -> ChatCompletion:
-    """The `chat.completion` object of a finished job."""
+def chat_completion_of(job: Job, model: str, tools: ToolSet | None = None) -> ChatCompletion:
+    """The `chat.completion` object of a finished job (its answer read as function calls under `tools`)."""
+    text = job.output.text if job.output else ""
+    reason = finish_reason(job.output.finish_reason if job.output else None)
+    message = AssistantMessage(content=text)
+    calls = tool_calls_of(text, tools) if tools is not None and tools.is_active and reason == "stop" else None
+    if calls:
+        message = AssistantMessage(content=None, tool_calls=tool_call_objects(job.id, calls))
+        reason = "stop" if tools is not None and tools.named() is not None else "tool_calls"  # as OpenAI
     return ChatCompletion(
         id=chat_completion_id(job.id),
         created=int(job.created_at),
         model=model,
         choices=[
             ChatChoice(
-                message=AssistantMessage(content=job.output.text if job.output else ""),
+                message=message,
                 logprobs=chat_logprobs(job.output.logprobs) if job.output and job.output.logprobs is not None else None,
-                finish_reason=finish_reason(job.output.finish_reason if job.output else None),
+                finish_reason=reason,
             )
         ],
         usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),

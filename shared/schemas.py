@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.job_state import JobStatus
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from shared.response_format import ResponseFormat
 from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
@@ -63,6 +64,8 @@ class JobRequest(BaseModel):
     ignore_eos: bool = False
     # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
     speculative: bool | SpeculativeMethod = True
+    # structured output (OpenAI's shape): json_object / json_schema constrain the output; text or None: free
+    response_format: ResponseFormat | None = None
     # only a worker serving this model version (settings.model_version) takes the job; None: any worker
     model_version: str | None = Field(None, pattern=MODEL_VERSION_PATTERN)
     priority: Priority = Priority.DEFAULT

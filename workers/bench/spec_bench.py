@@ -3,7 +3,9 @@
 Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree,
 n-gram lookup, an EAGLE head's chain and its tree (when the bench is given a head), at batch 1, 4, 16, 32 (all
 requests submitted at once). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)` and
-`generate(prompt_lookup_num_tokens=…)`.
+`generate(prompt_lookup_num_tokens=…)`. Then the same engines under a JSON schema (workers/bench/grammar_bench.py):
+constrained speculation against constrained plain decoding, and sampled constrained answers checked against
+their schema.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ import torch
 
 from shared.speculation import SpeculativeMethod
 from workers.bench.engine_bench import hf_threads, match_rate, run_hf_serial, run_ours
+from workers.bench.grammar_bench import bench_grammar
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
@@ -39,10 +42,12 @@ class SpecBenchPlan:
     num_bs1_prompts: int = 8
     batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
     tree_size: int = 6
+    json_batch_sizes: tuple[int, ...] = (1, 4, 16)  # speculation under a JSON schema (grammar_bench.py)
+    num_json_sampled_runs: int = 1000  # seeded sampled constrained answers checked against their schema
 
     @classmethod
     def quick(cls) -> "SpecBenchPlan":
-        return cls(num_bs1_prompts=3, batch_sizes=(1, 4, 16))
+        return cls(num_bs1_prompts=3, batch_sizes=(1, 4, 16), json_batch_sizes=(1, 4), num_json_sampled_runs=100)
 
 
 def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int) -> tuple[float, list[list[int]]]:
@@ -148,6 +153,11 @@ def bench_spec(
     if eagle_dir is not None:
         ratios |= _eagle_ratios(tps, rows, plan)
         ratios["bf16_greedy_match_eagle_vs_plain"] = bf16_eagle_match
+    json_rows, json_ratios = bench_grammar(
+        engines, prompts, plan.json_batch_sizes, plan.num_bs1_prompts, plan.num_new_tokens, plan.num_json_sampled_runs
+    )
+    rows += json_rows
+    ratios |= json_ratios
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
 
 

@@ -101,7 +101,8 @@ class StepApplier:
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if seq.detokenizer.push(token):
+        is_complete = seq.grammar is not None and seq.grammar.advance(token)  # structured output: it is whole
+        if seq.detokenizer.push(token) or is_complete:
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return "length"

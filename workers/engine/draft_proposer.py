@@ -9,6 +9,7 @@ the draft cache is valid afterwards (draft_num_computed), and the engine records
 
 import torch
 
+from workers.engine.grammar import DraftGrammar
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sequence import Sequence
 from workers.spec.distributions import GreedyRows, row_distributions
@@ -24,10 +25,14 @@ def draft_distributions(
     logits: torch.Tensor,  # [n, V] draft logits
     seqs: list[Sequence],  # [n] the sequence of each row
     greedy_rows: GreedyRows,  # ONE_HOT for chains; SOFTMAX when the caller ranks candidates (greedy trees)
+    allowed: torch.Tensor | None = None,  # [n, V] bool: what each row's grammar takes (workers/engine/grammar.py)
 ) -> torch.Tensor:  # [n, V] float32
-    """q per row: the request's sampling transform, the same as the target's (see row_distributions)."""
+    """q per row: the request's sampling transform, the same as the target's (see row_distributions), over
+    the tokens its grammar allows when it has one."""
     if not torch.isfinite(logits).all():
         raise DraftFailure("draft logits are not finite")
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     return row_distributions(logits, [s.params for s in seqs], greedy_rows)
 
 
@@ -59,21 +64,33 @@ class DraftProposer:
         return self.runner.forward(items)
 
     def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
-        """k_i draft tokens per sequence; the draft cache ends valid for len + k_i - 1 tokens."""
+        """k_i draft tokens per sequence (fewer where a grammar completes); the draft cache ends valid for
+        len + k_i - 1 tokens."""
         tokens: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        grammar = DraftGrammar([seq.grammar for seq in seqs])
+        ks = list(ks)
         logits = self._catch_up(seqs)  # [B, V]
         active = list(range(len(seqs)))
-        for j in range(max(ks)):
-            if j > 0:
-                items = [
-                    ForwardItem([tokens[i][-1]], len(seqs[i]) + j - 1, seqs[i].block_table, num_logits=1)
-                    for i in active
-                ]
-                logits = self.runner.forward(items)  # [A, V]
-            q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
-            append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
-            active = [i for i in active if ks[i] > j + 1]
+        try:
+            for j in range(max(ks)):
+                if not active:
+                    break
+                if j > 0:
+                    items = [
+                        ForwardItem([tokens[i][-1]], len(seqs[i]) + j - 1, seqs[i].block_table, num_logits=1)
+                        for i in active
+                    ]
+                    logits = self.runner.forward(items)  # [A, V]
+                allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
+                q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
+                append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
+                for i in active:
+                    if not grammar.advance(i, tokens[i][-1]):
+                        ks[i] = j + 1  # the grammar is complete: nothing to draft past it
+                active = [i for i in active if ks[i] > j + 1]
+        finally:
+            grammar.rollback()
         return [
             Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) + k - 1)
             for seq, k, t, p in zip(seqs, ks, tokens, probs, strict=True)

@@ -12,6 +12,7 @@ and next step recomputes from there with the target's features of whatever was a
 import torch
 
 from workers.engine.draft_proposer import DraftFailure, append_draws, draft_distributions
+from workers.engine.grammar import DraftGrammar
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sequence import Sequence
@@ -46,20 +47,31 @@ class EagleProposer:
         """k_i draft tokens per sequence, one head pass per position."""
         tokens: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        grammar = DraftGrammar([seq.grammar for seq in seqs])
+        ks = list(ks)
         logits, hidden = self._catch_up(seqs)  # [B, V], [B, hidden]
         active = list(range(len(seqs)))
-        for j in range(max(ks)):
-            if j > 0:  # row L - 2 + j: the head's own feature for position L - 2 + j, the token drafted last
-                items = [
-                    ForwardItem([tokens[i][-1]], len(seqs[i]) - 2 + j, seqs[i].block_table, num_logits=1)
-                    for i in active
-                ]
-                logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
-            q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT)  # [A, V]
-            append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
-            keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
-            hidden = hidden[keep]  # [A', hidden]
-            active = [active[row] for row in keep]
+        try:
+            for j in range(max(ks)):
+                if not active:
+                    break
+                if j > 0:  # row L - 2 + j: the head's own feature for position L - 2 + j, the token drafted last
+                    items = [
+                        ForwardItem([tokens[i][-1]], len(seqs[i]) - 2 + j, seqs[i].block_table, num_logits=1)
+                        for i in active
+                    ]
+                    logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
+                allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
+                q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
+                append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
+                for i in active:
+                    if not grammar.advance(i, tokens[i][-1]):
+                        ks[i] = j + 1  # the grammar is complete: nothing to draft past it
+                keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
+                hidden = hidden[keep]  # [A', hidden]
+                active = [active[row] for row in keep]
+        finally:
+            grammar.rollback()
         return [
             Proposal(t, torch.stack(p) if p else None, draft_num_computed=len(seq) - 1)
             for seq, t, p in zip(seqs, tokens, probs, strict=True)

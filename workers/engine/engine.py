@@ -26,6 +26,7 @@ from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_logits
 from workers.engine.head_runner import HeadRunner
 from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
@@ -105,6 +106,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.speculator.plan_lookahead, policy
         )
+        self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         self.sequences: dict[str, Sequence] = {}
         self.last_plan: SchedulerOutput | None = None  # the last step's plan (the worker splits cost by it)
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
@@ -200,10 +202,25 @@ class Engine:
             generator=generator,
             spec=self.speculator.new_state(params, prompt_ids),
             priority=priority,
+            grammar=self._grammar_matcher(params, prompt_ids),
         )
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         return len(prompt_ids)
+
+    def _grammar_matcher(self, params: SamplingParams, prompt_ids: list[int]) -> GrammarMatcher | None:
+        """The request's grammar state, past the output it resumes after (params.num_resumed_tokens)."""
+        if params.grammar is None:
+            return None
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.runner.model.cfg.vocab_size, self.eos_token_ids)
+        matcher = self._grammar_compiler.matcher(params.grammar)
+        resumed = prompt_ids[len(prompt_ids) - params.num_resumed_tokens :] if params.num_resumed_tokens else []
+        if matcher.valid_prefix(resumed) != len(resumed):
+            raise InvalidRequestError("response_format", "the output it resumes after does not follow its grammar")
+        for token in resumed:
+            matcher.advance(token)
+        return matcher
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -257,7 +274,13 @@ class Engine:
         rows = verify_rows(items, num_verify)
         sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
         entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
-        verdicts = self.speculator.verify(entries, logits if rows is None else logits.index_select(0, rows))
+        verify_logits = logits if rows is None else logits.index_select(0, rows)  # [sum(1 + drafts), V]
+        if any(s.seq.grammar is not None for s in sampling):  # structured output: refused tokens get p = 0
+            if verify_logits is logits:
+                verify_logits = logits.clone()  # logprobs stay the target's raw ones
+            mask_target_logits(verify_logits, [(s.seq.grammar, e.proposal.tokens if e.proposal else [])
+                                               for s, e in zip(sampling, entries, strict=True)])
+        verdicts = self.speculator.verify(entries, verify_logits)
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}

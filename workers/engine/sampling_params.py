@@ -22,6 +22,10 @@ class SamplingParams:
     # most likely alternatives, of every output token (logprobs) and every prompt token but the first (prompt_)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # structured output: llguidance's grammar (shared/response_format.py grammar_of); None = free text
+    grammar: str | None = None
+    # a job resumed elsewhere: its last num_resumed_tokens prompt tokens are output the grammar already consumed
+    num_resumed_tokens: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -52,6 +56,12 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
                 raise InvalidRequestError(name, f"must be an integer in [0, 20] (or null), got {value!r}")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise InvalidRequestError("response_format", "the grammar must be a string")
+        if isinstance(self.num_resumed_tokens, bool) or not isinstance(self.num_resumed_tokens, int) or (
+            self.num_resumed_tokens < 0
+        ):
+            raise InvalidRequestError("num_resumed_tokens", f"must be an integer >= 0, got {self.num_resumed_tokens!r}")
         if self.speculative is not None:
             choices = [m.value for m in SpeculativeMethod]
             if not isinstance(self.speculative, str) or self.speculative not in choices:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.engine.detokenizer import Detokenizer
+from workers.engine.grammar import GrammarMatcher
 from workers.engine.outputs import TokenLogprob
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.state import SpecState
@@ -47,6 +48,7 @@ class Sequence:
     # [num_prompt_tokens - 1 at most] the target's logprob of prompt tokens 1.. (params.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     is_prompt_logprobs_sent: bool = False  # a StepOutput carried them
+    grammar: GrammarMatcher | None = None  # structured output: the grammar of its output; None = free text
 
     def drop_kv(self) -> None:
         """Forget every cached K/V (preemption): target and draft recompute from the start."""

@@ -110,7 +110,7 @@ class Speculator:
             useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
             if useful <= 0:  # the step's own token is the last one: nothing to draft
                 continue
-            is_tree_seq = self.uses_tree(spec)
+            is_tree_seq = self.uses_tree(spec) and seq.grammar is None  # a constrained sequence drafts chains
             tree_size = self.cfg.tree_size if is_tree_seq and useful >= self.cfg.tree_size else 0
             # a lookahead of tree_size or more means a tree (see _propose_with_draft): chains stay shorter
             chain_max = min(self.adaptive.k_max, useful, self.cfg.tree_size - 1 if is_tree_seq else useful)
@@ -161,6 +161,8 @@ class Speculator:
             assert s.seq.spec is not None
             if s.seq.spec.ngram is not None:
                 tokens = s.seq.spec.ngram.propose(s.num_lookahead)
+                if s.seq.grammar is not None:  # cut at the first token its grammar refuses
+                    tokens = tokens[: s.seq.grammar.valid_prefix(tokens)]
                 if tokens:
                     out.proposals[s.request_id] = Proposal(tokens, None)
             elif s.seq.spec.method is SpeculativeMethod.EAGLE:
@@ -184,7 +186,7 @@ class Speculator:
         tree_size = self.cfg.tree_size
         by_shape: dict[bool, list[ScheduledSeq]] = {True: [], False: []}  # is a tree -> entries
         for s in entries:
-            by_shape[bool(tree_size) and s.num_lookahead >= tree_size].append(s)
+            by_shape[bool(tree_size) and s.num_lookahead >= tree_size and s.seq.grammar is None].append(s)
         made: dict[str, Proposal] = {}
         try:
             for is_tree, group in by_shape.items():

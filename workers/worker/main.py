@@ -336,9 +336,9 @@ class Worker:
                     )
                 )
                 return
-            num_prompt = self.engine.add_request(
-                lease.job_id, prompt, self.params_factory(request, remaining), engine_priority(lease.priority)
-            )
+            params = self.params_factory(request, remaining)
+            params.num_resumed_tokens = num_resumed  # a grammar continues after the output it resumes
+            num_prompt = self.engine.add_request(lease.job_id, prompt, params, engine_priority(lease.priority))
         except PromptTooLongError as exc:
             self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
         except InvalidRequestError as exc:

@@ -3,6 +3,7 @@ queue as the engine's priority number (lower = more urgent: interactive 0, defau
 
 from typing import Any
 
+from shared.response_format import grammar_of
 from shared.schemas import JobRequest, Priority
 from workers.engine.sampling_params import SamplingParams
 
@@ -38,6 +39,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         speculative=request.speculative_method,
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
+        grammar=grammar_of(request.response_format),
     )
 
 

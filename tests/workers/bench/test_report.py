@@ -16,7 +16,8 @@ from workers.engine.config import EngineConfig
 
 TINY = ReportPlan(
     EngineBenchPlan(num_new_tokens=8, num_bs1_prompts=2, concurrencies=(2,)),
-    SpecBenchPlan(num_new_tokens=8, num_bs1_prompts=2, batch_sizes=(1, 2), tree_size=3),
+    SpecBenchPlan(num_new_tokens=8, num_bs1_prompts=2, batch_sizes=(1, 2), tree_size=3, json_batch_sizes=(1, 2),
+                  num_json_sampled_runs=4),
     E2EBenchPlan.tiny(),
 )
 PROMPTS = ["def parse(argv):\n    ", "class Reader:\n    def __init__(self", "import os\n\nfor name in"]
@@ -52,6 +53,9 @@ def test_report_of_a_tiny_run(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     combined = combined_json(results, meta)
     assert combined["bench"] == "report" and {r["bench"] for r in combined["rows"]} == {"engine", "spec", "e2e"}
     assert "sd_vs_plain_bs1" in combined["ratios"] and "fleet_ttft_overhead_ms_p50" in combined["ratios"]
+    # speculation under a JSON schema: constrained greedy output equals constrained plain decoding
+    assert combined["ratios"]["json_schema_min_greedy_match_vs_plain"] == 1.0
+    assert combined["ratios"]["json_schema_sampled_valid"] == 1.0 and "json_schema_draft_chain_vs_plain_bs1" in combined["ratios"]
 
 
 def test_report_options_are_checked() -> None:

@@ -1,0 +1,138 @@
+"""Structured output through the fleet with the real `openai` client: `response_format` json_schema and
+json_object, `tools` with each `tool_choice`, the job API's `response_format`, and a schema that does not
+compile refused with a 400 before any job is queued. A real gateway, Redis and worker (tiny random target,
+n-gram speculation: the worker's default without a draft)."""
+
+import json
+
+import httpx
+import jsonschema_rs
+import openai
+import pytest
+
+from tests.gateway.test_openai_api import MODEL, client, secret, served  # noqa: F401 (fixtures)
+from tests.helpers.gateway import ThreadedGateway
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "rain": {"type": "boolean"},
+    },
+    "required": ["city", "days", "rain"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_forecast", "description": "The weather for a few days", "parameters": SCHEMA},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 64}
+
+
+def test_json_schema_answer_follows_the_schema(client: openai.OpenAI) -> None:  # noqa: F811
+    fmt = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": SCHEMA, "strict": True}}
+    for params in (GREEDY, {"model": MODEL, "temperature": 1.0, "seed": 7, "max_tokens": 64}):
+        chat = client.chat.completions.create(messages=MESSAGES, response_format=fmt, **params)  # type: ignore[arg-type]
+        answer = chat.choices[0].message.content
+        assert chat.choices[0].finish_reason == "stop" and answer is not None
+        assert jsonschema_rs.validator_for(SCHEMA).is_valid(json.loads(answer)), answer
+
+
+def test_json_object_answer_is_an_object(client: openai.OpenAI) -> None:  # noqa: F811
+    chat = client.chat.completions.create(
+        messages=MESSAGES, response_format={"type": "json_object"}, **{**GREEDY, "max_tokens": 24}
+    )  # type: ignore[arg-type]
+    assert (chat.choices[0].message.content or "").startswith("{")
+
+
+def test_named_and_required_tool_calls(client: openai.OpenAI) -> None:  # noqa: F811
+    named = client.chat.completions.create(
+        messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_forecast"}},
+        **GREEDY,
+    )  # type: ignore[arg-type]
+    message = named.choices[0].message
+    assert message.content is None and message.tool_calls is not None and len(message.tool_calls) == 1
+    call = message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_forecast" and call.id.startswith("call_")
+    assert jsonschema_rs.validator_for(SCHEMA).is_valid(json.loads(call.function.arguments))
+    assert named.choices[0].finish_reason == "stop"  # as OpenAI answers a forced function
+
+    required = client.chat.completions.create(messages=MESSAGES, tools=TOOLS, tool_choice="required", **GREEDY)  # type: ignore[arg-type]
+    assert required.choices[0].finish_reason == "tool_calls"
+    calls = required.choices[0].message.tool_calls
+    assert calls is not None and calls[0].function.name in ("get_forecast", "get_time")
+    params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == calls[0].function.name)
+    assert jsonschema_rs.validator_for(params).is_valid(json.loads(calls[0].function.arguments))
+
+
+def test_tool_choice_none_and_auto_leave_text(client: openai.OpenAI) -> None:  # noqa: F811
+    for choice in ("none", "auto"):
+        chat = client.chat.completions.create(
+            messages=MESSAGES, tools=TOOLS, tool_choice=choice, **{**GREEDY, "max_tokens": 8}
+        )  # type: ignore[arg-type]
+        # a random model answers text, not a call: content stays text (auto reads a call back only when it is one)
+        assert chat.choices[0].message.tool_calls is None and chat.choices[0].message.content is not None
+
+
+def test_bad_schemas_and_tools_are_400_before_a_job(client: openai.OpenAI, served: ThreadedGateway) -> None:  # noqa: F811
+    bad_bodies = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+         "objec"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}}},
+         "nope"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "missing"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "stream": True}, "stream"),
+    ]
+    for extra, named in bad_bodies:
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"messages": MESSAGES, **GREEDY, **extra},
+            headers={"Authorization": f"Bearer {client.api_key}"},
+        )
+        assert response.status_code == 400, (extra, response.text)
+        assert named in response.json()["error"]["message"], response.json()
+        assert "x-specfleet-job-id" not in response.headers  # refused before the queue
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(
+            messages=MESSAGES,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}},
+            **GREEDY,
+        )  # type: ignore[arg-type]
+    assert bad.value.body["param"] == "response_format"  # type: ignore[index]
+
+
+def test_job_api_takes_response_format(client: openai.OpenAI, served: ThreadedGateway) -> None:  # noqa: F811
+    headers = {"Authorization": f"Bearer {client.api_key}", "Prefer": "wait=60"}
+    body = {
+        "prompt": "weather:",
+        "max_tokens": 64,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "forecast", "schema": SCHEMA}},
+    }
+    job = httpx.post(f"{served.url}/v1/jobs", json=body, headers=headers, timeout=90).json()
+    assert job["status"] == "succeeded", job
+    assert jsonschema_rs.validator_for(SCHEMA).is_valid(json.loads(job["output"]["text"]))
+    bad = httpx.post(
+        f"{served.url}/v1/jobs",
+        json={**body, "response_format": {"type": "json_schema", "json_schema": {"name": "f", "schema": {"type": "objec"}}}},
+        headers=headers,
+    )
+    assert bad.status_code == 422 and "objec" in bad.json()["error"]["message"]
