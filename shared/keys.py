@@ -135,8 +135,8 @@ INFLIGHT_TTL_S = 8 * 24 * 3600  # an idle key's in-flight hash outlives any job 
 # -- files (OpenAI's Files API: gateway/file_store.py) -------------------------------------------------------
 # An uploaded file is a metadata hash plus its bytes under a second key, so listing never reads the content.
 # A finished batch's output and error files are not stored: they are views of its results (batch_results).
-FILE_PREFIX = f"{NAMESPACE}:file:"
-FILES_ZSET = f"{NAMESPACE}:files"  # file id -> created_at, every tenant's (an admin's listing)
+FILE_PREFIX = f"{PREFIX}file:"
+FILES_ZSET = f"{PREFIX}files"  # file id -> created_at, every tenant's (an admin's listing)
 
 
 def file_hash(file_id: str) -> str:
@@ -151,4 +151,4 @@ def file_content(file_id: str) -> str:
 
 def files_of(key_id: str) -> str:
     """Sorted set: the key's file ids -> created_at (GET /v1/files of a tenant, newest first)."""
-    return f"{NAMESPACE}:files:of:{key_id}"
+    return f"{PREFIX}files:of:{key_id}"
