@@ -132,8 +132,9 @@ class JobOutput(BaseModel):
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
     # with the request's logprobs / prompt_logprobs, once the job succeeded: one per token_ids / prompt token
-    logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob] | None = None
+    # (left out of the answer of a job that did not ask)
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda value: value is None)
+    prompt_logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda value: value is None)
 
 
 class Usage(BaseModel):

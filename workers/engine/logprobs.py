@@ -13,6 +13,7 @@ costs nothing: its items and the logits tensor are unchanged.
 """
 
 from dataclasses import replace
+from functools import cached_property
 
 import torch
 
@@ -72,11 +73,15 @@ class StepLogits:
     def __init__(self, logits: torch.Tensor, items: list[ForwardItem]) -> None:
         self.logits = logits  # [S, V] raw target logits, every item's num_logits rows back to back
         self.items = items
-        self.starts: list[int] = []  # [num_items] the first row of each item
-        row = 0
-        for it in items:
-            self.starts.append(row)
+
+    @cached_property
+    def starts(self) -> list[int]:
+        """[num_items] the first row of each item (counted only in a step where a request wants logprobs)."""
+        starts, row = [], 0
+        for it in self.items:
+            starts.append(row)
             row += it.num_logits
+        return starts
 
     def record_prompt(self, index: int, s: ScheduledSeq) -> None:
         """Keep the prompt tokens' logprobs this chunk scored (each token from the row before it)."""
