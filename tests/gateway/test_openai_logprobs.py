@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
@@ -24,7 +25,7 @@ GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 8, "extra_body": {"ign
 @pytest.fixture
 def served(engine_thread: EngineThread, settings: ServiceSettings) -> Iterator[ThreadedGateway]:
     with ThreadedGateway(settings, default_key=False).start() as server:
-        wait_until(lambda: engine_thread.client.hget("specfleet:model", "model"), what="the worker's model info")
+        wait_until(lambda: engine_thread.client.hget(keys.MODEL_INFO, "model"), what="the worker's model info")
         yield server
 
 
