@@ -4,8 +4,10 @@
 answers any count by linear interpolation between its two grid neighbours (past the grid's ends: the
 nearest point, scaled by tokens above the grid). It is filled by timing real passes: the engine probes a few
 sizes at start-up (workers/engine/cost_probe.py) and then feeds it every pass it runs. Estimates read the
-table's lower envelope from above - a pass is never taken to cost more than a bigger one - so one stalled
-measurement (another process held the core) cannot make a size look dear for good. An observation of n
+table's lower envelope - a pass is never taken to cost more than a bigger one, nor more than the smaller
+passes it could be split into (n tokens <= ceil(n / m) passes of m) - so one stalled measurement (another
+process held the core) cannot make a size look dear for good, even a size no step runs again because it
+looked dear (a head probed during a stall would otherwise never draft, and never be re-measured). An observation of n
 tokens that took t seconds corrects the two neighbours of n by the ratio of t to their estimate, each in
 proportion to its interpolation weight (an exponentially weighted average per point), so the table tracks
 the host as it is now: a noisy neighbour, a compiled path, longer contexts.
@@ -85,7 +87,10 @@ class PassCostTable:
         envelope = [s for _, s in measured]
         for i in range(len(envelope) - 2, -1, -1):  # a pass never costs more than a bigger one (a stall did)
             envelope[i] = min(envelope[i], envelope[i + 1])
-        self._measured = ([g for g, _ in measured], envelope)
+        tokens = [g for g, _ in measured]
+        for i in range(1, len(envelope)):  # nor more than the smaller passes it could be split into
+            envelope[i] = min([envelope[i]] + [-(-tokens[i] // tokens[j]) * envelope[j] for j in range(i)])
+        self._measured = (tokens, envelope)
 
     def _neighbours(self, num_tokens: int) -> list[tuple[int, float]]:
         """(grid index, interpolation weight) of the grid points around num_tokens."""

@@ -58,3 +58,17 @@ def test_one_stalled_measurement_does_not_make_a_size_look_dearer_than_a_bigger_
     for _ in range(40):  # real 12-token passes bring the stalled point back
         table.observe(12, 0.012)
     assert table.seconds[table.grid.index(12)] == pytest.approx(0.012, rel=0.01)
+
+
+def test_a_stalled_size_never_costs_more_than_the_smaller_passes_it_splits_into() -> None:
+    """Seen on a worker whose start-up probe ran beside another busy process: an EAGLE head at 0.89 ms for 3
+    tokens and 67.8 ms for 6. Read as is, the head's catch-up looked dear, it never drafted, and no pass of 6
+    ever ran again to correct it. Two passes of 3 bound it."""
+    table = PassCostTable(max_tokens=64)
+    for n, ms in ((1, 0.89), (2, 0.89), (3, 0.89), (4, 7.66), (6, 67.83), (8, 67.95)):
+        table.observe(n, ms / 1e3)
+    assert table.estimate_s(6) == pytest.approx(2 * 0.89e-3)
+    assert table.estimate_s(4) == pytest.approx(2 * 0.89e-3)  # ceil(4 / 3) passes of 3
+    assert table.estimate_s(8) == pytest.approx(3 * 0.89e-3)
+    assert table.estimate_s(3) == pytest.approx(0.89e-3)  # the sizes that measured well keep their times
+    assert table.seconds[table.grid.index(6)] == pytest.approx(67.83e-3)  # the raw point stays, to recover
