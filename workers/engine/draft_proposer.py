@@ -50,6 +50,26 @@ def append_draws(
             probs.append(q[row])
 
 
+def draw_chain_step(
+    logits: torch.Tensor,  # [A, V] the proposer's logits at depth j, one row per active sequence
+    active: list[int],  # [A] indices into seqs of the sequences still drafting
+    seqs: list[Sequence],  # [B]
+    tokens: list[list[int]],  # [B] each sequence's tokens so far (drafts appended here)
+    probs: list[list[torch.Tensor]],  # [B] each sequence's q rows so far
+    grammar: DraftGrammar,  # the sequences' grammar states during this proposal
+    ks: list[int],  # [B] each sequence's chain length; cut where its grammar completes
+    depth: int,  # j: the draft position this step fills
+) -> None:
+    """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
+    its grammar), advance the grammar, and end a chain whose grammar completes."""
+    allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
+    q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
+    append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
+    for i in active:
+        if not grammar.advance(i, tokens[i][-1]):
+            ks[i] = depth + 1  # the grammar is complete: nothing to draft past it
+
+
 class DraftProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -82,12 +102,7 @@ class DraftProposer:
                         for i in active
                     ]
                     logits = self.runner.forward(items)  # [A, V]
-                allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
-                q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
-                append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
-                for i in active:
-                    if not grammar.advance(i, tokens[i][-1]):
-                        ks[i] = j + 1  # the grammar is complete: nothing to draft past it
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j)
                 active = [i for i in active if ks[i] > j + 1]
         finally:
             grammar.rollback()

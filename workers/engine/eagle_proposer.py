@@ -11,7 +11,7 @@ and next step recomputes from there with the target's features of whatever was a
 
 import torch
 
-from workers.engine.draft_proposer import DraftFailure, append_draws, draft_distributions
+from workers.engine.draft_proposer import DraftFailure, draft_distributions, draw_chain_step
 from workers.engine.grammar import DraftGrammar
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
@@ -61,12 +61,7 @@ class EagleProposer:
                         for i in active
                     ]
                     logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
-                allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
-                q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
-                append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
-                for i in active:
-                    if not grammar.advance(i, tokens[i][-1]):
-                        ks[i] = j + 1  # the grammar is complete: nothing to draft past it
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j)
                 keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
                 hidden = hidden[keep]  # [A', hidden]
                 active = [active[row] for row in keep]

@@ -32,7 +32,8 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+def checkpoint_files(model_dir: Path) -> list[str]:
+    """The checkpoint's *.safetensors file names (the index's, when the checkpoint is sharded)."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -40,8 +41,12 @@ def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
         files = sorted(p.name for p in model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    return files
+
+
+def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
+    for name in checkpoint_files(model_dir):
         tensors.update(load_file(str(model_dir / name)))
     return tensors
 

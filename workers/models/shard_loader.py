@@ -5,7 +5,6 @@ columns (row-parallel) of this rank are read from the file, so no rank ever hold
 fusions follow loader.py (q/k/v into `qkv`, gate/up into `gate_up`), per rank.
 """
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -16,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from workers.models.config import ModelConfig
+from workers.models.loader import checkpoint_files
 from workers.models.sharded_llama import AllReduce, ShardedLlamaModel, resident_weight_bytes
 from workers.models.sharding import Shard, local_config
 
@@ -26,15 +26,8 @@ class _Checkpoint:
     """Lazy access to every tensor of a checkpoint directory, by its HF name (without `model.`)."""
 
     def __init__(self, model_dir: Path, stack: ExitStack) -> None:
-        index = model_dir / "model.safetensors.index.json"
-        if index.exists():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = sorted(p.name for p in model_dir.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors in {model_dir}")
         self._where: dict[str, tuple[Any, str]] = {}  # our name -> (the open file holding it, its key there)
-        for name in files:
+        for name in checkpoint_files(model_dir):
             handle = stack.enter_context(safe_open(str(model_dir / name), framework="pt"))
             for key in handle.keys():
                 self._where[key.removeprefix("model.")] = (handle, key)
