@@ -17,6 +17,7 @@ temperature 1, top_p 1.
 Response: the `text_completion` / `chat.completion` object of a finished job, and the chunks of a stream.
 """
 
+import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -189,22 +190,52 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """A message as OpenAI clients send it; tool calls and non-text parts are not supported."""
+    """A message as OpenAI clients send it, text parts only. A conversation's tool turns come back as an
+    assistant message with `tool_calls` (content null) and one `tool` message per call with its result."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128)  # assistant: the calls it made
+    tool_call_id: str | None = Field(None, max_length=256)  # tool: the call this result answers
 
     @field_validator("content")
     @classmethod
-    def _text(cls, value: str | list[TextPart]) -> str | list[TextPart]:
-        _valid_text(value if isinstance(value, str) else "".join(p.text for p in value))
+    def _text(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        if value is not None:
+            _valid_text(value if isinstance(value, str) else "".join(p.text for p in value))
         return value
 
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries them")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("tool_call_id: a tool message needs one, and only a tool message has one")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: required (null only in an assistant message with tool_calls)")
+        return self
+
     def to_message(self) -> Message:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        """The engine's message: a call is written as the model answers one ({"name":...,"arguments":...}), and a
+        tool's result as a user turn naming its call (the models' chat templates know three roles)."""
+        text = "" if self.content is None else self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content)
+        if self.role == "tool":
+            return Message(role="user", content=f"Result of call {self.tool_call_id}: {text}")
+        if self.tool_calls:
+            calls = [{"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in self.tool_calls]
+            text = "\n".join(filter(None, [text, *(json.dumps(c, separators=(",", ":")) for c in calls)]))
         return Message(role="system" if self.role == "developer" else self.role, content=text)
+
+
+def _arguments(raw: str) -> Any:
+    """A call's `arguments` (a JSON string, as OpenAI sends them) as JSON; text that is not JSON stays text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 class ChatCompletionRequest(_Common):

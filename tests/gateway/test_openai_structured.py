@@ -10,6 +10,8 @@ import jsonschema_rs
 import openai
 import pytest
 
+from shared.openai_compat import ChatMessage
+from shared.response_format import ToolCall, ToolCallFunction
 from tests.gateway.test_openai_api import MODEL, client, secret, served  # noqa: F401 (fixtures)
 from tests.helpers.gateway import ThreadedGateway
 
@@ -79,6 +81,40 @@ def test_named_and_required_tool_calls(client: openai.OpenAI) -> None:  # noqa: 
     assert calls is not None and calls[0].function.name in ("get_forecast", "get_time")
     params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == calls[0].function.name)
     assert jsonschema_rs.validator_for(params).is_valid(json.loads(calls[0].function.arguments))
+
+
+def test_a_conversation_sends_the_call_and_its_result_back(client: openai.OpenAI) -> None:  # noqa: F811
+    """The second turn of the tools workflow: the assistant's call (content null) and the tool's result go back
+    in `messages`, and the model answers from them."""
+    first = client.chat.completions.create(
+        messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_forecast"}},
+        **GREEDY,
+    )  # type: ignore[arg-type]
+    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "rain"}'},
+    ]
+    second = client.chat.completions.create(messages=history, tools=TOOLS, tool_choice="none", **GREEDY)  # type: ignore[arg-type]
+    assert second.choices[0].message.content is not None and second.choices[0].message.tool_calls is None
+    alone = client.chat.completions.create(messages=MESSAGES, tools=TOOLS, tool_choice="none", **GREEDY)  # type: ignore[arg-type]
+    assert second.usage.prompt_tokens > alone.usage.prompt_tokens  # type: ignore[union-attr]  # the turns reached it
+    for bad, reason in (
+        ({"role": "tool", "content": "x"}, "tool_call_id"),  # a result that names no call
+        ({"role": "user", "content": "x", "tool_call_id": "c"}, "tool_call_id"),
+        ({"role": "user", "content": None}, "content"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=reason):
+            client.chat.completions.create(messages=[*MESSAGES, bad], **GREEDY)  # type: ignore[arg-type,list-item]
+
+
+def test_tool_messages_reach_the_engine_as_the_model_answers_calls() -> None:
+    calls = [ToolCall(id="call_1", function=ToolCallFunction(name="get_forecast", arguments='{"city":"Oslo"}'))]
+    assistant = ChatMessage(role="assistant", content=None, tool_calls=calls).to_message()
+    assert assistant.role == "assistant" and assistant.content == '{"name":"get_forecast","arguments":{"city":"Oslo"}}'
+    result = ChatMessage(role="tool", tool_call_id="call_1", content="rain").to_message()
+    assert result.role == "user" and result.content == "Result of call call_1: rain"
 
 
 def test_tool_choice_none_and_auto_leave_text(client: openai.OpenAI) -> None:  # noqa: F811
