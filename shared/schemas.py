@@ -148,6 +148,8 @@ class JobMetrics(BaseModel):
     mean_accepted_tokens: float | None = None
     acceptance_rate: float | None = None  # of the draft tokens verified (0 when none were: see num_draft_tokens)
     num_draft_tokens: int | None = None  # draft tokens the target verified (0: the engine decoded plainly)
+    # of the draft tokens the target judged (each path up to its first rejection), the share it rejected: 1 - alpha
+    draft_rejection_rate: float | None = None
     compute_s: float | None = None  # this job's share of engine time (each step split by scheduled tokens)
     cost: float | None = None  # compute_s priced at settings.price_per_worker_hour (its currency)
 

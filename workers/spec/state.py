@@ -15,6 +15,7 @@ class AcceptanceCounts:
     num_drafted: int = 0  # draft tokens (tree: nodes) proposed
     num_accepted: int = 0
     num_emitted: int = 0  # tokens those steps emitted: accepted + one recovered/bonus each
+    num_rejected: int = 0  # steps whose target rejected a draft token before the end of its path
     drafted_per_position: list[int] = field(default_factory=list)  # [positions] draft depth i was verified
     accepted_per_position: list[int] = field(default_factory=list)  # [positions] draft depth i was accepted
 
@@ -24,6 +25,7 @@ class AcceptanceCounts:
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_emitted += num_accepted + 1
+        self.num_rejected += int(num_accepted < depth)
         missing = depth - len(self.drafted_per_position)
         if missing > 0:
             self.drafted_per_position.extend([0] * missing)
@@ -35,6 +37,14 @@ class AcceptanceCounts:
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def rejection_rate(self) -> float:
+        """Of the draft tokens the target judged, the share it rejected: 1 - alpha, the per-token acceptance of
+        Leviathan et al. A path is judged up to its first rejection; the draft tokens after it were never tested,
+        so they count in neither part (acceptance_rate counts them as not accepted, and so falls with k)."""
+        num_judged = self.num_accepted + self.num_rejected
+        return self.num_rejected / num_judged if num_judged else 0.0
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -106,6 +116,7 @@ class SpecState:
         return {
             "mean_accepted_tokens": self.counts.mean_accepted_tokens,
             "acceptance_rate": self.counts.acceptance_rate,
+            "draft_rejection_rate": self.counts.rejection_rate,
             "num_spec_steps": float(self.counts.num_steps),
             "num_draft_tokens": float(self.counts.num_drafted),
             "num_accepted_tokens": float(self.counts.num_accepted),

@@ -66,16 +66,16 @@ class SpecSnapshot:
     num_fallbacks: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
-    # method ("draft", "ngram", "eagle") -> its own figures: (steps, drafted, accepted, emitted, draft s,
-    # acceptance per draft position)
-    by_method: dict[str, tuple[int, int, int, int, float, list[float]]] = field(default_factory=dict)
+    # method ("draft", "ngram", "eagle") -> its own figures: (steps, drafted, accepted, rejected, emitted,
+    # draft s, acceptance per draft position)
+    by_method: dict[str, tuple[int, int, int, int, int, float, list[float]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stats: Any) -> "SpecSnapshot":
         counts = stats.counts
         by_method = {
-            str(method): (m.counts.num_steps, m.counts.num_drafted, m.counts.num_accepted, m.counts.num_emitted,
-                          m.draft_time_s, list(m.counts.per_position_acceptance()))
+            str(method): (m.counts.num_steps, m.counts.num_drafted, m.counts.num_accepted, m.counts.num_rejected,
+                          m.counts.num_emitted, m.draft_time_s, list(m.counts.per_position_acceptance()))
             for method, m in getattr(stats, "methods", {}).items()
         }  # fmt: skip
         return cls(
@@ -119,13 +119,15 @@ class SpecCollector(Collector):
         yield from _by_method(s.by_method)
 
 
-def _by_method(by_method: dict[str, tuple[int, int, int, int, float, list[float]]]) -> Iterable[Metric]:
+def _by_method(by_method: dict[str, tuple[int, int, int, int, int, float, list[float]]]) -> Iterable[Metric]:
     """The speculation figures again, labelled by method (draft, ngram, eagle)."""
     families = [
         CounterMetricFamily("specfleet_spec_method_steps", "Verification steps that carried draft tokens",
                             labels=["method"]),
         CounterMetricFamily("specfleet_spec_method_draft_tokens", "Draft tokens proposed", labels=["method"]),
         CounterMetricFamily("specfleet_spec_method_accepted_tokens", "Draft tokens accepted", labels=["method"]),
+        CounterMetricFamily("specfleet_spec_method_rejected_tokens",
+                            "Draft tokens the target judged and rejected (at most one per path)", labels=["method"]),
         CounterMetricFamily("specfleet_spec_method_emitted_tokens", "Tokens emitted by speculative steps",
                             labels=["method"]),
         CounterMetricFamily("specfleet_spec_method_draft_seconds", "Time its proposer spent", labels=["method"]),
@@ -134,14 +136,19 @@ def _by_method(by_method: dict[str, tuple[int, int, int, int, float, list[float]
                             labels=["method"])  # fmt: skip
     per_position = GaugeMetricFamily("specfleet_spec_method_acceptance_rate", "Acceptance rate per draft position",
                                      labels=["method", "position"])  # fmt: skip
-    for method, (steps, drafted, accepted, emitted, draft_s, rates) in sorted(by_method.items()):
-        for family, value in zip(families, (steps, drafted, accepted, emitted, draft_s), strict=True):
+    rejection = GaugeMetricFamily("specfleet_spec_method_rejection_rate",
+                                  "Of the draft tokens the target judged, the share it rejected (1 - alpha)",
+                                  labels=["method"])  # fmt: skip
+    for method, (steps, drafted, accepted, rejected, emitted, draft_s, rates) in sorted(by_method.items()):
+        for family, value in zip(families, (steps, drafted, accepted, rejected, emitted, draft_s), strict=True):
             family.add_metric([method], value)
         tau.add_metric([method], emitted / steps if steps else 1.0)
+        rejection.add_metric([method], rejected / (accepted + rejected) if accepted + rejected else 0.0)
         for position, rate in enumerate(rates):
             per_position.add_metric([method, str(position)], rate)
     yield from families
     yield tau
+    yield rejection
     yield per_position
 
 

@@ -133,6 +133,7 @@ def test_draft_equal_to_target_accepts_everything(spec_models) -> None:
     out = run_all(engine, {"a": (make_prompts()[1], greedy(21))})["a"]
     metrics = out[-1].metrics
     assert metrics["acceptance_rate"] == 1.0 and metrics["mean_accepted_tokens"] == 5.0
+    assert metrics["draft_rejection_rate"] == 0.0
     assert [len(o.new_token_ids) for o in out] == [
         1,
         5,
@@ -158,6 +159,12 @@ def test_engine_speculation_metrics_per_position(spec_models) -> None:
     counts = engine.speculator.stats.counts
     rates = counts.per_position_acceptance()
     assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
+    # a path is judged up to its first rejection: a step rejected one token, or none where it accepted its whole
+    # path (3 tokens, or fewer near max_tokens)
+    num_full = sum(n for accepted, n in engine.speculator.stats.accepted_length_histogram.items() if accepted == 3)
+    assert 0 < counts.num_rejected <= counts.num_steps - num_full
+    assert counts.rejection_rate == counts.num_rejected / (counts.num_accepted + counts.num_rejected)
+    assert counts.rejection_rate < 1 - counts.acceptance_rate  # untested tokens after a rejection count in neither
     assert sum(engine.speculator.stats.accepted_length_histogram.values()) == counts.num_steps
     assert engine.speculator.stats.draft_time_s > 0 and engine.speculator.stats.verify_time_s > 0
 

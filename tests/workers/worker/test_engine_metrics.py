@@ -120,7 +120,9 @@ def test_accepted_length_histogram_is_cumulative() -> None:
 
 
 def test_speculation_figures_by_method() -> None:
-    snapshot = SpecSnapshot(by_method={"eagle": (10, 40, 30, 40, 0.5, [0.9, 0.8]), "ngram": (2, 4, 0, 2, 0.0, [0.0])})
+    snapshot = SpecSnapshot(
+        by_method={"eagle": (10, 40, 30, 6, 40, 0.5, [0.9, 0.8]), "ngram": (2, 4, 0, 2, 2, 0.0, [0.0])}
+    )
     metrics = EngineMetrics()
     metrics.spec.snapshot = snapshot
     value = metrics.registry.get_sample_value
@@ -128,6 +130,9 @@ def test_speculation_figures_by_method() -> None:
     assert value("specfleet_spec_method_mean_accepted_tokens", {"method": "eagle"}) == 4.0
     assert value("specfleet_spec_method_acceptance_rate", {"method": "eagle", "position": "1"}) == 0.8
     assert value("specfleet_spec_method_draft_seconds_total", {"method": "eagle"}) == 0.5
+    assert value("specfleet_spec_method_rejected_tokens_total", {"method": "eagle"}) == 6
+    assert value("specfleet_spec_method_rejection_rate", {"method": "eagle"}) == 6 / 36  # of the 36 judged
+    assert value("specfleet_spec_method_rejection_rate", {"method": "ngram"}) == 1.0
     assert value("specfleet_spec_method_mean_accepted_tokens", {"method": "ngram"}) == 1.0
 
 
