@@ -4,7 +4,10 @@ Each check gives a `Check(name, passed, value, limit)`; `passed` None = skipped 
 - sd_greedy_token_match, sd_bleu: the prompts decoded greedily with speculation and without, one job at a
   time: the share of token positions that agree, and corpus BLEU over token ids (shared/bleu.py);
 - seeded_sample_reproduces: a sampled request with a seed, sent twice, gives the same tokens;
-- rejection_rate: 1 - mean draft acceptance of the speculative jobs (τ, tokens per target pass, reported too);
+- rejection_rate: of the draft tokens the target judged, the share it rejected (1 - α, the per-token acceptance
+  of Leviathan et al.; each job's `draft_rejection_rate`, averaged), with τ (tokens per target pass) and the share
+  of drafted tokens discarded (1 - `acceptance_rate`: it also counts the tokens after a rejection, never judged,
+  so it grows with the speculation length the engine chose) reported too;
 - ttft_p50_ms … tpot_p99_ms, load_errors: a short open-loop load (shared/load.py);
 - unauthorized_401, oversized_413: a request with a bad key, and a body over the gateway's limit;
 - cancel: a long job cancelled right after submit ends `cancelled`;
@@ -100,16 +103,18 @@ class Validator:
         # jobs that verified draft tokens (the engine's length policy may rightly choose plain decoding: then
         # there is no rate to judge, and the check fails saying so - SD is not what serves this fleet)
         drafted = [j["metrics"] for j in spec if j["metrics"].get("num_draft_tokens")]
+        rejections = [m["draft_rejection_rate"] for m in drafted if m.get("draft_rejection_rate") is not None]
         rates = [m["acceptance_rate"] for m in drafted if m.get("acceptance_rate") is not None]
         taus = [m["mean_accepted_tokens"] for m in drafted if m.get("mean_accepted_tokens")]
-        rejection = 1 - sum(rates) / len(rates) if rates else None
+        rejection = sum(rejections) / len(rejections) if rejections else None
+        discarded = round(1 - sum(rates) / len(rates), 4) if rates else None
         tau = round(sum(taus) / len(taus), 3) if taus else None
         return [
             Check("sd_greedy_token_match", match >= plan.min_token_match, round(match, 4), f">= {plan.min_token_match}"),
             Check("sd_bleu", bleu >= plan.min_bleu, round(bleu, 4), f">= {plan.min_bleu}"),
             Check("rejection_rate", rejection is not None and rejection <= plan.max_rejection_rate,
                   {"rejection_rate": None if rejection is None else round(rejection, 4), "tau": tau,
-                   "jobs_that_drafted": len(drafted)},
+                   "drafted_discarded": discarded, "jobs_that_drafted": len(drafted), "num_prompts": len(plan.prompts)},
                   f"<= {plan.max_rejection_rate}"),
         ]
 

@@ -8,6 +8,8 @@ import typer
 
 T = TypeVar("T")
 
+DEMO_MODEL_NAME = "demo"  # the model a worker serving the demo pair announces (`/v1/models`)
+
 UrlOpt = Annotated[
     str | None, typer.Option("--url", help="Gateway URL (default: $SPECFLEET_URL or host:port)")
 ]

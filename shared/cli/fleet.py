@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from shared import redis_url as redis_urls
+from shared.cli.common import DEMO_MODEL_NAME
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported
 
@@ -146,7 +147,7 @@ def worker(
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     try:
         Worker(
-            engine, client, settings, worker_id=name, burst=burst, model_name=target or "demo", metrics=metrics
+            engine, client, settings, worker_id=name, burst=burst, model_name=target or DEMO_MODEL_NAME, metrics=metrics
         ).run()
     except RankFailedError as exc:  # the worker handed its jobs back (or they are reclaimed); exit non-zero
         typer.echo(f"error: {exc}", err=True)

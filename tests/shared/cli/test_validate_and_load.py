@@ -6,12 +6,15 @@ and writes its JSON. The BLEU and percentile helpers are checked on their own.""
 import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from shared.bleu import corpus_bleu
-from shared.load import arrival_times_s, percentile
+from shared.cli.validate import NUM_DEMO_PROMPTS, default_prompts
+from shared.load import DEFAULT_PROMPTS, arrival_times_s, percentile
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
 from tests.helpers.up_process import UpProcess, running_up
 
@@ -52,9 +55,15 @@ def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None
                 "unauthorized_401", "oversized_413", "cancel", "webhook_signed", "model_version"} <= checks.keys()
         assert checks["rejection_rate"]["value"]["tau"] > 1  # the drafts were accepted
 
+        assert default_prompts(up.url, up.api_key) == DEFAULT_PROMPTS  # a fleet not serving the demo pair
+
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text('{"prompt": "def parse(text):"}\nclass Queue:\n')
         wrong_version = cli(up, "validate", "--json", str(tmp_path / "version.json"), "--model-version", "tiny@2",
-                            *LOADED_MACHINE)
+                            "--prompts", str(prompts), *LOADED_MACHINE)
         assert wrong_version.returncode == 1 and "failed: model_version" in wrong_version.stderr
+        checks = {c["name"]: c for c in json.loads((tmp_path / "version.json").read_text())["checks"]}
+        assert checks["rejection_rate"]["value"]["num_prompts"] == 2  # the speculation checks ran the file's prompts
 
         no_rights = cli(up, "validate", "--json", str(tmp_path / "bad.json"), *LOADED_MACHINE,
                         api_key="sf-not-a-key")
@@ -68,3 +77,31 @@ def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None
         report = json.loads((tmp_path / "load.json").read_text())
         assert report["num_sent"] > 0 and report["num_ok"] == report["num_sent"] and report["errors"] == {}
         assert report["percentiles_ms"]["ttft"]["p50"] > 0 and report["by_client"]["stream"] > 0
+
+
+def test_validate_defaults_to_the_demo_corpus_held_out_prompts_for_the_demo_pair() -> None:
+    """A fleet whose /v1/models names the demo pair is validated on its corpus's held-out files (the workload it
+    was built for), never on the files it trained on. The fleet is a stand-in answering /v1/models only: a demo
+    worker takes minutes to start here, and the route's own answer is tested with the gateway."""
+    from workers.demo.corpus import held_out_prompts
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps({"object": "list", "data": [{"id": "demo", "object": "model"}]}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prompts = default_prompts(f"http://127.0.0.1:{server.server_port}", None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert prompts == tuple(held_out_prompts(NUM_DEMO_PROMPTS)) and len(prompts) == NUM_DEMO_PROMPTS
+    assert default_prompts("http://127.0.0.1:9", None) == DEFAULT_PROMPTS  # nothing listening: the generic set
