@@ -65,7 +65,7 @@ class EngineConfig:
     # the method of requests that do not choose; None = the best the engine holds: the EAGLE head when it has
     # one (bench spec: 1.5x the draft model at batch 1 on the demo pair), else the draft model, else ngram
     speculative_method: SpeculativeMethod | None = None
-    num_speculative_tokens: PositiveInt = 4  # k at most (chain); adaptive k moves in [k_min, k]
+    num_speculative_tokens: PositiveInt = 8  # k at most (chain): measured costs pick 0..k a step (seeded: k_min..k)
     speculative_k_min: PositiveInt = 1
     is_adaptive: bool = True  # False: every speculating sequence uses num_speculative_tokens
     tree_size: NonNegativeInt = 0  # > 0: the draft model (or EAGLE head) proposes a token tree of up to tree_size nodes

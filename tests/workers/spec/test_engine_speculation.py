@@ -186,7 +186,9 @@ def test_a_tree_cut_by_the_batch_budget_becomes_a_chain(spec_models) -> None:
 
 def test_a_full_size_tree_is_proposed_when_the_budget_allows(spec_models) -> None:
     models = dict(spec_models, same=spec_models["target"])
-    engine = spec_engine(models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False)
+    engine = spec_engine(
+        models, draft="same", tree_size=6, tree_branching=2, is_adaptive=False, num_speculative_tokens=4
+    )
 
     run_all(engine, {"a": (make_prompts()[1], greedy(13))})
 
