@@ -45,6 +45,7 @@ def make_tiny_model(
     seed: int = 0,
     max_position_embeddings: int = 512,
     tokenizer_from: Path | None = None,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Write a random-weight checkpoint; weights drawn wider than usual so argmax gaps are clear."""
     import shutil
@@ -71,7 +72,7 @@ def make_tiny_model(
         initializer_range=0.2,
         eos_token_id=eos_id,
         bos_token_id=eos_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     config_cls = {
         "llama": transformers.LlamaConfig,

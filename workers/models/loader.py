@@ -62,6 +62,8 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, max_len: int | None = 
     model = model.to_empty(device="cpu")
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(dtype)
+    if state["lm_head.weight"] is state["embed.weight"]:  # tied: .to() converts each parameter on its own
+        model.lm_head.weight = model.embed.weight  # one matrix again, not a converted copy each
     model.init_rope(model_len)
     model.eval().requires_grad_(False)
     log.info("loaded %s (%s, %d layers, %.2fM params, %s)", model_dir, cfg.model_type, cfg.num_layers,
