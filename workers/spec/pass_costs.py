@@ -36,6 +36,7 @@ class PassCostTable:
     grid: list[int] = field(init=False)  # [G] token counts
     seconds: list[float | None] = field(init=False)  # [G] estimated pass time; None = never measured
     _measured: tuple[list[int], list[float]] = field(init=False, repr=False)  # the measured points, for estimate_s
+    _is_stale: bool = field(init=False, repr=False)  # observed since _measured was made: remake it when read
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
@@ -43,16 +44,17 @@ class PassCostTable:
         self.grid = _grid(self.max_tokens)
         self.seconds = [None] * len(self.grid)
         self._measured = ([], [])
+        self._is_stale = False
 
     @property
     def is_measured(self) -> bool:
-        return bool(self._measured[0])
+        return any(s is not None for s in self.seconds)
 
     def estimate_s(self, num_tokens: int) -> float:
         """Seconds a pass of num_tokens takes (0 for none); needs at least one measured point."""
         if num_tokens <= 0:
             return 0.0
-        tokens, seconds = self._measured
+        tokens, seconds = self._envelope()
         if not tokens:
             raise ValueError("no pass has been measured yet")
         i = bisect.bisect_left(tokens, num_tokens)
@@ -83,6 +85,12 @@ class PassCostTable:
             if self.seconds[index] is None and weight >= 0.5:  # unmeasured: learns from the nearer side only
                 scale = self.grid[index] / num_tokens if num_tokens > self.max_tokens else 1.0
                 self.seconds[index] = seconds * scale
+        self._is_stale = True  # every pass is observed (the draft's up to k a step): the envelope waits for a read
+
+    def _envelope(self) -> tuple[list[int], list[float]]:
+        """The measured points' lower envelope (token counts, seconds), remade after observations."""
+        if not self._is_stale:
+            return self._measured
         measured = [(g, s) for g, s in zip(self.grid, self.seconds, strict=True) if s is not None]
         envelope = [s for _, s in measured]
         for i in range(len(envelope) - 2, -1, -1):  # a pass never costs more than a bigger one (a stall did)
@@ -90,7 +98,8 @@ class PassCostTable:
         tokens = [g for g, _ in measured]
         for i in range(1, len(envelope)):  # nor more than the smaller passes it could be split into
             envelope[i] = min([envelope[i]] + [-(-tokens[i] // tokens[j]) * envelope[j] for j in range(i)])
-        self._measured = (tokens, envelope)
+        self._measured, self._is_stale = (tokens, envelope), False
+        return self._measured
 
     def _neighbours(self, num_tokens: int) -> list[tuple[int, float]]:
         """(grid index, interpolation weight) of the grid points around num_tokens."""
@@ -105,4 +114,4 @@ class PassCostTable:
 
     def snapshot(self) -> dict[int, float]:
         """token count -> estimated ms, for the measured grid points (logs, bench JSON)."""
-        return {g: s * 1e3 for g, s in zip(*self._measured, strict=True)}
+        return {g: s * 1e3 for g, s in zip(*self._envelope(), strict=True)}
