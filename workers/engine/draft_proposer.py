@@ -7,6 +7,8 @@ one forward per further draft position. The proposer only reads its sequences: e
 the draft cache is valid afterwards (draft_num_computed), and the engine records it.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from workers.engine.grammar import DraftGrammar
@@ -70,6 +72,36 @@ def draw_chain_step(
             ks[i] = depth + 1  # the grammar is complete: nothing to draft past it
 
 
+def grow_trees(
+    logits: torch.Tensor,  # [B, V] the proposer's logits after each sequence's last committed token
+    seqs: list[Sequence],  # [B]
+    sizes: list[int],  # [B] nodes per tree at most
+    branching: int,
+    forward_frontiers: Callable[[list[int], list[TreeBuilder]], torch.Tensor],  # (active, builders) -> [F, V]
+) -> list[TreeBuilder]:
+    """Token trees for the draft model and the EAGLE head alike, grown level by level by the proposer's own
+    probabilities (TreeBuilder: the best cumulative path probabilities win the node budget, EAGLE-2): each
+    level is one forward over the frontier nodes of every tree still growing, in `active` order (F rows)."""
+    builders = [
+        TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
+    ]
+    q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
+    for b, builder in enumerate(builders):
+        builder.expand(q[b : b + 1])
+    while True:
+        active = [b for b, builder in enumerate(builders) if not builder.is_done]
+        if not active:
+            return builders
+        logits = forward_frontiers(active, builders)  # [F, V]
+        owners = [seqs[b] for b in active for _ in builders[b].frontier]
+        q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)  # [F, V]
+        row = 0
+        for b in active:
+            width = len(builders[b].frontier)
+            builders[b].expand(q[row : row + width])
+            row += width
+
+
 class DraftProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -112,27 +144,12 @@ class DraftProposer:
         ]
 
     def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
-        """A token tree of up to sizes[i] nodes per sequence, grown level by level (see TreeBuilder)."""
-        builders = [
-            TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
-        ]
-        logits = self._catch_up(seqs)  # [B, V]
-        q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
-        for b, builder in enumerate(builders):
-            builder.expand(q[b : b + 1])
-        while True:
-            active = [b for b, builder in enumerate(builders) if not builder.is_done]
-            if not active:
-                break
-            items = [self._frontier_item(seqs[b], builders[b]) for b in active]
-            logits = self.runner.forward(items)  # [sum of frontier sizes, V]
-            owners = [seqs[b] for b in active for _ in builders[b].frontier]
-            q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)
-            row = 0
-            for b in active:
-                width = len(builders[b].frontier)
-                builders[b].expand(q[row : row + width])
-                row += width
+        """A token tree of up to sizes[i] nodes per sequence, grown level by level (grow_trees)."""
+
+        def forward_frontiers(active: list[int], builders: list[TreeBuilder]) -> torch.Tensor:  # [F, V]
+            return self.runner.forward([self._frontier_item(seqs[b], builders[b]) for b in active])
+
+        builders = grow_trees(self._catch_up(seqs), seqs, sizes, branching, forward_frontiers)
         proposals = []
         for seq, builder in zip(seqs, builders, strict=True):
             tree, tree_probs = builder.build()

@@ -11,12 +11,11 @@ and next step recomputes from there with the target's features of whatever was a
 
 import torch
 
-from workers.engine.draft_proposer import DraftFailure, draft_distributions, draw_chain_step
+from workers.engine.draft_proposer import DraftFailure, draw_chain_step, grow_trees
 from workers.engine.grammar import DraftGrammar
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sequence import Sequence
-from workers.spec.distributions import GreedyRows
 from workers.spec.proposal import Proposal
 from workers.spec.tree import ROOT, TreeBuilder
 
@@ -74,33 +73,24 @@ class EagleProposer:
 
     def propose_trees(self, seqs: list[Sequence], sizes: list[int], branching: int) -> list[Proposal]:
         """A token tree of up to sizes[i] nodes per sequence, grown level by level by the head's own
-        probabilities (TreeBuilder: the best cumulative path probabilities win the node budget, EAGLE-2)."""
-        builders = [
-            TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
-        ]
+        probabilities (grow_trees); a node's row reads its parent's hidden state as its feature."""
         logits, hidden = self._catch_up(seqs)  # [B, V], [B, hidden]
         node_hidden: list[dict[int, torch.Tensor]] = [{ROOT: hidden[b]} for b in range(len(seqs))]  # node -> [hidden]
-        q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
-        for b, builder in enumerate(builders):
-            builder.expand(q[b : b + 1])
-        while True:
-            active = [b for b, builder in enumerate(builders) if not builder.is_done]
-            if not active:
-                break
+
+        def forward_frontiers(active: list[int], builders: list[TreeBuilder]) -> torch.Tensor:  # [F, V]
             items = [self._frontier_item(seqs[b], builders[b]) for b in active]
             features = torch.stack(
                 [node_hidden[b][builders[b].parent(node)] for b in active for node in builders[b].frontier]
-            )  # [sum of frontier sizes, hidden]
-            logits, hidden = self.runner.forward(items, features)
-            owners = [seqs[b] for b in active for _ in builders[b].frontier]
-            q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)
+            )  # [F, hidden]
+            logits, hidden = self.runner.forward(items, features)  # [F, V], [F, hidden]
             row = 0
             for b in active:
-                frontier = builders[b].frontier
-                for offset, node in enumerate(frontier):
+                for offset, node in enumerate(builders[b].frontier):
                     node_hidden[b][node] = hidden[row + offset]
-                builders[b].expand(q[row : row + len(frontier)])
-                row += len(frontier)
+                row += len(builders[b].frontier)
+            return logits
+
+        builders = grow_trees(logits, seqs, sizes, branching, forward_frontiers)
         proposals = []
         for seq, builder in zip(seqs, builders, strict=True):
             tree, tree_probs = builder.build()
