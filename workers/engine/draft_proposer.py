@@ -65,8 +65,14 @@ def draw_chain_step(
     """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
     its grammar), advance the grammar, and end a chain whose grammar completes."""
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
-    q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
-    append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
+    if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
+        if not torch.isfinite(logits).all():
+            raise DraftFailure("draft logits are not finite")
+        for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+            tokens[i].append(token)
+    else:
+        q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
+        append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
     for i in active:
         if not grammar.advance(i, tokens[i][-1]):
             ks[i] = depth + 1  # the grammar is complete: nothing to draft past it
