@@ -4,10 +4,12 @@ AUTH_ADMIT_SUBMIT, one round trip), read, cancel."""
 
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from gateway.script_batcher import ScriptBatcher
 from shared import keys, lua
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -52,7 +54,7 @@ class JobStore:
         self.settings = settings
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
         self._submit = redis.register_script(lua.SUBMIT)
-        self._auth_admit_submit = redis.register_script(lua.AUTH_ADMIT_SUBMIT)
+        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
@@ -85,10 +87,11 @@ class JobStore:
         """Who is calling (the record of the key with this digest), its limits and the submit: ONE round trip
         (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back."""
         keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx)
-        verdict, record, result, decision = await self._auth_admit_submit(
+        reply = await self.auth_submits(
             keys=[keys.api_key_record(key_digest), keys_[0], keys_[1]],
             args=[*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
         )
+        verdict, record, result, decision = cast(tuple[str, list[str], list[str], list[object]], reply)
         return AuthSubmit(verdict, dict(zip(record[::2], record[1::2], strict=True)), result, decision)
 
     @staticmethod
