@@ -9,7 +9,7 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.script_batcher import ScriptBatcher
+from gateway.redis_batch import ScriptBatcher
 from shared import keys, lua
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -87,9 +87,9 @@ class JobStore:
         """Who is calling (the record of the key with this digest), its limits and the submit: ONE round trip
         (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back."""
         keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx)
-        reply = await self.auth_submits(
-            keys=[keys.api_key_record(key_digest), keys_[0], keys_[1]],
-            args=[*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
+        reply = await self.auth_submits.run(
+            [keys.api_key_record(key_digest), keys_[0], keys_[1]],
+            [*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
         )
         verdict, record, result, decision = cast(tuple[str, list[str], list[str], list[object]], reply)
         return AuthSubmit(verdict, dict(zip(record[::2], record[1::2], strict=True)), result, decision)
