@@ -72,7 +72,8 @@ async def submit(gw: Gateway, caller: Caller, request: JobRequest, idempotency_k
     job_id = uuid.uuid4().hex
     # ONE round trip: the key, its limits, then the job (not created: its reservation is given back in the script)
     answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost)
-    key = caller.key = key_of(answer.key_fields)  # 401: unknown or revoked
+    caller.is_read = True
+    key = key_of(answer.key_fields)  # 401: unknown or revoked
     if answer.verdict == "too_large":
         raise ApiError(
             413,

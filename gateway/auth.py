@@ -75,7 +75,7 @@ class Caller:
     """The bearer of a submit, found in the submit's own script call (gateway/admission.py)."""
 
     digest: str  # SHA-256 hex of the secret: where the key's record is
-    key: ApiKey | None = None  # once the record was read and the key found valid
+    is_read: bool = False  # the record was read (valid or not: an invalid key was answered 401 then)
 
 
 async def submit_caller(request: Request, credentials: Credentials) -> Caller:
@@ -87,10 +87,11 @@ async def submit_caller(request: Request, credentials: Credentials) -> Caller:
 async def check_unverified_caller(request: Request) -> None:
     """A submit refused before its script call read the key: read it now (401 if unknown or revoked)."""
     caller: Caller | None = getattr(request.state, "caller", None)
-    if caller is None or caller.key is not None:
+    if caller is None or caller.is_read:
         return
+    caller.is_read = True
     redis = request.app.state.gateway.redis
-    caller.key = key_of(await redis.hgetall(keys.api_key_record(caller.digest)))
+    key_of(await redis.hgetall(keys.api_key_record(caller.digest)))
 
 
 class KeyFirstRoute(APIRoute):
