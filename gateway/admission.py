@@ -1,22 +1,23 @@
 """One way in for every job an API call creates (POST /v1/jobs, /v1/completions, /v1/chat/completions):
 
-    size limits (settings) -> model context (413) -> the key's limits (429) -> SUBMIT with the key as owner
+    size limits (settings) -> model context (413) -> the caller's key (401) -> the key's token limit (413)
+    -> the key's limits (429) -> SUBMIT with the key as owner
 
-The Idempotency-Key is scoped to the key (one tenant's key never finds another tenant's job). The limits and the
-SUBMIT run as ONE script (ADMIT_SUBMIT, shared/lua.py): a job admitted but not created (queue full, idempotent
-replay) gives its reservation back in the same script.
+The Idempotency-Key is scoped to the key (one tenant's key never finds another tenant's job). The key lookup, the
+limits and the SUBMIT run as ONE script (AUTH_ADMIT_SUBMIT, shared/lua.py): a job admitted but not created (queue
+full, idempotent replay) gives its reservation back in the same script.
 """
 
 import uuid
 from dataclasses import dataclass
 
+from gateway.auth import Caller, key_of
 from gateway.deps import Gateway
 from gateway.errors import ApiError
 from gateway.metrics import JOBS_REJECTED
 from gateway.rate_limit import estimate_tokens
-from gateway.store import IdempotencyConflict, QueueFull, Submitted
+from gateway.store import IdempotencyConflict, JobStore, QueueFull, Submitted
 from shared import logs
-from shared.api_keys import ApiKey
 from shared.job_state import ErrorCode
 from shared.schemas import JobRequest
 
@@ -62,12 +63,18 @@ def check_sizes(request: JobRequest, gw: Gateway) -> None:
         )
 
 
-async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key: str | None) -> Admitted:
-    """Check, admit and queue one job for `key` -> the job (or the earlier one of the same Idempotency-Key)."""
+async def submit(gw: Gateway, caller: Caller, request: JobRequest, idempotency_key: str | None) -> Admitted:
+    """Check, admit and queue one job for the caller's key -> the job (or the earlier one of the same
+    Idempotency-Key)."""
     check_sizes(request, gw)
     await gw.prompt_limit.check(request)
     cost = estimate_tokens(prompt_chars(request), request.max_tokens)
-    if key.tokens_per_min and cost > key.tokens_per_min:
+    job_id = uuid.uuid4().hex
+    # ONE round trip: the key, its limits, then the job (not created: its reservation is given back in the script)
+    answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost)
+    caller.is_read = True
+    key = key_of(answer.key_fields)  # 401: unknown or revoked
+    if answer.verdict == "too_large":
         raise ApiError(
             413,
             ErrorCode.TOO_LARGE,
@@ -75,20 +82,8 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
             f"limit of {key.tokens_per_min} tokens per {gw.settings.rate_limit_period_s:g}s",
             field="max_tokens",
         )
-    job_id = uuid.uuid4().hex
-    scoped_key = f"{key.id}:{idempotency_key}" if idempotency_key else None
-    admit_call = gw.limiter.admit_call(key, job_id, cost)
-    try:  # ONE round trip: the limits, then the job (not created: its reservation is given back in the script)
-        submitted, raw_decision = await gw.store.admit_and_submit(request, scoped_key, job_id, key.id, admit_call)
-    except IdempotencyConflict as exc:
-        JOBS_REJECTED.labels("idempotency_conflict").inc()
-        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
-    except QueueFull as exc:
-        JOBS_REJECTED.labels("queue_full").inc()
-        headers = {"Retry-After": str(gw.settings.retry_after_s)}
-        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
-    decision = gw.limiter.decision(key, raw_decision)
-    if submitted is None:
+    decision = gw.limiter.decision(key, answer.decision)
+    if answer.verdict == "refused":
         JOBS_REJECTED.labels(f"rate_limit_{decision.refused_by}").inc()
         raise ApiError(
             429,
@@ -96,5 +91,14 @@ async def submit(gw: Gateway, key: ApiKey, request: JobRequest, idempotency_key:
             f"rate limit reached ({decision.refused_by}); retry after {decision.retry_after_s}s",
             headers=decision.headers,
         )
+    try:
+        submitted = JobStore.submitted_of(request, answer.result)
+    except IdempotencyConflict as exc:
+        JOBS_REJECTED.labels("idempotency_conflict").inc()
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
+    except QueueFull as exc:
+        JOBS_REJECTED.labels("queue_full").inc()
+        headers = {"Retry-After": str(gw.settings.retry_after_s)}
+        raise ApiError(503, ErrorCode.QUEUE_FULL, str(exc), field="priority", headers=headers) from exc
     logs.JOB_ID.set(submitted.job_id)  # the rest of this request logs about this job
     return Admitted(submitted, decision.headers)

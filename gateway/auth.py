@@ -1,17 +1,28 @@
 """Who is calling: `Authorization: Bearer <key>` -> the key's record (one HGETALL of its SHA-256, no cache, so a
 revoked key is refused on its next request), and which jobs and batches that key may touch.
 
+The submit routes (POST /v1/jobs, /v1/completions, /v1/chat/completions) do not look the key up on their own:
+`submit_caller` keeps the digest (a `Caller`) and the submit's one script call (AUTH_ADMIT_SUBMIT, via
+gateway/admission.py) reads the record, so auth, limits and the job cost one round trip. A submit refused before
+that call (a body that fails validation, a prompt too long) checks its key first (`KeyFirstRoute`): an unknown
+or revoked key answers 401 there too, as on every other route.
+
 A key sees only what it created: another tenant's job or batch id answers 404, exactly as an unknown id does
 (a 403 would confirm that the id exists). An admin key sees every job and batch, and the fleet's stats.
 The secret never reaches a log line: only the key id does.
 """
 
 import logging
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.errors import ApiError
 from shared import api_keys, keys, logs
@@ -31,15 +42,17 @@ BEARER = HTTPBearer(auto_error=False, description="An API key (`specfleet keys c
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 
 
-async def api_key(request: Request, credentials: Credentials) -> ApiKey:
-    """The calling key, or 401 (missing, malformed, unknown or revoked key)."""
+def _secret(credentials: HTTPAuthorizationCredentials | None) -> str:
+    """The bearer's secret, or 401 (missing or malformed) before any Redis work."""
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
-    secret = credentials.credentials
-    if not api_keys.looks_like_key(secret):
+    if not api_keys.looks_like_key(credentials.credentials):
         raise _unauthorized("invalid API key")
-    redis = request.app.state.gateway.redis
-    raw: dict[str, str] = await redis.hgetall(keys.api_key_record(api_keys.digest(secret)))
+    return credentials.credentials
+
+
+def key_of(raw: dict[str, str]) -> ApiKey:
+    """A key's record as read from Redis ({} when there is none) -> the key, or 401 (unknown or revoked)."""
     if not raw:
         raise _unauthorized("invalid API key")
     key = ApiKey.from_fields(raw)
@@ -48,6 +61,53 @@ async def api_key(request: Request, credentials: Credentials) -> ApiKey:
         raise _unauthorized("this API key was revoked")
     logs.KEY_NAME.set(key.name)  # this request's log records name the key (never its secret)
     return key
+
+
+async def api_key(request: Request, credentials: Credentials) -> ApiKey:
+    """The calling key, or 401 (missing, malformed, unknown or revoked key)."""
+    secret = _secret(credentials)
+    redis = request.app.state.gateway.redis
+    return key_of(await redis.hgetall(keys.api_key_record(api_keys.digest(secret))))
+
+
+@dataclass
+class Caller:
+    """The bearer of a submit, found in the submit's own script call (gateway/admission.py)."""
+
+    digest: str  # SHA-256 hex of the secret: where the key's record is
+    is_read: bool = False  # the record was read (valid or not: an invalid key was answered 401 then)
+
+
+async def submit_caller(request: Request, credentials: Credentials) -> Caller:
+    """A submit's caller: 401 now for a missing or malformed key; its record is read by the submit itself."""
+    caller = request.state.caller = Caller(api_keys.digest(_secret(credentials)))
+    return caller
+
+
+async def check_unverified_caller(request: Request) -> None:
+    """A submit refused before its script call read the key: read it now (401 if unknown or revoked)."""
+    caller: Caller | None = getattr(request.state, "caller", None)
+    if caller is None or caller.is_read:
+        return
+    caller.is_read = True
+    redis = request.app.state.gateway.redis
+    key_of(await redis.hgetall(keys.api_key_record(caller.digest)))
+
+
+class KeyFirstRoute(APIRoute):
+    """A route whose refusals answer 401 first when the caller's key was never read (`submit_caller`)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def key_first_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (ApiError, RequestValidationError, StarletteHTTPException):
+                await check_unverified_caller(request)
+                raise
+
+        return key_first_handler
 
 
 CallerDep = Annotated[ApiKey, Depends(api_key)]

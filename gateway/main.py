@@ -88,6 +88,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     # every route but health needs a key; a job or batch id in the path must be the key's own (else 404)
     tenant = [Depends(owned_resources)]
+    app.include_router(jobs.submit_router)  # its key is read by the submit's own script call (gateway/auth.py)
     app.include_router(jobs.router, dependencies=tenant)
     app.include_router(batches.router, dependencies=tenant)
     for router in (openai_completions.router, openai_chat.router, models.router, files.router):

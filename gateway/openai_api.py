@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.background import BackgroundTask
 
 from gateway import admission
+from gateway.auth import Caller
 from gateway.cancel_after import HEADER as CANCEL_AFTER
 from gateway.cancel_after import with_cancel_after
 from gateway.deps import Gateway
@@ -31,7 +32,6 @@ from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from gateway.openai_stream_logprobs import StreamLogprobs
 from shared import keys
 from shared import openai_compat as oa
-from shared.api_keys import ApiKey
 from shared.job_record import job_from_fields
 from shared.job_state import ErrorCode, JobStatus
 from shared.openai_logprobs import ChatLogprobs, CompletionLogprobs
@@ -111,11 +111,11 @@ class Call:
         self.model = ""
         self.is_finished = False
 
-    async def run(self, key: ApiKey, idempotency_key: str | None) -> Response | BaseModel:
+    async def run(self, caller: Caller, idempotency_key: str | None) -> Response | BaseModel:
         self.model = await SERVED_MODEL.check(self.gw, self.body.model)
         job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
         job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
-        admitted = await admission.submit(self.gw, key, job_request, idempotency_key)
+        admitted = await admission.submit(self.gw, caller, job_request, idempotency_key)
         self.job_id = admitted.submitted.job_id
         headers = {**admitted.headers, JOB_ID_HEADER: self.job_id}
         if self.body.stream:

@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.auth import KeyFirstRoute
 from gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,9 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
     return openai_error(400, f"{param}: {message}" if param else message, "invalid_request", param)
 
 
-class OpenAIRoute(APIRoute):
-    """A route whose every error (its handler's and its dependencies') comes out in OpenAI's shape."""
+class OpenAIRoute(KeyFirstRoute):
+    """A route whose every error (its handler's and its dependencies') comes out in OpenAI's shape (a submit's
+    unread key is checked first: KeyFirstRoute)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -1,13 +1,15 @@
 """The gateway's Redis side (a client with decode_responses=True) of jobs: submit (one script: idempotency, queue
-limit, hash, enqueue; its KEYS/ARGV from shared/submit.py; with the key's limits in front of it: ADMIT_SUBMIT,
-one round trip), read, cancel."""
+limit, hash, enqueue; its KEYS/ARGV from shared/submit.py; with the caller's key and its limits in front of it:
+AUTH_ADMIT_SUBMIT, one round trip), read, cancel."""
 
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from gateway.redis_batch import ScriptBatcher
 from shared import keys, lua
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -20,6 +22,16 @@ class Submitted:
     job_id: str
     is_new: bool  # False: an earlier job with the same Idempotency-Key
     created_at: float | None = None  # of a new job (Redis clock)
+
+
+@dataclass
+class AuthSubmit:
+    """AUTH_ADMIT_SUBMIT's answer (shared/lua.py)."""
+
+    verdict: str  # 'unknown' | 'revoked' | 'too_large' | 'refused' (the limits) | 'submitted'
+    key_fields: dict[str, str]  # the key's record ({} when unknown)
+    result: list[str]  # submit()'s answer when verdict is 'submitted' (JobStore.submitted_of reads it); else []
+    decision: list[object]  # the limits' answer (admit() in shared/lua.py); [] when they were not checked
 
 
 class IdempotencyConflict(Exception):
@@ -42,7 +54,7 @@ class JobStore:
         self.settings = settings
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
         self._submit = redis.register_script(lua.SUBMIT)
-        self._admit_submit = redis.register_script(lua.ADMIT_SUBMIT)
+        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
@@ -67,26 +79,23 @@ class JobStore:
         keys_, args = submit_call(
             request, job_id or uuid.uuid4().hex, idempotency_key, self.settings, self._ctx, owner
         )
-        return self._submitted(request, await self._submit(keys=keys_, args=args))
+        return self.submitted_of(request, await self._submit(keys=keys_, args=args))
 
-    async def admit_and_submit(
-        self,
-        request: JobRequest,
-        idempotency_key: str | None,
-        job_id: str,
-        owner: str,
-        admit_call: tuple[list[str], list[str | int]],
-    ) -> tuple[Submitted | None, list[object]]:
-        """The key's limits (`admit_call`: RateLimiter.admit_call) and the submit, ONE round trip -> (the job, or
-        None when the limits refused it; the ADMIT answer). A job not created gave its reservation back."""
-        keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx, owner)
-        result, decision = await self._admit_submit(keys=keys_ + admit_call[0], args=args + admit_call[1])
-        if result[0] == "refused":
-            return None, decision
-        return self._submitted(request, result), decision
+    async def auth_admit_submit(
+        self, request: JobRequest, key_digest: str, idempotency_key: str | None, job_id: str, cost: int
+    ) -> AuthSubmit:
+        """Who is calling (the record of the key with this digest), its limits and the submit: ONE round trip
+        (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back."""
+        keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx)
+        reply = await self.auth_submits.run(
+            [keys.api_key_record(key_digest), keys_[0], keys_[1]],
+            [*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
+        )
+        verdict, record, result, decision = cast(tuple[str, list[str], list[str], list[object]], reply)
+        return AuthSubmit(verdict, dict(zip(record[::2], record[1::2], strict=True)), result, decision)
 
     @staticmethod
-    def _submitted(request: JobRequest, result: list[str]) -> Submitted:
+    def submitted_of(request: JobRequest, result: list[str]) -> Submitted:
         """SUBMIT's answer -> the job (raises QueueFull, IdempotencyConflict)."""
         if result[0] == "full":
             raise QueueFull(request.priority, int(result[1]))

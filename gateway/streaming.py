@@ -7,7 +7,8 @@ and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wak
 costs latency, never an event). When a wake-up reaches 500 followers of one job, ONE of them reads Redis:
 a catch-up is skipped when another one began after this follower's wake-up (so it already saw every event
 published before it). The event stream is the truth and pub/sub only says "look again": nothing is lost,
-repeated or reordered, whatever the timing of connects and reconnects.
+repeated or reordered, whatever the timing of connects and reconnects. One engine step wakes every job it wrote
+to: their reads go to Redis together, one pipelined write per loop turn (gateway/redis_batch.py).
 """
 
 import asyncio
@@ -17,11 +18,13 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.redis_batch import CommandBatcher
 from shared import keys
 from shared.job_state import JobStatus
 from shared.schemas import EventType
@@ -62,16 +65,18 @@ class _Feed:
     def is_complete(self) -> bool:
         return bool(self.events) and self.events[-1].type.is_final
 
-    async def catch_up(self, redis: Redis, job_id: str, num_reads_seen: int) -> None:
-        """Read the events not read yet, unless a read began after the caller's wake-up (it saw them all)."""
+    async def catch_up(self, reads: CommandBatcher, job_id: str, num_reads_seen: int) -> None:
+        """Read the events not read yet, unless a read began after the caller's wake-up (it saw them all). The
+        reads of the feeds one wake-up round woke go to Redis as one pipelined write (gateway/redis_batch.py)."""
         async with self.read_lock:
             if self.num_reads_started > num_reads_seen or self.is_complete:
                 return
             self.num_reads_started += 1
             while True:
                 after = self.events[-1].id if self.events else "0-0"
-                entries: list[tuple[str, dict[str, str]]] = await redis.xrange(  # type: ignore[assignment]
-                    keys.job_events(job_id), min=f"({after}", max="+", count=READ_BATCH
+                entries = cast(
+                    list[tuple[str, dict[str, str]]],
+                    await reads.call("XRANGE", keys.job_events(job_id), f"({after}", "+", "COUNT", READ_BATCH),
                 )
                 self.events.extend(
                     Event(id=i, type=EventType(f["type"]), data=f["data"], key=entry_key(i))
@@ -84,6 +89,7 @@ class _Feed:
 class EventHub:
     def __init__(self, redis: Redis, keepalive_s: float, linger_s: float = CHANNEL_LINGER_S) -> None:
         self.redis = redis
+        self.reads = CommandBatcher(redis)  # the feeds' XRANGEs of one loop turn: one write
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
         self._pubsub = redis.pubsub()
@@ -189,7 +195,7 @@ class EventHub:
             while True:
                 num_reads_seen = feed.num_reads_started
                 wake.clear()
-                await feed.catch_up(self.redis, job_id, num_reads_seen)
+                await feed.catch_up(self.reads, job_id, num_reads_seen)
                 new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     return

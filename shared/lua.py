@@ -71,7 +71,8 @@ local function finish(ctx, job_id, to, attempt, fields, ev_type, ev_data)
 end
 
 -- ARGV[1] of every script below is the json context: group, jprefix, evsuffix, chprefix, qprefix, maxlen, ttl,
--- outbox, outbox_maxlen
+-- outbox, outbox_maxlen, and the prefixes of a key's Idempotency-Keys and limit state (idemprefix, rlprefix,
+-- inflightprefix: + the key id)
 local ctx = cjson.decode(ARGV[1])
 """
 )
@@ -90,6 +91,9 @@ def context(maxlen: int, ttl_s: int) -> str:
             "queued_channel": keys.QUEUED_CHANNEL,
             "outbox": keys.OUTBOX_STREAM,
             "outbox_maxlen": str(keys.OUTBOX_MAXLEN),
+            "idemprefix": keys.idempotency(""),
+            "rlprefix": keys.rate_limit_state(""),
+            "inflightprefix": keys.inflight_jobs(""),
             "maxlen": str(maxlen),
             "ttl": str(ttl_s),
         }
@@ -432,23 +436,40 @@ return admit(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), to
 # KEYS: state hash, in-flight hash. ARGV: job_id period_s tokens_limit -> 'ok'
 RELEASE = _RELEASE_FN + "\nreturn release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
 
-# A submit in ONE round trip: the key's limits, then the job (a job admitted but not created, an idempotent replay
-# or a full queue, gives its reservation back at once).
-# KEYS: SUBMIT's (job hash, queue stream, idempotency key) + ADMIT's (state hash, in-flight hash).
-# ARGV: SUBMIT's 11 (ctx ... request_hash) + ADMIT's 8 (job_prefix ... inflight_ttl_s)
-# -> {submit()'s answer, or {'refused'}; admit()'s answer}
-ADMIT_SUBMIT = (
+# A submit in ONE round trip: who is calling (the key record found by the SHA-256 of its secret: unknown or
+# revoked -> refused, nothing written), the key's own limits (a request dearer than its token limit -> refused),
+# then the job (a job admitted but not created, an idempotent replay or a full queue, gives its reservation back
+# at once). No key is cached anywhere: a revoked key is refused on its very next request. The key's Idempotency-Key
+# and limit state are named from its id (ctx.idemprefix, ctx.rlprefix, ctx.inflightprefix): every key shares the
+# `{specfleet}` hash tag, so they live in the same slot as KEYS on Redis Cluster too.
+# KEYS: key record, job hash, queue stream.
+# ARGV: SUBMIT's 11 (ctx ... owner (ignored: the key's id) request_hash), then idempotency_key ('' = none),
+#       cost (tokens reserved), period_s, inflight_ttl_s
+# -> {verdict, the key record (HGETALL's flat list; {} when unknown), submit()'s answer ({} unless submitted),
+#     admit()'s answer ({} unless the limits were checked)}
+#    verdict: 'unknown' | 'revoked' | 'too_large' | 'refused' (the limits) | 'submitted' (submit()'s answer says how)
+AUTH_ADMIT_SUBMIT = (
     PRELUDE
     + _SUBMIT_FN
     + _ADMIT_FN
     + _RELEASE_FN
     + """
-local decision = admit(KEYS[4], KEYS[5], ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]),
-  tonumber(ARGV[16]), ARGV[17], tonumber(ARGV[18]), ARGV[19])
-if decision[1] ~= '1' then return {{'refused'}, decision} end
-local result = submit(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
-  ARGV[9], ARGV[10], ARGV[11])
-if result[1] ~= 'ok' then release(KEYS[4], KEYS[5], ARGV[17], ARGV[13], ARGV[15]) end
-return {result, decision}
+local record = redis.call('HGETALL', KEYS[1])
+if #record == 0 then return {'unknown', {}, {}, {}} end
+local key = {}
+for i = 1, #record, 2 do key[record[i]] = record[i + 1] end
+if key.revoked_at and key.revoked_at ~= '' then return {'revoked', record, {}, {}} end
+local tpm = tonumber(key.tokens_per_min or '0') or 0
+local cost = tonumber(ARGV[13])
+if tpm > 0 and cost > tpm then return {'too_large', record, {}, {}} end
+local state, inflight = ctx.rlprefix .. key.id, ctx.inflightprefix .. key.id
+local decision = admit(state, inflight, ctx.jprefix, tonumber(ARGV[14]), tonumber(key.requests_per_min or '0') or 0,
+  tpm, tonumber(key.max_concurrent_jobs or '0') or 0, ARGV[2], cost, ARGV[15])
+if decision[1] ~= '1' then return {'refused', record, {}, decision} end
+local idem = ARGV[12] ~= '' and (ctx.idemprefix .. key.id .. ':' .. ARGV[12]) or ''
+local result = submit(KEYS[2], KEYS[3], idem, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
+  ARGV[9], key.id, ARGV[11])
+if result[1] ~= 'ok' then release(state, inflight, ARGV[2], ARGV[14], tostring(tpm)) end
+return {'submitted', record, result, decision}
 """
 )

@@ -6,7 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel
 
-from gateway.deps import ApiKeyDep, GatewayDep
+from gateway.deps import GatewayDep, SubmitCallerDep
 from gateway.openai_api import Call
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from gateway.routes.openai_completions import STREAM_RESPONSE
@@ -20,8 +20,8 @@ async def create_chat_completion(
     body: ChatCompletionRequest,
     request: Request,
     gw: GatewayDep,
-    key: ApiKeyDep,
+    caller: SubmitCallerDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> Response | BaseModel:
     """Answer a conversation. The job behind the call is named in the `x-specfleet-job-id` header."""
-    return await Call(gw, request, body, is_chat=True).run(key, idempotency_key)
+    return await Call(gw, request, body, is_chat=True).run(caller, idempotency_key)

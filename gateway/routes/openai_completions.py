@@ -5,7 +5,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel
 
-from gateway.deps import ApiKeyDep, GatewayDep
+from gateway.deps import GatewayDep, SubmitCallerDep
 from gateway.openai_api import Call
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from shared.openai_compat import Completion, CompletionRequest
@@ -22,8 +22,8 @@ async def create_completion(
     body: CompletionRequest,
     request: Request,
     gw: GatewayDep,
-    key: ApiKeyDep,
+    caller: SubmitCallerDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> Response | BaseModel:
     """Complete a prompt. The job behind the call is named in the `x-specfleet-job-id` header."""
-    return await Call(gw, request, body, is_chat=False).run(key, idempotency_key)
+    return await Call(gw, request, body, is_chat=False).run(caller, idempotency_key)

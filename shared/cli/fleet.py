@@ -62,7 +62,7 @@ def gateway(
             workers=workers,
             access_log=access_log,
             log_level="info",
-            ws="none",
+            ws="none",  # http: uvicorn's "auto" serves with httptools, a dependency (README, Dependencies)
             timeout_graceful_shutdown=5,
             log_config=log_config or LOGGING_CONFIG,  # uvicorn's own unless JSON logs
         )

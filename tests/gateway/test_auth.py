@@ -101,6 +101,36 @@ def test_a_revoked_key_is_refused_at_once(
         assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"]
 
 
+def test_a_submit_refused_for_its_body_still_answers_401_to_an_unknown_or_revoked_key(
+    bare: ThreadedGateway, redis_url: str, rclient: redis.Redis
+) -> None:
+    """The submit routes read the key inside the submit's script call; a request refused before that call (its
+    body, its size, its key's token limit) checks the key first, so a bad key is a 401 wherever it fails."""
+    revoked, revoked_secret = create_key(redis_url, "gone", tokens_per_min=10)
+    KeyRegistry(rclient).revoke(revoked.id)
+    unknown_secret = "sf-" + "x" * 43  # well-formed, never created
+    refusals = [
+        ("/v1/jobs", {"prompt": "x", "max_tokens": -1}),  # 422: invalid body
+        ("/v1/jobs", {"prompt": "x" * 300_000}),  # 413: beyond max_prompt_chars
+        ("/v1/jobs", {"prompt": "x", "max_tokens": 64}),  # 413: beyond the revoked key's token limit
+        ("/v1/completions", {"prompt": "x", "max_tokens": "many"}),  # 400 in OpenAI's shape
+        ("/v1/chat/completions", {"messages": "not a list"}),
+    ]
+    with httpx.Client(base_url=bare.url, timeout=30) as http:
+        for secret, message in ((unknown_secret, "invalid API key"), (revoked_secret, "this API key was revoked")):
+            for path, body in refusals:
+                response = http.post(path, json=body, headers=_as(secret))
+                assert response.status_code == 401, (path, body, response.text[:200])
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["error"]["message"] == message
+        # a valid key gets the refusal itself
+        valid = _as(create_key(redis_url, "ok", tokens_per_min=10)[1])
+        assert http.post("/v1/jobs", json=refusals[0][1], headers=valid).status_code == 422
+        too_big = http.post("/v1/jobs", json=refusals[2][1], headers=valid)
+        assert too_big.status_code == 413 and "more than this key's limit of 10 tokens" in too_big.json()["error"]["message"]
+        assert http.post("/v1/completions", json=refusals[3][1], headers=valid).status_code == 400
+
+
 def test_fleet_stats_need_an_admin_key(bare: ThreadedGateway, redis_url: str) -> None:
     with httpx.Client(base_url=bare.url) as http:
         tenant = http.get("/metrics", headers=_as(create_key(redis_url)[1]))

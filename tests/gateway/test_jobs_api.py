@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared.api_keys import digest
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.helpers.gateway import ThreadedGateway
@@ -208,12 +209,21 @@ def test_redis_down_is_503_not_500(settings: ServiceSettings) -> None:
         assert http.get("/readyz").status_code == 503
 
 
-def test_the_limits_and_the_submit_are_one_script_call(http: httpx.Client, rclient: redis.Redis) -> None:
-    def evalsha_calls() -> int:
-        return int(rclient.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
-
+def test_the_key_the_limits_and_the_submit_are_one_command(
+    gateway: ThreadedGateway, http: httpx.Client, rclient: redis.Redis
+) -> None:
+    """A submit sends Redis ONE command, AUTH_ADMIT_SUBMIT: the key's record is read inside the script."""
     assert http.post("/v1/jobs", json={"prompt": "a", "max_tokens": 2}).status_code == 202  # scripts loaded
-    before = evalsha_calls()
-    job = http.post("/v1/jobs", json={"prompt": "b", "max_tokens": 2}).json()
-    assert evalsha_calls() - before == 1  # ADMIT_SUBMIT: the key's limits and the job, one round trip
+    record = keys.api_key_record(digest(gateway.api_key))
+    marker = "end-of-the-submit"
+    sent: list[str] = []  # the commands clients sent (not the scripts' own calls)
+    with rclient.monitor() as monitor:
+        job = http.post("/v1/jobs", json={"prompt": "b", "max_tokens": 2}).json()
+        redis.Redis(connection_pool=rclient.connection_pool).echo(marker)
+        while marker not in (entry := monitor.next_command())["command"]:
+            if entry["client_type"] != "lua":
+                sent.append(entry["command"])
+    submits = [c for c in sent if c.upper().startswith("EVALSHA")]
+    assert len(submits) == 1 and record in submits[0]  # the key, its limits and the job, one round trip
+    assert not [c for c in sent if record in c and c not in submits], sent  # no lookup of the key of its own
     assert rclient.hget(keys.job_hash(job["id"]), "status") == "queued"

@@ -5,6 +5,8 @@
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
    request mix straight into an in-process engine (same engine settings and torch thread count as the worker).
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
+   The fleet's TTFT split by the times Redis recorded: `queued_ms_p50` (created -> started) and
+   `first_write_ms_p50` (started -> first token written) on its rows (workers/bench/e2e_ttft.py).
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`).
 5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
@@ -45,6 +47,7 @@ from workers.bench.e2e_load import (
     xadd_ceiling,
 )
 from workers.bench.e2e_mixed import MixedPlan, preemptions, run_fairness, run_mixed
+from workers.bench.e2e_ttft import ttft_parts
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
         engine_t = run_engine(engine, bodies, c)  # the same minute of machine noise
         for system, t in (("fleet", fleet_t), ("engine", engine_t)):
             rows.append({"phase": "latency", "system": system, "concurrency": c, **summary(t)})
+        rows[-2].update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
         log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
                  rows[-1]["ttft_ms_p50"])
         rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
@@ -103,6 +107,8 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
         engine_tokens_per_s = pair["engine"]["tokens_per_s"]
         if engine_tokens_per_s > 0:
             ratios[f"fleet_vs_engine_tokens_per_s_c{c}"] = pair["fleet"]["tokens_per_s"] / engine_tokens_per_s
+        for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
+            ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
         for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
             name = f"fleet_{metric.split('_')[0]}_overhead_ms_{metric.rsplit('_', 1)[1]}"
             value = pair["fleet"][metric] - pair["engine"][metric]

@@ -45,6 +45,10 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     (sse,) = [r for r in doc["rows"] if r["phase"] == "sse"]
     assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
     assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    for r in latency:  # the fleet's TTFT split by the times Redis recorded (workers/bench/e2e_ttft.py)
+        if r["system"] == "fleet":
+            assert r["queued_ms_p50"] >= 0 and r["first_write_ms_p50"] >= 0
+    assert {f"fleet_ttft_queued_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert doc["machine"]["load_avg_1m_before"] >= 0
     cost = [r for r in doc["rows"] if r["phase"] == "cost"]  # from the jobs' own records, SD on and off
     assert {(r["speculation"], r["concurrency"]) for r in cost} == {

@@ -1,0 +1,83 @@
+"""CommandBatcher and ScriptBatcher against a real Redis: the calls of one loop turn go out as one write, each
+gets its own reply or its own error, and a Redis that lost its scripts gets the script again."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from gateway.redis_batch import CommandBatcher, ScriptBatcher
+
+# KEYS[1]: a counter. ARGV[1]: a step ('boom': the script fails) -> the counter after the step
+SCRIPT = """
+if ARGV[1] == 'boom' then return redis.error_reply('boom') end
+return redis.call('INCRBY', KEYS[1], ARGV[1])
+"""
+
+
+def _run(redis_url: str, body: Callable[[Redis], Awaitable[None]]) -> None:
+    async def main() -> None:
+        client = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            await body(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_one_turns_calls_are_one_write_with_their_own_replies(redis_url: str) -> None:
+    async def body(client: Redis) -> None:
+        batcher = ScriptBatcher(client, SCRIPT)
+        replies = await asyncio.gather(*(batcher.run([f"n{i % 2}"], [1]) for i in range(20)))
+        assert sorted(replies) == sorted([*range(1, 11), *range(1, 11)])  # type: ignore[type-var]
+        assert batcher.num_calls == 20 and batcher.num_sends < 20
+        assert await batcher.run(["n0"], [5]) == 15  # a call alone is sent at once
+        assert batcher.num_sends < 21
+
+    _run(redis_url, body)
+
+
+def test_a_failing_call_fails_alone(redis_url: str) -> None:
+    async def body(client: Redis) -> None:
+        batcher = ScriptBatcher(client, SCRIPT)
+        replies = await asyncio.gather(
+            batcher.run(["k"], [1]), batcher.run(["k"], ["boom"]), batcher.run(["k"], [2]),
+            return_exceptions=True,
+        )
+        assert replies[0] == 1 and replies[2] == 3
+        assert isinstance(replies[1], ResponseError) and "boom" in str(replies[1])
+
+    _run(redis_url, body)
+
+
+@pytest.mark.parametrize("num_calls", [1, 5])
+def test_a_redis_that_lost_its_scripts_gets_them_again(redis_url: str, num_calls: int) -> None:
+    async def body(client: Redis) -> None:
+        batcher = ScriptBatcher(client, SCRIPT)
+        assert await batcher.run(["k"], [1]) == 1
+        await client.script_flush()  # as after a restart of Redis
+        replies = await asyncio.gather(*(batcher.run(["k"], [1]) for _ in range(num_calls)))
+        assert sorted(replies) == list(range(2, 2 + num_calls))  # type: ignore[type-var]
+
+    _run(redis_url, body)
+
+
+def test_commands_of_one_turn_are_one_write(redis_url: str) -> None:
+    async def body(client: Redis) -> None:
+        await client.xadd("s", {"n": "1"})
+        batcher = CommandBatcher(client)
+        replies = await asyncio.gather(
+            *(batcher.call("XRANGE", "s", "-", "+", "COUNT", 10) for _ in range(8)),
+            batcher.call("HSET", "s", "x", "1"),  # a wrong type: this call alone fails
+            return_exceptions=True,
+        )
+        assert all(r == [(replies[0][0][0], {"n": "1"})] for r in replies[:8])  # type: ignore[index]
+        assert isinstance(replies[8], ResponseError) and "WRONGTYPE" in str(replies[8])
+        assert batcher.num_calls == 9 and batcher.num_sends < 9
+        with pytest.raises(ResponseError, match="WRONGTYPE"):  # alone: sent at once, its error all the same
+            await batcher.call("HSET", "s", "x", "1")
+
+    _run(redis_url, body)

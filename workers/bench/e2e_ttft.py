@@ -1,0 +1,42 @@
+"""Where a fleet job's first token waited: the latency phase's TTFT split by the times Redis recorded.
+
+    queued:       created_at -> started_at (the job hash, both Redis's clock): until a worker's pull took it,
+                  which happens at an engine step's boundary
+    first_write:  started_at -> the job's first token event (its stream entry id is Redis's clock at the write):
+                  the engine step that prefilled it, then the worker's writer thread
+The rest of a TTFT (the POST until its script ran, the SSE wake-up and delivery) is gateway and client time.
+"""
+
+from shared import keys
+from shared import redis_url as redis_urls
+from workers.bench.e2e_latency import Timings, percentile_ms
+
+EVENTS_READ = 8  # a job's first events: status `running`, then its first token (a resumed job: a few more)
+
+
+def _first_token_s(events: list[tuple[str, dict[str, str]]]) -> float | None:
+    for entry_id, fields in events:
+        if fields.get("type") == "token":
+            return int(entry_id.split("-")[0]) / 1000
+    return None
+
+
+def ttft_parts(redis_url: str, timings: Timings) -> dict[str, float]:
+    """p50 of `queued_ms` and `first_write_ms` over the fleet run's jobs, from their records."""
+    client = redis_urls.client(redis_url, decode_responses=True)
+    try:
+        pipe = redis_urls.pipeline(client, transaction=False)
+        for job_id in timings.job_ids:
+            pipe.hmget(keys.job_hash(job_id), ["created_at", "started_at"])
+            pipe.xrange(keys.job_events(job_id), count=EVENTS_READ)
+        replies = pipe.execute()
+    finally:
+        client.close()
+    queued_s, first_write_s = [], []
+    for (created, started), events in zip(replies[::2], replies[1::2], strict=True):
+        first_s = _first_token_s(events)
+        if created is None or started is None or first_s is None:
+            continue
+        queued_s.append(float(started) - float(created))
+        first_write_s.append(first_s - float(started))
+    return {"queued_ms_p50": percentile_ms(queued_s, 50), "first_write_ms_p50": percentile_ms(first_write_s, 50)}
