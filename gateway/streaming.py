@@ -7,7 +7,9 @@ and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wak
 costs latency, never an event). When a wake-up reaches 500 followers of one job, ONE of them reads Redis:
 a catch-up is skipped when another one began after this follower's wake-up (so it already saw every event
 published before it). The event stream is the truth and pub/sub only says "look again": nothing is lost,
-repeated or reordered, whatever the timing of connects and reconnects. One engine step wakes every job it wrote
+repeated or reordered, whatever the timing of connects and reconnects. A follower that finds nothing new and the
+job ended reads the events once more before it ends the stream: the job may have run to its end between the
+two reads (all its events written after the first, its status read after them). One engine step wakes every job it wrote
 to: their reads go to Redis together, one pipelined write per loop turn (gateway/redis_batch.py).
 """
 
@@ -198,7 +200,11 @@ class EventHub:
                 await feed.catch_up(self.reads, job_id, num_reads_seen)
                 new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
-                    return
+                    if not feed.is_complete:  # the job may have ended after the events were read: read them again
+                        await feed.catch_up(self.reads, job_id, feed.num_reads_started)
+                        new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
+                    if not new:
+                        return
                 check_finished = False
                 for event in new:
                     after_key = event.key

@@ -33,3 +33,30 @@ def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
 
     subscribers, followers, woken, after = asyncio.run(scenario())
     assert (subscribers, followers, woken, after) == (1, 2, True, 0)
+
+
+class _FinishesWhileAsked(EventHub):
+    """A hub whose job runs to its end in the window between a follower's read of the events and its read of
+    the status: the worker's whole run (start, tokens, done) lands right before the status is read."""
+
+    async def _is_finished(self, job_id: str) -> bool:
+        events = keys.job_events(job_id)
+        for kind, data in (("status", '{"status": "running"}'), ("token", '{"token_ids": [7]}'), ("done", "{}")):
+            await self.redis.xadd(events, {"type": kind, "data": data})
+        await self.redis.hset(keys.job_hash(job_id), "status", "succeeded")
+        return await super()._is_finished(job_id)
+
+
+def test_a_job_that_ends_between_the_reads_of_its_events_and_of_its_status_is_streamed_whole(redis_url: str) -> None:
+    async def scenario() -> list[str]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        await redis.hset(keys.job_hash("j2"), mapping={"id": "j2", "status": "queued"})  # no event yet
+        hub = _FinishesWhileAsked(redis, keepalive_s=30.0, linger_s=0.1)
+        await hub.start()
+        try:
+            return [event.type.value async for event in hub.follow("j2") if event is not None]
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == ["status", "token", "done"]
