@@ -13,11 +13,10 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
-from shared.procs import die_with_parent
+from shared.procs import ProcessGroup, die_with_parent
 from shared.redis_server import RedisServer, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,7 @@ def cluster_node_port() -> int:
         return port
 
 
-class LocalCluster:
+class LocalCluster(ProcessGroup):
     """`with LocalCluster(data_dir) as cluster: cluster.url` — `redis+cluster://` of N fresh masters."""
 
     def __init__(self, data_dir: str | Path, num_masters: int = 3, start_timeout_s: float = 60.0) -> None:
@@ -100,20 +99,9 @@ class LocalCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "LocalCluster":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
-class LocalSentinel:
+class LocalSentinel(ProcessGroup):
     """`with LocalSentinel(data_dir) as group: group.url` — master + replica + 3 sentinels (quorum 2).
 
     kill_master() SIGKILLs the master; wait_for_failover() returns the promoted replica's port."""
@@ -214,14 +202,3 @@ class LocalSentinel:
             self.replica.stop()
         self.master.stop()
 
-    def __enter__(self) -> "LocalSentinel":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

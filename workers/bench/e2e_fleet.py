@@ -4,11 +4,11 @@ benchmark reads of it: an API key without limits, the processes' CPU time."""
 
 import logging
 from pathlib import Path
-from types import TracebackType
 
 from shared import redis_url as redis_urls
 from shared.api_keys import KeyRegistry
 from shared.fleet import Fleet
+from shared.procs import ProcessGroup
 from workers.bench.http_client import Endpoint, cpu_seconds
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ WORKER_NAME = "bench-worker"
 FLEET_ENV = {"SPECFLEET_IDLE_BLOCK_MS": "200", "SPECFLEET_HEARTBEAT_INTERVAL_S": "1"}
 
 
-class BenchFleet:
+class BenchFleet(ProcessGroup):
     """`with BenchFleet(tmp, target, draft, ...) as fleet:` fleet.url, fleet.redis_url; start_worker()."""
 
     def __init__(
@@ -138,14 +138,3 @@ class BenchFleet:
         """Gateway, then worker, then Redis."""
         self.fleet.stop()
 
-    def __enter__(self) -> "BenchFleet":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
