@@ -127,8 +127,9 @@ class StepApplier:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len + verdict.num_accepted)
         else:
             spec.draft_num_computed = min(spec.draft_num_computed, old_len)
-        spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth)
-        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth, spec.method)
+        is_rejected = verdict.rejected_a_draft(proposal)
+        spec.counts.record(proposal.num_tokens, verdict.num_accepted, proposal.depth, is_rejected)
+        self.stats.record(proposal.num_tokens, verdict.num_accepted, proposal.depth, spec.method, is_rejected)
         if self.is_adaptive and proposal.tree is not None:
             spec.controller.update_tree(proposal.depth, verdict.num_accepted)
         elif self.is_adaptive and spec.controller.update(proposal.num_tokens, verdict.num_accepted):

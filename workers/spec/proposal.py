@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.spec.tree import TokenTree
+from workers.spec.tree import ROOT, TokenTree
 
 
 @dataclass
@@ -36,3 +36,11 @@ class Verdict:
     tokens: list[int]  # accepted draft tokens + one recovered/bonus token
     num_accepted: int
     accepted_nodes: list[int] | None = None  # tree: the accepted root-to-node path
+
+    def rejected_a_draft(self, proposal: Proposal) -> bool:
+        """Did the target reject one of the proposal's draft tokens? A chain: fewer accepted than drafted. A tree:
+        the accepted path ended at a node with children (one ending at a leaf was accepted whole, however
+        deeper another branch went)."""
+        if proposal.tree is None:
+            return self.num_accepted < proposal.num_tokens
+        return bool(proposal.tree.children(self.accepted_nodes[-1] if self.accepted_nodes else ROOT))

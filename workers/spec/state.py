@@ -15,17 +15,19 @@ class AcceptanceCounts:
     num_drafted: int = 0  # draft tokens (tree: nodes) proposed
     num_accepted: int = 0
     num_emitted: int = 0  # tokens those steps emitted: accepted + one recovered/bonus each
-    num_rejected: int = 0  # steps whose target rejected a draft token before the end of its path
+    num_rejected: int = 0  # steps whose target rejected a draft token (one at most: the first ends the path)
     drafted_per_position: list[int] = field(default_factory=list)  # [positions] draft depth i was verified
     accepted_per_position: list[int] = field(default_factory=list)  # [positions] draft depth i was accepted
 
-    def record(self, num_drafted: int, num_accepted: int, depth: int) -> None:
-        """One verified step; `depth` = draft positions along the longest proposed path."""
+    def record(self, num_drafted: int, num_accepted: int, depth: int, is_rejected: bool | None = None) -> None:
+        """One verified step; `depth` = draft positions along the longest proposed path; `is_rejected`: the target
+        rejected a draft token (a tree's accepted path ended at a node with children; None: num_accepted < depth,
+        exact for a chain)."""
         self.num_steps += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_emitted += num_accepted + 1
-        self.num_rejected += int(num_accepted < depth)
+        self.num_rejected += int(num_accepted < depth if is_rejected is None else is_rejected)
         missing = depth - len(self.drafted_per_position)
         if missing > 0:
             self.drafted_per_position.extend([0] * missing)
@@ -146,8 +148,15 @@ class SpecStats:
     def by_method(self, method: SpeculativeMethod) -> MethodStats:
         return self.methods.setdefault(method, MethodStats())
 
-    def record(self, num_drafted: int, num_accepted: int, depth: int, method: SpeculativeMethod | None = None) -> None:
-        self.counts.record(num_drafted, num_accepted, depth)
+    def record(
+        self,
+        num_drafted: int,
+        num_accepted: int,
+        depth: int,
+        method: SpeculativeMethod | None = None,
+        is_rejected: bool | None = None,
+    ) -> None:
+        self.counts.record(num_drafted, num_accepted, depth, is_rejected)
         self.accepted_length_histogram[num_accepted] = self.accepted_length_histogram.get(num_accepted, 0) + 1
         if method is not None:
-            self.by_method(method).counts.record(num_drafted, num_accepted, depth)
+            self.by_method(method).counts.record(num_drafted, num_accepted, depth, is_rejected)

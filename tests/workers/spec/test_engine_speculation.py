@@ -196,6 +196,7 @@ def test_a_full_size_tree_is_proposed_when_the_budget_allows(spec_models) -> Non
     assert counts.num_steps == 3
     assert counts.num_drafted == 6 + 6 + 4  # two 6-node trees; then 5 tokens to go, too few for a tree ...
     assert counts.drafted_per_position[2:] == [1, 1]  # ... so a chain of k_max = 4
+    assert counts.num_rejected == 0  # a perfect draft's accepted path always ends at a leaf: nothing rejected
 
 
 def test_the_engine_measures_pass_costs_at_start_and_keeps_them_current(spec_models) -> None:

@@ -118,3 +118,22 @@ def test_builder_rejects_wrong_number_of_rows() -> None:
     builder = TreeBuilder(tree_size=4, branching=2, is_greedy=True)
     with pytest.raises(ValueError):
         builder.expand(torch.ones(2, VOCAB) / VOCAB)
+
+
+def test_a_tree_path_accepted_to_a_leaf_rejected_nothing() -> None:
+    """Rejections are counted where verification cut a path: a path that ends at a leaf was accepted whole, even
+    when another branch of the tree went deeper; one that ends at a node with children had its next token refused."""
+    from workers.spec.proposal import Proposal, Verdict
+
+    #   ROOT -> 0 -> 2 -> 3      (the deeper branch)
+    #   ROOT -> 1                (a leaf at depth 0)
+    tree = TokenTree(tokens=torch.tensor([5, 6, 7, 8]), parents=torch.tensor([ROOT, ROOT, 0, 2]))
+    proposal = Proposal(tokens=[5, 6, 7, 8], draft_probs=None, tree=tree)
+    assert proposal.depth == 3
+    assert not Verdict(tokens=[6, 9], num_accepted=1, accepted_nodes=[1]).rejected_a_draft(proposal)
+    assert not Verdict(tokens=[5, 7, 8, 9], num_accepted=3, accepted_nodes=[0, 2, 3]).rejected_a_draft(proposal)
+    assert Verdict(tokens=[5, 9], num_accepted=1, accepted_nodes=[0]).rejected_a_draft(proposal)  # node 2 refused
+    assert Verdict(tokens=[9], num_accepted=0, accepted_nodes=[]).rejected_a_draft(proposal)  # both roots' children
+    chain = Proposal(tokens=[5, 6], draft_probs=None)
+    assert Verdict(tokens=[5, 9], num_accepted=1).rejected_a_draft(chain)
+    assert not Verdict(tokens=[5, 6, 9], num_accepted=2).rejected_a_draft(chain)
