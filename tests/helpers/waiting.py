@@ -2,6 +2,8 @@
 
 import time
 
+from shared.client import FleetClient
+
 
 def wait_until(condition, timeout_s: float = 10.0, interval_s: float = 0.01, what: str = "condition"):  # noqa: ANN001, ANN201
     """Poll `condition()` until it returns something truthy (returned), failing after timeout_s."""
@@ -13,3 +15,13 @@ def wait_until(condition, timeout_s: float = 10.0, interval_s: float = 0.01, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def job_finished(fleet: FleetClient, job_id: str, timeout_s: float = 60, interval_s: float = 0.02) -> dict:
+    """The job's record (GET /v1/jobs/{id}) once it has left queued and running."""
+    return wait_until(
+        lambda: (job := fleet.get(job_id))["status"] not in ("queued", "running") and job,
+        timeout_s=timeout_s,
+        interval_s=interval_s,
+        what=f"job {job_id} to finish",
+    )

@@ -4,6 +4,7 @@ the workers' wake-ups ride cluster pub/sub."""
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.redis_fixtures import FAST_TIMINGS
 from tests.helpers.tasks import CeleryWorker
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import job_finished, wait_until
 
 SHORT = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
 LONG = {"prompt": "hello", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
@@ -57,13 +58,7 @@ def cluster_fleet(
         client.close()
 
 
-def _finished(fleet: FleetClient, job_id: str) -> dict:
-    return wait_until(
-        lambda: (job := fleet.get(job_id))["status"] not in ("queued", "running") and job,
-        timeout_s=120,
-        interval_s=0.02,
-        what=f"job {job_id} to finish",
-    )
+_finished = partial(job_finished, timeout_s=120)
 
 
 def test_the_fleet_keys_spread_over_no_more_than_one_slot_but_the_cluster_has_three_masters(

@@ -4,6 +4,7 @@ worker or resumed after the output the new master holds. Prints the failover's f
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.redis_fixtures import FAST_TIMINGS
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import job_finished, wait_until
 
 JOB = {"max_tokens": 300, "temperature": 0, "ignore_eos": True}
 NUM_JOBS = 6
@@ -47,13 +48,7 @@ def sentinel_fleet(
             client.close()
 
 
-def _finished(fleet: FleetClient, job_id: str) -> dict:
-    return wait_until(
-        lambda: (job := fleet.get(job_id))["status"] not in ("queued", "running") and job,
-        timeout_s=180,
-        interval_s=0.05,
-        what=f"job {job_id} to finish",
-    )
+_finished = partial(job_finished, timeout_s=180, interval_s=0.05)
 
 
 def test_sigkilled_master_fails_over_and_every_accepted_job_completes(

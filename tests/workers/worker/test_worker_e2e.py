@@ -15,7 +15,7 @@ from shared import keys
 from shared.client import FleetClient
 from shared.redis_server import RedisServer
 from tests.helpers.gateway import ThreadedGateway
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import job_finished, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER_ENV = {
@@ -106,15 +106,6 @@ def fleet(pool: WorkerPool, gateway: ThreadedGateway) -> Iterator[FleetClient]:
         yield client
 
 
-def _finished(client: FleetClient, job_id: str, timeout_s: float = 60) -> dict:
-    return wait_until(
-        lambda: (job := client.get(job_id))["status"] not in ("queued", "running") and job,
-        timeout_s=timeout_s,
-        interval_s=0.02,
-        what=f"job {job_id} to finish",
-    )
-
-
 def _running_with_tokens(client: FleetClient, job_id: str) -> dict:
     return wait_until(
         lambda: (job := client.get(job_id))["usage"]["completion_tokens"] > 0 and job,
@@ -127,7 +118,7 @@ def _running_with_tokens(client: FleetClient, job_id: str) -> dict:
 def test_submit_poll_and_stream_match(fleet: FleetClient) -> None:
     job_id = fleet.submit({**SHORT, "priority": "interactive"})["id"]
     events = list(fleet.stream(job_id))
-    job = _finished(fleet, job_id)
+    job = job_finished(fleet, job_id)
     assert job["status"] == "succeeded" and job["output"]["finish_reason"] in ("length", "stop")
     assert "".join(e.data["text"] for e in events if e.event == "token") == job["output"]["text"]
     assert [t for e in events if e.event == "token" for t in e.data["token_ids"]] == job["output"][
@@ -161,9 +152,9 @@ def test_cancel_mid_generation_frees_capacity(fleet: FleetClient) -> None:
     running = _running_with_tokens(fleet, first)
     cancelled = fleet.cancel(first)
     assert cancelled["status"] == "cancelled"
-    after = _finished(fleet, waiting)
+    after = job_finished(fleet, waiting)
     assert after["status"] == "succeeded"
-    other = _finished(fleet, second)
+    other = job_finished(fleet, second)
     frozen = fleet.get(first)
     assert frozen["status"] == "cancelled" and frozen["error"]["code"] == "cancelled"
     assert frozen["usage"]["completion_tokens"] < LONG["max_tokens"]
@@ -178,7 +169,7 @@ def test_interactive_overtakes_queued_batch(fleet: FleetClient) -> None:
         _running_with_tokens(fleet, blocker)
     batch = [fleet.submit({**SHORT, "priority": "batch"})["id"] for _ in range(3)]
     interactive = fleet.submit({**SHORT, "priority": "interactive"})["id"]
-    jobs = {job_id: _finished(fleet, job_id) for job_id in [*batch, interactive, *blockers]}
+    jobs = {job_id: job_finished(fleet, job_id) for job_id in [*batch, interactive, *blockers]}
     assert all(job["status"] == "succeeded" for job in jobs.values())
     assert all(jobs[interactive]["started_at"] < jobs[b]["started_at"] for b in batch)
 
@@ -196,7 +187,7 @@ def test_expired_job_never_starts(fleet: FleetClient, rclient: redis.Redis) -> N
     wait_until(lambda: (t := rclient.time())[0] + t[1] / 1e6 > expires_at, what="the ttl to pass")
     for blocker in blockers:
         fleet.cancel(blocker)
-    job = _finished(fleet, doomed["id"])
+    job = job_finished(fleet, doomed["id"])
     assert job["status"] == "expired" and job["started_at"] is None and job["error"]["code"] == "expired"
     events = list(fleet.stream(doomed["id"]))
     assert [e.event for e in events] == ["error"]
@@ -204,7 +195,7 @@ def test_expired_job_never_starts(fleet: FleetClient, rclient: redis.Redis) -> N
 
 def test_two_workers_share_a_burst_and_finish_each_job_once(fleet: FleetClient, rclient: redis.Redis) -> None:
     job_ids = [fleet.submit(SHORT)["id"] for _ in range(12)]
-    jobs = [_finished(fleet, job_id) for job_id in job_ids]
+    jobs = [job_finished(fleet, job_id) for job_id in job_ids]
     assert all(job["status"] == "succeeded" for job in jobs)
     holders = {rclient.hget(keys.job_hash(job_id), "worker") for job_id in job_ids}
     assert len(holders) == 2
@@ -223,7 +214,7 @@ def _interrupt_holder_and_let_the_other_finish(
     holder = rclient.hget(keys.job_hash(job_id), "worker")
     assert holder is not None
     pool.procs[holder].send_signal(sig)
-    job = _finished(fleet, job_id, timeout_s=90)
+    job = job_finished(fleet, job_id, timeout_s=90)
     return job, holder, rclient.hget(keys.job_hash(job_id), "worker") or ""
 
 
@@ -238,7 +229,7 @@ def test_sigterm_hands_the_job_back_and_another_finishes_it(
     assert "".join(e.data["text"] for e in streamed if e.event == "token") == job["output"]["text"]
     statuses = [e.data["status"] for e in streamed if e.event == "status"]
     assert statuses == ["running", "queued", "running"]  # handed back, then resumed (not a delivery)
-    reference = _finished(fleet, fleet.submit(LONG)["id"])  # the same greedy job, uninterrupted
+    reference = job_finished(fleet, fleet.submit(LONG)["id"])  # the same greedy job, uninterrupted
     assert job["output"]["token_ids"] == reference["output"]["token_ids"]
 
 
@@ -260,7 +251,7 @@ def test_cli_submit_status_stream_cancel(fleet: FleetClient) -> None:
     submitted = _cli("submit", "def f(x):", "--max-tokens", "8", "--url", url)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
-    job = _finished(fleet, job_id)
+    job = job_finished(fleet, job_id)
     status = _cli("status", job_id, "--url", url)
     assert status.returncode == 0 and json.loads(status.stdout)["output"] == job["output"]
     streamed = _cli("stream", job_id, "--url", url)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -13,16 +14,10 @@ import redis
 from shared import keys
 from shared.client import FleetClient
 from tests.helpers.gateway import ThreadedGateway
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import job_finished, wait_until
+from tests.workers.worker.test_worker_e2e import WORKER_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
-WORKER_ENV = {
-    "SPECFLEET_HEARTBEAT_INTERVAL_S": "0.2",
-    "SPECFLEET_CLAIM_TIMEOUT_S": "2",
-    "SPECFLEET_RECLAIM_INTERVAL_S": "0.3",
-    "SPECFLEET_IDLE_BLOCK_MS": "50",
-    "SPECFLEET_SHUTDOWN_GRACE_S": "0",
-}
 LONG = {"prompt": "def f(x):", "max_tokens": 160, "temperature": 0, "ignore_eos": True}
 
 
@@ -63,11 +58,7 @@ def is_gone(pid: int) -> bool:
         return True
 
 
-def finished(fleet: FleetClient, job_id: str) -> dict:
-    return wait_until(
-        lambda: (job := fleet.get(job_id))["status"] not in ("queued", "running") and job,
-        timeout_s=180, interval_s=0.05, what=f"job {job_id} to finish",
-    )  # fmt: skip
+finished = partial(job_finished, timeout_s=180, interval_s=0.05)
 
 
 def test_a_killed_rank_takes_the_worker_down_and_its_job_is_finished_elsewhere(
