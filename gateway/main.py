@@ -62,7 +62,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             store=JobStore(redis, settings),
             hub=EventHub(redis, settings.sse_keepalive_s),
             prompt_limit=PromptLimit(redis, settings.model_info_refresh_s),
-            limiter=RateLimiter(redis, settings),
+            limiter=RateLimiter(settings),
         )
         if settings.env != "dev":
             try:

@@ -1,5 +1,5 @@
-"""Per-key limits, enforced atomically in Redis by ONE script per submit (the ADMIT part of ADMIT_SUBMIT in
-shared/lua.py: the limits and the job in one round trip): requests and tokens per
+"""Per-key limits, enforced atomically in Redis by ONE script per submit (the admit() part of AUTH_ADMIT_SUBMIT
+in shared/lua.py: the key, its limits and the job in one round trip): requests and tokens per
 `rate_limit_period_s` (GCRA, a leaky bucket that allows a full period's worth at once) and concurrent jobs.
 
     settle:  every job of the key in keys.inflight_jobs that has finished (or vanished) leaves it; its token
@@ -18,9 +18,6 @@ needed and a job finished by any path (done, cancelled, expired, dead-lettered) 
 import math
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
-from shared import keys, lua
 from shared.api_keys import ApiKey
 from shared.settings import ServiceSettings
 
@@ -50,30 +47,11 @@ def estimate_tokens(text_chars: int, max_tokens: int) -> int:
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, settings: ServiceSettings) -> None:
+    def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
-        self._admit = redis.register_script(lua.ADMIT)
-        self._release = redis.register_script(lua.RELEASE)
-
-    def admit_call(self, key: ApiKey, job_id: str, cost: int) -> tuple[list[str], list[str | int]]:
-        """KEYS and ARGV of the ADMIT script (also the last ones of ADMIT_SUBMIT: shared/lua.py)."""
-        return [keys.rate_limit_state(key.id), keys.inflight_jobs(key.id)], [
-            keys.JOB_PREFIX,
-            repr(self.settings.rate_limit_period_s),
-            key.requests_per_min,
-            key.tokens_per_min,
-            key.max_concurrent_jobs,
-            job_id,
-            cost,
-            keys.INFLIGHT_TTL_S,
-        ]
-
-    async def admit(self, key: ApiKey, job_id: str, cost: int) -> Decision:
-        call_keys, args = self.admit_call(key, job_id, cost)
-        return self.decision(key, await self._admit(keys=call_keys, args=args))
 
     def decision(self, key: ApiKey, raw: list[object]) -> Decision:
-        """The ADMIT script's answer -> the decision and its x-ratelimit-* headers."""
+        """admit()'s answer (AUTH_ADMIT_SUBMIT in shared/lua.py) -> the decision and its x-ratelimit-* headers."""
         admitted, refused_by, wait_ms, left_req, left_tok, reset_req_ms, reset_tok_ms = (str(v) for v in raw)
         headers: dict[str, str] = {}
         if key.requests_per_min:
@@ -95,9 +73,3 @@ class RateLimiter:
             )
             headers["Retry-After"] = str(retry_after_s)
         return Decision(admitted == "1", refused_by, retry_after_s, headers)
-
-    async def release(self, key: ApiKey, job_id: str) -> None:
-        await self._release(
-            keys=[keys.rate_limit_state(key.id), keys.inflight_jobs(key.id)],
-            args=[job_id, repr(self.settings.rate_limit_period_s), key.tokens_per_min],
-        )

@@ -423,19 +423,6 @@ local function release(state, inflight, job_id, period, tpm)
 end
 """
 
-# KEYS: rate-limit state hash, in-flight hash.
-# ARGV: job_prefix period_s requests_limit tokens_limit concurrency_limit job_id cost inflight_ttl_s -> admit()'s
-ADMIT = (
-    _ADMIT_FN
-    + """
-return admit(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
-  ARGV[6], tonumber(ARGV[7]), ARGV[8])
-"""
-)
-
-# KEYS: state hash, in-flight hash. ARGV: job_id period_s tokens_limit -> 'ok'
-RELEASE = _RELEASE_FN + "\nreturn release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
-
 # A submit in ONE round trip: who is calling (the key record found by the SHA-256 of its secret: unknown or
 # revoked -> refused, nothing written), the key's own limits (a request dearer than its token limit -> refused),
 # then the job (a job admitted but not created, an idempotent replay or a full queue, gives its reservation back
