@@ -2,7 +2,6 @@
 limit, hash, enqueue; its KEYS/ARGV from shared/submit.py; with the caller's key and its limits in front of it:
 AUTH_ADMIT_SUBMIT, one round trip), read, cancel."""
 
-import uuid
 from dataclasses import dataclass
 from typing import cast
 
@@ -53,7 +52,6 @@ class JobStore:
         self.redis = redis
         self.settings = settings
         self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
-        self._submit = redis.register_script(lua.SUBMIT)
         self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
@@ -72,14 +70,6 @@ class JobStore:
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-
-    async def submit(
-        self, request: JobRequest, idempotency_key: str | None, *, job_id: str | None = None, owner: str = ""
-    ) -> Submitted:
-        keys_, args = submit_call(
-            request, job_id or uuid.uuid4().hex, idempotency_key, self.settings, self._ctx, owner
-        )
-        return self.submitted_of(request, await self._submit(keys=keys_, args=args))
 
     async def auth_admit_submit(
         self, request: JobRequest, key_digest: str, idempotency_key: str | None, job_id: str, cost: int
