@@ -2,6 +2,9 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# g++: the worker builds its native attention kernel for the host's CPU at start-up (and inductor needs it
+# for `compile`); without it attention runs on SDPA
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY shared shared

@@ -2,8 +2,12 @@
 draft pair, one model per supported layout, and a one-layer target with its EAGLE heads."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from workers.models.native_attention import NativeAttention
 
 LAYOUTS = ("llama", "qwen2", "mistral")
 
@@ -55,3 +59,14 @@ def eagle_models(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPath
         "copy_head": make_copy_head(target, root / "copy-head"),
         "random_head": make_random_head(target, root / "random-head"),
     }
+
+
+@pytest.fixture(scope="session")
+def native_kernel(tmp_path_factory: pytest.TempPathFactory) -> "NativeAttention":
+    """The native attention kernel (workers/models/native_attention.py), built once per run with the host's
+    compiler: CI machines have gcc, so a missing kernel is a failure here, not a skip."""
+    from workers.models.native_attention import load
+
+    kernel = load(tmp_path_factory.mktemp("native-kernel"))
+    assert kernel is not None, "the native attention kernel did not build (see the log)"
+    return kernel

@@ -32,6 +32,7 @@ ENV_PREFIX = "SPECFLEET_ENGINE_"
 FILE_SECTION = "engine"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16", "float64"]
+AttentionBackend = Literal["native", "sdpa"]
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -57,6 +58,10 @@ class EngineConfig:
     # faster on this host; off by default: the first start compiles for tens of seconds (cached afterwards)
     compile: CompileMode = CompileMode.OFF
     compile_cache_dir: str | None = None  # compiled artifacts; None = $SPECFLEET_HOME/compile-cache
+    # paged attention (workers/models/attention.py): `native` = one kernel call per layer, built with the host's
+    # C++ compiler at start-up (cached under compile_cache_dir; SDPA where it can't be built, and for token trees
+    # and float16); `sdpa` = PyTorch ops only
+    attention_backend: AttentionBackend = "native"
     # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
     # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank
     tensor_parallel_size: PositiveInt = 1

@@ -38,6 +38,7 @@ from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
 from workers.engine.speculator import Speculator
 from workers.engine.tp_runner import load_target, make_runner
+from workers.models import native_attention
 from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
 from workers.spec.proposal import Proposal, Verdict
@@ -93,8 +94,9 @@ class Engine:
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
         )
-        self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
         eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
+        self._use_native_attention(draft_proposer, eagle)
+        self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
@@ -113,11 +115,28 @@ class Engine:
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
                  self.max_model_len)
 
+    @property
+    def compile_cache_dir(self) -> Path:
+        cache_dir = self.cfg.compile_cache_dir
+        return Path(cache_dir) if cache_dir else specfleet_home() / "compile-cache"
+
+    def _use_native_attention(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> None:
+        """Build (or find cached) and hand every runner the native attention kernel (cfg.attention_backend).
+        The tensor-parallel target stays on SDPA: its ranks receive the SDPA path's metadata."""
+        if self.cfg.attention_backend != "native":
+            return
+        native = native_attention.load(self.compile_cache_dir / "native")
+        if self.tp_group is None:
+            self.runner.use_native(native)
+        if draft is not None:
+            draft.runner.use_native(native)
+        if eagle is not None:
+            eagle.runner.use_native(native)
+
     def _compile(self, draft_runner: ModelRunner | None) -> dict[str, CompileStats]:
         """Compile the target's and the draft's dense paths now, before any request (cfg.compile)."""
         if self.cfg.compile is not CompileMode.OFF:
-            cache_dir = self.cfg.compile_cache_dir
-            point_cache_at(Path(cache_dir) if cache_dir else specfleet_home() / "compile-cache")
+            point_cache_at(self.compile_cache_dir)
         stats = {"target": compile_runner(self.runner, self.cfg.compile, "target")}
         if draft_runner is not None:
             stats["draft"] = compile_runner(draft_runner, self.cfg.compile, "draft")

@@ -12,6 +12,7 @@ import torch
 
 from workers.engine.model_runner import ForwardItem, ThreadPolicy, build_batch
 from workers.models.eagle_head import EagleHead
+from workers.models.native_attention import NativeAttention
 
 
 class HeadRunner:
@@ -24,6 +25,11 @@ class HeadRunner:
         self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
         # called after every pass with (query tokens, seconds): the speculator's cost table for the head
         self.on_pass: Callable[[int, float], None] | None = None
+        self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
+
+    def use_native(self, native: NativeAttention | None) -> None:
+        """Attend through the native kernel from now on (where it takes the head's dtype), or SDPA for None."""
+        self.native = native if native is not None and native.supports(self.head.fc.weight.dtype) else None
 
     @staticmethod
     def kv_bytes_per_block(head: EagleHead, block_size: int) -> int:
@@ -37,7 +43,7 @@ class HeadRunner:
         features: torch.Tensor,  # [T, hidden]: one row per query token, items back to back
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of the same rows)
         start_s = time.perf_counter()
-        batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window)
+        batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
         num_tokens = batch.input_ids.shape[0]
         if features.shape[0] != num_tokens:
             raise ValueError(f"{features.shape[0]} feature rows for {num_tokens} query tokens")

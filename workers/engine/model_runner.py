@@ -16,6 +16,7 @@ from workers.engine.compile_stats import Bucket, CompileStats
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
+from workers.models.native_attention import NativeAttention
 
 log = logging.getLogger(__name__)
 
@@ -43,37 +44,77 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [S] long: flat rows whose logits are returned, in item order
 
 
-def build_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None = None) -> ForwardBatch:
-    if all(len(it.token_ids) == 1 and it.tree_mask is None for it in items):
-        return _build_decode_batch(items, block_size, sliding_window)
-    return _build_ragged_batch(items, block_size, sliding_window)
+def build_batch(
+    items: list[ForwardItem], block_size: int, sliding_window: int | None = None, native: NativeAttention | None = None
+) -> ForwardBatch:
+    """The pass's flat inputs and attention metadata. With `native` (the runner's kernel), a pass without
+    token trees gets only the ragged view the kernel reads; otherwise the SDPA path's padded view too."""
+    has_tree = any(it.tree_mask is not None for it in items)
+    if not has_tree and all(len(it.token_ids) == 1 for it in items):
+        return _build_decode_batch(items, block_size, sliding_window, native)
+    return _build_ragged_batch(items, block_size, sliding_window, None if has_tree else native)
 
 
-def _build_ragged_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None) -> ForwardBatch:
+def _build_ragged_batch(
+    items: list[ForwardItem], block_size: int, sliding_window: int | None, native: NativeAttention | None = None
+) -> ForwardBatch:
     """Any mix of prefill chunks, decodes, drafts to verify and token trees."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     logits_rows: list[int] = []
+    token_seq: list[int] = []
+    key_end: list[int] = []
     q_lens = [len(it.token_ids) for it in items]
-    for it in items:
-        offset = len(input_ids)
+    for b, it in enumerate(items):
+        offset, n = len(input_ids), len(it.token_ids)
         input_ids.extend(it.token_ids)
-        for slot_pos in range(it.start_pos, it.start_pos + len(it.token_ids)):
+        for slot_pos in range(it.start_pos, it.start_pos + n):
             slots.append(it.block_table[slot_pos // block_size] * block_size + slot_pos % block_size)
-        positions.extend(it.positions or range(it.start_pos, it.start_pos + len(it.token_ids)))
-        logits_rows.extend(range(offset + len(it.token_ids) - it.num_logits, offset + len(it.token_ids)))
+        positions.extend(it.positions or range(it.start_pos, it.start_pos + n))
+        logits_rows.extend(range(offset + n - it.num_logits, offset + n))
+        token_seq.extend([b] * n)
+        key_end.extend(range(it.start_pos + 1, it.start_pos + n + 1))
 
-    batch, max_q = len(items), max(q_lens)
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
     padded_tables = [it.block_table[:num_blocks_max] for it in items]
     tables = torch.tensor([t + [0] * (num_blocks_max - len(t)) for t in padded_tables], dtype=torch.long)  # [B, NB]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long), block_tables=tables, mask=None, query_index=None,
+        flat_index=None, native=native,
+    )
+    if all(it.tree_mask is None for it in items):
+        meta.token_seq = torch.tensor(token_seq, dtype=torch.long)  # [T]
+        meta.key_end = torch.tensor(key_end, dtype=torch.long)  # [T]
+        meta.key_start = _window_start(meta.key_end, sliding_window)  # [T]
+    if native is None:
+        _add_padded_view(meta, items, q_lens, block_size, sliding_window)
+    return ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        meta=meta,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
+    )
 
+
+def _window_start(key_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
+    """First key each token sees: 0, or the start of its sliding window (its last `sliding_window` keys)."""
+    if sliding_window is None:
+        return torch.zeros_like(key_end)
+    return (key_end - sliding_window).clamp_(min=0)
+
+
+def _add_padded_view(
+    meta: AttentionMetadata, items: list[ForwardItem], q_lens: list[int], block_size: int, sliding_window: int | None
+) -> None:
+    """The SDPA path's view: every sequence's queries padded to the longest, one mask over keys and queries."""
+    batch, max_q = len(items), max(q_lens)
+    num_keys = meta.block_tables.shape[1] * block_size
     is_uniform = all(n == max_q for n in q_lens)  # e.g. a pure decode step: no padded queries
     q_len_t = torch.tensor(q_lens)  # [B]
     q_idx = torch.arange(max_q).unsqueeze(0)  # [1, Q]
     q_pos = torch.tensor([it.start_pos for it in items]).unsqueeze(1) + q_idx  # [B, Q] slot positions
-    key_pos = torch.arange(num_blocks_max * block_size).view(1, 1, -1)  # [1, 1, L]
+    key_pos = torch.arange(num_keys).view(1, 1, -1)  # [1, 1, L]
     mask = key_pos <= q_pos.unsqueeze(2)  # [B, Q, L] causal; keys past the sequence are never <= its queries
     if sliding_window is not None:
         mask &= key_pos > (q_pos.unsqueeze(2) - sliding_window)
@@ -85,31 +126,16 @@ def _build_ragged_batch(items: list[ForwardItem], block_size: int, sliding_windo
     if not is_uniform:
         mask &= is_real_query.unsqueeze(2)
         mask[:, :, 0] |= ~is_real_query  # padded query rows look at one key so softmax stays finite
-
-    if is_uniform:
-        query_index = flat_index = None
-    else:
         starts = torch.tensor([0, *q_lens[:-1]]).cumsum(0).unsqueeze(1)  # [B, 1]
         last = (q_len_t - 1).unsqueeze(1)  # [B, 1]
-        query_index = starts + torch.minimum(q_idx, last)  # [B, Q]
-        flat_index = (torch.arange(batch).unsqueeze(1) * max_q + q_idx)[is_real_query]  # [T]
-
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        block_tables=tables,
-        mask=mask.unsqueeze(1),  # [B, 1, Q, L]
-        query_index=query_index,
-        flat_index=flat_index,
-    )
-    return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
-        meta=meta,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
-    )
+        meta.query_index = starts + torch.minimum(q_idx, last)  # [B, Q]
+        meta.flat_index = (torch.arange(batch).unsqueeze(1) * max_q + q_idx)[is_real_query]  # [T]
+    meta.mask = mask.unsqueeze(1)  # [B, 1, Q, L]
 
 
-def _build_decode_batch(items: list[ForwardItem], block_size: int, sliding_window: int | None) -> ForwardBatch:
+def _build_decode_batch(
+    items: list[ForwardItem], block_size: int, sliding_window: int | None, native: NativeAttention | None = None
+) -> ForwardBatch:
     """The common step (plain decoding, each draft token): one query token per sequence, so nothing is
     padded and the metadata is four integers per sequence, turned into tensors in one call."""
     batch = len(items)
@@ -123,17 +149,24 @@ def _build_decode_batch(items: list[ForwardItem], block_size: int, sliding_windo
         [it.block_table[:num_blocks_max] + [0] * (num_blocks_max - len(it.block_table)) for it in items],
         dtype=torch.long,
     )  # [B, NB]
-    key_pos = torch.arange(num_blocks_max * block_size).unsqueeze(0)  # [1, L]
-    mask = key_pos <= q_pos.unsqueeze(1)  # [B, L]
-    if sliding_window is not None:
-        mask &= key_pos > (q_pos.unsqueeze(1) - sliding_window)
+    key_end = q_pos + 1  # [B]
     meta = AttentionMetadata(
         slot_mapping=slots,
         block_tables=tables,
-        mask=mask.view(batch, 1, 1, -1),  # [B, 1, Q=1, L]
+        mask=None,
         query_index=None,
         flat_index=None,
+        token_seq=torch.arange(batch),
+        key_start=_window_start(key_end, sliding_window),
+        key_end=key_end,
+        native=native,
     )
+    if native is None:
+        key_pos = torch.arange(num_blocks_max * block_size).unsqueeze(0)  # [1, L]
+        mask = key_pos <= q_pos.unsqueeze(1)  # [B, L]
+        if sliding_window is not None:
+            mask &= key_pos > (q_pos.unsqueeze(1) - sliding_window)
+        meta.mask = mask.view(batch, 1, 1, -1)  # [B, 1, Q=1, L]
     logits_rows = [i for i, it in enumerate(items) if it.num_logits]
     logits_indices = torch.arange(batch) if len(logits_rows) == batch else torch.tensor(logits_rows, dtype=torch.long)
     return ForwardBatch(input_ids=input_ids, positions=positions, meta=meta, logits_indices=logits_indices)
@@ -174,8 +207,13 @@ class ModelRunner:
         ]
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
+        self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         # called after every forward with (tokens in the pass, seconds it took): the speculator's cost tables
         self.on_pass: Callable[[int, float], None] | None = None
+
+    def use_native(self, native: NativeAttention | None) -> None:
+        """Attend through the native kernel from now on (where it takes the model's dtype), or SDPA for None."""
+        self.native = native if native is not None and native.supports(self.model.embed.weight.dtype) else None
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -207,7 +245,7 @@ class ModelRunner:
         """forward, also returning every query token's feature (the last layer's output before the final
         norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass."""
         start_s = time.perf_counter()
-        batch = build_batch(items, self.block_size, self.model.cfg.sliding_window)
+        batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
         num_tokens = batch.input_ids.shape[0]
         out = self._forward_batch(batch, num_tokens, with_features)
         if self.on_pass is not None:
@@ -232,7 +270,8 @@ class ModelRunner:
 
     def forward_with(self, items: list[ForwardItem], compiled: CompiledModel | None) -> torch.Tensor:  # [S, V]
         """One forward through `compiled` (it compiles a new shape bucket if needed), or eager for None."""
-        return self._run(build_batch(items, self.block_size, self.model.cfg.sliding_window), compiled)[0]
+        batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
+        return self._run(batch, compiled)[0]
 
     @torch.inference_mode()
     def _run(

@@ -39,6 +39,7 @@ class BatchHeader:
 def pack(batch: ForwardBatch) -> tuple[BatchHeader, torch.Tensor, torch.Tensor]:
     """(header, ints [header.num_ints] long, mask [header.num_mask_bytes] uint8)."""
     meta = batch.meta
+    assert meta.mask is not None, "the tensor-parallel target attends through SDPA: its runner builds the mask"
     num_seqs, _, max_q, num_keys = meta.mask.shape
     header = BatchHeader(
         num_tokens=int(batch.input_ids.shape[0]),

@@ -1,15 +1,22 @@
-"""Paged attention over a block-table KV cache, in plain PyTorch ops.
+"""Paged attention over a block-table KV cache: the native kernel where it serves, else plain PyTorch ops.
 
 The KV cache of one layer is two tensors [num_blocks, block_size, num_kv_heads, head_dim]. A step's
-new tokens arrive flat ([T, ...], every sequence's query tokens back to back); each sequence's keys are
-gathered block-wise through its block table and scored with one scaled_dot_product_attention call for
-the whole ragged batch, under a boolean mask that encodes causality (or a token tree) and padding.
+new tokens arrive flat ([T, ...], every sequence's query tokens back to back). Two paths:
+
+- native (native_attention.py, when the runner has the kernel and the pass has no token tree): one call
+  writes the new K/V and attends per query token over the key positions [key_start, key_end) of its
+  sequence, read in place through the block table;
+- SDPA: each sequence's keys are gathered block-wise through its block table and scored with one
+  scaled_dot_product_attention call for the whole ragged batch, padded to its longest query, under a
+  boolean mask that encodes causality (or a token tree) and padding.
 """
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from workers.models.native_attention import NativeAttention
 
 
 @dataclass
@@ -18,9 +25,15 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] long: flat KV slot (block * block_size + offset) each new token writes
     block_tables: torch.Tensor  # [B, num_blocks_max] long: each sequence's blocks, padded with block 0
-    mask: torch.Tensor  # [B, 1, Q, L] bool: query q of sequence b may attend key slot l (L = blocks * block_size)
+    # the SDPA path's padded view; None where the native kernel serves the pass
+    mask: torch.Tensor | None  # [B, 1, Q, L] bool: query q of sequence b may attend key slot l (L = NB * block_size)
     query_index: torch.Tensor | None  # [B, Q] long: flat token of each padded query; None = flat is already [B*Q]
     flat_index: torch.Tensor | None  # [T] long: row of [B*Q] holding each flat token; None = identity
+    # the native path's ragged view (causal passes only: a token tree leaves these None)
+    token_seq: torch.Tensor | None = None  # [T] long: the row of block_tables of each token's sequence
+    key_start: torch.Tensor | None = None  # [T] long: first key position (in its sequence) the token sees
+    key_end: torch.Tensor | None = None  # [T] long: one past the last (its own position + 1)
+    native: NativeAttention | None = None  # the kernel, where it serves this pass
 
     @property
     def num_seqs(self) -> int:
@@ -28,7 +41,28 @@ class AttentionMetadata:
 
     @property
     def max_query_len(self) -> int:
+        assert self.mask is not None, "the SDPA path's metadata"
         return int(self.mask.shape[2])
+
+
+def attend_paged(
+    q: torch.Tensor,  # [T, H, D] rotated
+    k: torch.Tensor,  # [T, KV, D] rotated
+    v: torch.Tensor,  # [T, KV, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """One layer's attention: write this pass's K/V into the layer's cache, attend over it."""
+    if meta.native is not None:
+        assert meta.token_seq is not None and meta.key_start is not None and meta.key_end is not None
+        return meta.native.attend(
+            q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.token_seq, meta.key_start,
+            meta.key_end, scale,
+        )
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    return paged_attention(q, k_cache, v_cache, meta, scale)
 
 
 def write_kv(
@@ -52,6 +86,7 @@ def paged_attention(
 ) -> torch.Tensor:  # [T, H * D]
     num_tokens, num_heads, head_dim = q.shape
     batch, max_q = meta.num_seqs, meta.max_query_len
+    assert meta.mask is not None
     if meta.query_index is None:
         q_pad = q.view(batch, max_q, num_heads, head_dim)  # [B, Q, H, D]
     else:

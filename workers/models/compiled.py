@@ -1,10 +1,10 @@
-"""The dense path of a model compiled with torch.compile (inductor), paged attention left eager.
+"""The dense path of a model compiled with torch.compile (inductor), paged attention left outside the graph.
 
 One graph covers embedding -> every layer (norm -> qkv -> rotary; o-proj -> residual -> norm -> gate/up ->
 down) -> the last hidden state. Attention is one opaque custom op per layer (`specfleet::paged_attention`,
 as vLLM's piecewise compilation does): it writes the layer's new K/V into the paged cache and attends over
-it in eager PyTorch, reading the step's metadata from an `AttentionContext` the runner fills in before the
-call. So the graph's only inputs are the [T] token ids and positions: dynamo specialises T = 1 (batch-1
+it (attention.py: the native kernel or SDPA), reading the step's metadata from an `AttentionContext` the
+runner fills in before the call. So the graph's only inputs are the [T] token ids and positions: dynamo specialises T = 1 (batch-1
 decode, a draft token) and compiles one graph with a dynamic T for everything else. Two graphs per model.
 
 With `freezing` (inductor's inference-only mode) the weights become constants of the graph and linear
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workers.models.attention import AttentionMetadata, paged_attention, write_kv
+from workers.models.attention import AttentionMetadata, attend_paged
 from workers.models.llama import LlamaModel
 
 
@@ -67,8 +67,7 @@ def _paged_attention_op(
     meta = context.meta
     assert meta is not None, "the runner sets the step's attention metadata before a compiled forward"
     k_cache, v_cache = context.kv_caches[layer]
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    return paged_attention(q, k_cache, v_cache, meta, context.scale)
+    return attend_paged(q, k, v, k_cache, v_cache, meta, context.scale)
 
 
 @_paged_attention_op.register_fake

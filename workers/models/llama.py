@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.models.attention import AttentionMetadata, paged_attention, write_kv
+from workers.models.attention import AttentionMetadata, attend_paged
 from workers.models.config import ModelConfig
 from workers.models.rope import apply_rope, rope_table
 
@@ -69,11 +69,10 @@ class DecoderLayer(nn.Module):
 def eager_attend(
     meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
 ) -> Attend:
-    """Attention in plain PyTorch ops over one layer's cache ([num_blocks, block_size, KV, D] each)."""
+    """Attention called from Python over one layer's cache ([num_blocks, block_size, KV, D] each)."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, meta, scale)
+        return attend_paged(q, k, v, k_cache, v_cache, meta, scale)
 
     return attend
 

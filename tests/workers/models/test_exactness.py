@@ -12,6 +12,7 @@ from workers.engine.engine import Engine
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sampling_params import SamplingParams
 from workers.models.loader import load_model
+from workers.models.native_attention import NativeAttention
 
 LAYOUTS = ("llama", "qwen2", "mistral")
 BLOCK_SIZE = 4
@@ -27,9 +28,13 @@ def random_prompt(length: int, seed: int, vocab: int = 512) -> list[int]:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("length", [1, 7, 33, 100])
-def test_prefill_logits_match_transformers(tiny_models: dict[str, Path], layout: str, length: int) -> None:
+@pytest.mark.parametrize("backend", ["sdpa", "native"])
+def test_prefill_logits_match_transformers(
+    tiny_models: dict[str, Path], layout: str, length: int, backend: str, native_kernel: NativeAttention
+) -> None:
     ours = load_model(tiny_models[layout], torch.float32)
     runner = ModelRunner(ours, num_blocks=64, block_size=BLOCK_SIZE)
+    runner.use_native(native_kernel if backend == "native" else None)
     prompt = random_prompt(length, seed=length)
     blocks = list(range(63, 63 - (-(-length // BLOCK_SIZE)), -1))  # deliberately non-contiguous, descending
     logits = runner.forward([ForwardItem(prompt, 0, blocks, num_logits=length)])  # [length, V]
@@ -39,10 +44,14 @@ def test_prefill_logits_match_transformers(tiny_models: dict[str, Path], layout:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_chunked_prefill_and_decode_logits_match(tiny_models: dict[str, Path], layout: str) -> None:
+@pytest.mark.parametrize("backend", ["sdpa", "native"])
+def test_chunked_prefill_and_decode_logits_match(
+    tiny_models: dict[str, Path], layout: str, backend: str, native_kernel: NativeAttention
+) -> None:
     """The same prompt fed as chunks of 5, 11 and then single tokens gives the reference logits."""
     ours = load_model(tiny_models[layout], torch.float32)
     runner = ModelRunner(ours, num_blocks=32, block_size=BLOCK_SIZE)
+    runner.use_native(native_kernel if backend == "native" else None)
     prompt = random_prompt(24, seed=3)
     blocks = [5, 2, 9, 30, 1, 17]
     got = []
@@ -54,8 +63,13 @@ def test_chunked_prefill_and_decode_logits_match(tiny_models: dict[str, Path], l
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_greedy_generation_matches_transformers(tiny_models: dict[str, Path], layout: str) -> None:
-    engine = Engine(EngineConfig(dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE, speculative_method="none"), tiny_models[layout])
+@pytest.mark.parametrize("backend", ["sdpa", "native"])
+def test_greedy_generation_matches_transformers(tiny_models: dict[str, Path], layout: str, backend: str) -> None:
+    cfg = EngineConfig(
+        dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE, speculative_method="none", attention_backend=backend
+    )
+    engine = Engine(cfg, tiny_models[layout])
+    assert (engine.runner.native is not None) == (backend == "native")
     model = hf_model(tiny_models[layout])
     for seed, length in [(11, 3), (12, 20), (13, 57)]:
         prompt = random_prompt(length, seed)

@@ -1,0 +1,132 @@
+"""The native paged-attention kernel (workers/models/native_attention.py) against the SDPA path it replaces,
+and what happens where it cannot serve: token trees, float16, no compiler, a failing build."""
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.engine.model_runner import ForwardItem, ModelRunner, build_batch
+from workers.models.attention import attend_paged
+from workers.models.loader import load_model
+from workers.models.native_attention import NativeAttention, load
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+HEAD_DIM = 16
+NUM_HEADS = 4
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+def ragged_items() -> list[ForwardItem]:
+    """Decodes, a chain to verify and a prefill chunk, over scattered (descending, shared-free) blocks."""
+    return [
+        ForwardItem([1], start_pos=9, block_table=[23, 4, 17], num_logits=1),
+        ForwardItem([1, 2, 3], start_pos=5, block_table=[2, 20], num_logits=3),
+        ForwardItem([1] * 7, start_pos=6, block_table=[15, 9, 12, 6], num_logits=1),
+        ForwardItem([1], start_pos=0, block_table=[0], num_logits=1),
+    ]
+
+
+def random_pass(
+    dtype: torch.dtype, num_kv_heads: int, num_tokens: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache [NUM_BLOCKS, BLOCK_SIZE, KV, D])."""
+    gen = torch.Generator().manual_seed(seed)
+    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    qkv = randn(num_tokens, NUM_HEADS + 2 * num_kv_heads, HEAD_DIM)  # q, k, v as strided views, as the model has
+    q, k, v = qkv.split([NUM_HEADS, num_kv_heads, num_kv_heads], dim=1)
+    return q, k, v, randn(*cache_shape), randn(*cache_shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_kv_heads", [NUM_HEADS, 2])  # MHA, GQA
+@pytest.mark.parametrize("sliding_window", [None, 5])
+def test_native_attention_equals_the_sdpa_path(
+    native_kernel: NativeAttention, dtype: torch.dtype, num_kv_heads: int, sliding_window: int | None
+) -> None:
+    items = ragged_items()
+    num_tokens = sum(len(it.token_ids) for it in items)
+    q, k, v, k_cache, v_cache = random_pass(dtype, num_kv_heads, num_tokens)
+    sdpa_meta = build_batch(items, BLOCK_SIZE, sliding_window).meta
+    native_meta = build_batch(items, BLOCK_SIZE, sliding_window, native_kernel).meta
+    assert native_meta.native is native_kernel and native_meta.mask is None
+    k_native, v_native = k_cache.clone(), v_cache.clone()
+
+    expected = attend_paged(q, k, v, k_cache, v_cache, sdpa_meta, HEAD_DIM**-0.5)  # [T, H * D]
+    got = attend_paged(q, k, v, k_native, v_native, native_meta, HEAD_DIM**-0.5)  # [T, H * D]
+
+    assert got.shape == (num_tokens, NUM_HEADS * HEAD_DIM) and got.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    assert torch.equal(k_native, k_cache) and torch.equal(v_native, v_cache)  # the same slots written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_token_gets_the_same_bits_alone_or_inside_a_longer_pass(
+    native_kernel: NativeAttention, dtype: torch.dtype
+) -> None:
+    """Position 13 verified as the last of a 4-token chain, or decoded alone after the other three: equal
+    bits (what speculative decoding's greedy output relies on in attention)."""
+    table = [7, 3, 11, 1]
+    q, k, v, k_cache, v_cache = random_pass(dtype, NUM_HEADS, num_tokens=4, seed=1)
+    chain_cache = (k_cache.clone(), v_cache.clone())
+    chain = build_batch([ForwardItem([1] * 4, 10, table, 4)], BLOCK_SIZE, None, native_kernel).meta
+    in_chain = attend_paged(q, k, v, *chain_cache, chain, 1.0)[3]  # [H * D]
+
+    first_three = build_batch([ForwardItem([1] * 3, 10, table, 3)], BLOCK_SIZE, None, native_kernel).meta
+    attend_paged(q[:3], k[:3], v[:3], k_cache, v_cache, first_three, 1.0)
+    decode = build_batch([ForwardItem([1], 13, table, 1)], BLOCK_SIZE, None, native_kernel).meta
+    alone = attend_paged(q[3:], k[3:], v[3:], k_cache, v_cache, decode, 1.0)[0]  # [H * D]
+
+    assert torch.equal(in_chain, alone)
+
+
+def test_token_trees_take_the_sdpa_path(native_kernel: NativeAttention) -> None:
+    tree = ForwardItem([1, 2, 3], start_pos=4, block_table=[5, 6], num_logits=3, positions=[4, 5, 5],
+                       tree_start=4, tree_mask=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool))
+    mixed = build_batch([*ragged_items(), tree], BLOCK_SIZE, None, native_kernel).meta
+    assert mixed.native is None and mixed.mask is not None and mixed.key_end is None
+
+    causal = build_batch(ragged_items(), BLOCK_SIZE, None, native_kernel).meta
+    assert causal.native is native_kernel and causal.key_end is not None
+
+
+def test_float16_models_stay_on_sdpa(native_kernel: NativeAttention, tiny_target: Path) -> None:
+    runner = ModelRunner(load_model(tiny_target, torch.float16), num_blocks=8, block_size=BLOCK_SIZE)
+    runner.use_native(native_kernel)
+    assert runner.native is None
+    runner32 = ModelRunner(load_model(tiny_target, torch.float32), num_blocks=8, block_size=BLOCK_SIZE)
+    runner32.use_native(native_kernel)
+    assert runner32.native is native_kernel
+
+
+def test_without_a_compiler_attention_stays_on_sdpa(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(empty))
+    with caplog.at_level(logging.WARNING):
+        assert load(tmp_path / "cache") is None
+    assert "no C++ compiler" in caplog.text
+
+
+def test_a_failing_build_leaves_attention_on_sdpa(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "broken-cxx"
+    broken.write_text("#!/bin/sh\necho 'internal compiler error: simulated' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    with caplog.at_level(logging.WARNING):
+        assert load(tmp_path / "cache") is None
+    assert "simulated" in caplog.text
+    assert not any(name.endswith(".so") for name in os.listdir(tmp_path / "cache"))  # nothing half-written kept
