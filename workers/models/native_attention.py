@@ -31,13 +31,16 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_attention.cpp")
 COMPILE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+# tokens spread over threads; torch's CPU wheels load GNU libgomp (soname libgomp.so.1) first, so the kernel
+# joins torch's OpenMP runtime instead of starting a second one. A compiler without OpenMP builds it without
+OPENMP_FLAG = "-fopenmp"
 BUILD_TIMEOUT_S = 120
 _ENTRY_POINTS = {
     torch.float32: "specfleet_paged_attention_f32",
     torch.float64: "specfleet_paged_attention_f64",
     torch.bfloat16: "specfleet_paged_attention_bf16",
 }
-_NUM_DIMS = 9
+_NUM_DIMS = 10
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class NativeAttention:
         out = q.new_empty(num_tokens, num_heads * head_dim)
         dims = (ctypes.c_int64 * _NUM_DIMS)(
             num_tokens, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], block_tables.shape[1],
-            q.stride(0), k.stride(0), v.stride(0),
+            q.stride(0), k.stride(0), v.stride(0), torch.get_num_threads(),
         )
         self._functions[q.dtype](
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
@@ -91,7 +94,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:  # [T, heads, D] whose heads and ele
 def build_key() -> str:
     """What the library depends on: the source, the flags, the compiler and the CPU it targets."""
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join(COMPILE_FLAGS).encode())
+    digest.update(" ".join((*COMPILE_FLAGS, OPENMP_FLAG)).encode())
     digest.update(_compiler_version().encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_flags().encode())
@@ -152,15 +155,20 @@ def load(cache_dir: Path) -> NativeAttention | None:
 
 
 def _build(compiler: str, path: Path) -> None:
+    """Compile with OpenMP, else without; raises SubprocessError with the compiler's message if both fail."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        command = [compiler, *COMPILE_FLAGS, str(SOURCE), "-o", tmp_name]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-        if result.returncode != 0:
-            raise subprocess.SubprocessError(f"{' '.join(command)}: {result.stderr.strip()[-2000:]}")
-        os.replace(tmp_name, path)
+        errors = []
+        for extra in ([OPENMP_FLAG], []):
+            command = [compiler, *COMPILE_FLAGS, *extra, str(SOURCE), "-o", tmp_name]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+            if result.returncode == 0:
+                os.replace(tmp_name, path)
+                return
+            errors.append(f"{' '.join(command)}: {result.stderr.strip()[-2000:]}")
+        raise subprocess.SubprocessError("; ".join(errors))
     finally:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -115,9 +116,152 @@ inline A sum(const A* x, int64_t n) {
   return fold(part);
 }
 
+// ---- one (query token, head): the scalar path (float64, and head sizes that are not a multiple of 16) ----
+template <typename T>
+void head_scalar(const T* q_head, const T* k_cache, const T* v_cache, const int64_t* key_rows, int64_t num_keys,
+                 int64_t dim, double scale, typename Accum<T>::type* scores, T* out_head) {
+  using A = typename Accum<T>::type;
+  std::vector<A> q_row(dim), acc(dim, A(0));
+  for (int64_t d = 0; d < dim; ++d) q_row[d] = A(load(q_head + d));
+  A max_score = -std::numeric_limits<A>::infinity();
+  for (int64_t j = 0; j < num_keys; ++j) {
+    scores[j] = dot(q_row.data(), k_cache + key_rows[j], dim) * A(scale);
+    max_score = std::max(max_score, scores[j]);
+  }
+  for (int64_t j = 0; j < num_keys; ++j) scores[j] = exp_nonpositive(scores[j] - max_score);
+  const A inv_total = A(1) / sum(scores, num_keys);
+  for (int64_t j = 0; j < num_keys; ++j) {
+    const T* v_head = v_cache + key_rows[j];
+    for (int64_t d = 0; d < dim; ++d) acc[d] += scores[j] * A(load(v_head + d));
+  }
+  for (int64_t d = 0; d < dim; ++d) store(out_head + d, acc[d] * inv_total);
+}
+
+// ---- the vector path: float32 / bfloat16 heads of kChunks * 16 elements, accumulators in registers ----
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline f32x16 load16(const uint16_t* p) {  // 16 bfloat16 -> float
+  u16x16 half;
+  std::memcpy(&half, p, sizeof half);
+  const u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
+  f32x16 v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+inline void store16(uint16_t* p, f32x16 v) {  // round to nearest even, NaN kept NaN (as store() above)
+  u32x16 bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const u32x16 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const u32x16 quiet_nan = (bits >> 16) | 0x40u;
+  const u32x16 out = ((bits & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded;
+  const u16x16 half = __builtin_convertvector(out, u16x16);
+  std::memcpy(p, &half, sizeof half);
+}
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef float f32x2 __attribute__((vector_size(8)));
+
+inline float hsum(f32x16 v) {  // pairwise in registers: the same order as fold() (halves, then quarters, ...)
+  const f32x8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  const f32x2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
+  return h2[0] + h2[1];
+}
+
+template <typename T, int kChunks>
+inline float dot_chunks(const f32x16* q, const T* k) {
+  f32x16 acc = {};
+  for (int c = 0; c < kChunks; ++c) acc += q[c] * load16(k + 16 * c);
+  return hsum(acc);
+}
+
+// One query token, every head: each visible key's slot row (all KV heads, contiguous) is read once, in
+// sequence order, for the scores of every head, and once more for the values: streaming reads of whole blocks,
+// which is what a decode step over a cache bigger than the CPU's caches is bound by.
+template <typename T, int kChunks>
+void token_vector(const T* q_token, const T* k_cache, const T* v_cache, const int64_t* key_rows, int64_t num_keys,
+                  int64_t num_heads, int64_t group, double scale, float* scores, f32x16* acc, T* out_token) {
+  constexpr int64_t dim = 16 * kChunks;
+  constexpr int64_t kPrefetchKeys = 4;  // rows ahead
+  const float scale_f = float(scale);
+  std::vector<f32x16> q(num_heads * kChunks);
+  std::vector<int64_t> kv_offset(num_heads);  // [H]: element offset of each head's KV head in a slot row
+  for (int64_t h = 0; h < num_heads; ++h) {
+    for (int c = 0; c < kChunks; ++c) q[h * kChunks + c] = load16(q_token + h * dim + 16 * c);
+    kv_offset[h] = (h / group) * dim;
+  }
+  const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
+  for (int64_t j = 0; j < num_keys; ++j) {  // scores: [H, keys]
+    if (j + kPrefetchKeys < num_keys) {
+      const char* ahead = reinterpret_cast<const char*>(k_cache + key_rows[j + kPrefetchKeys]);
+      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+    }
+    const T* row = k_cache + key_rows[j];
+    for (int64_t h = 0; h < num_heads; ++h) {
+      scores[h * num_keys + j] = dot_chunks<T, kChunks>(&q[h * kChunks], row + kv_offset[h]) * scale_f;
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {  // softmax per head, scaled by 1 / total at the end
+    float* head_scores = scores + h * num_keys;
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < num_keys; ++i) max_score = std::max(max_score, head_scores[i]);
+    for (int64_t i = 0; i < num_keys; ++i) head_scores[i] = exp_nonpositive(head_scores[i] - max_score);
+  }
+  std::fill(acc, acc + num_heads * kChunks, f32x16{});
+  for (int64_t j = 0; j < num_keys; ++j) {  // values
+    if (j + kPrefetchKeys < num_keys) {
+      const char* ahead = reinterpret_cast<const char*>(v_cache + key_rows[j + kPrefetchKeys]);
+      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+    }
+    const T* row = v_cache + key_rows[j];
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float p = scores[h * num_keys + j];
+      const T* v_head = row + kv_offset[h];
+      for (int c = 0; c < kChunks; ++c) acc[h * kChunks + c] += p * load16(v_head + 16 * c);
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float inv_total = 1.0f / sum(scores + h * num_keys, num_keys);
+    for (int c = 0; c < kChunks; ++c) store16(out_token + h * dim + 16 * c, acc[h * kChunks + c] * inv_total);
+  }
+}
+
+template <typename T>
+using TokenFn = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, double, float*,
+                         f32x16*, T*);
+
+template <typename T, int kChunks>
+TokenFn<T> vector_token_for(int64_t dim) {
+  if constexpr (kChunks > 16) {
+    return nullptr;
+  } else {
+    return dim == 16 * kChunks ? token_vector<T, kChunks> : vector_token_for<T, kChunks + 1>(dim);
+  }
+}
+
+template <typename T>
+TokenFn<T> token_fn(int64_t dim) {  // head sizes 16 .. 256 in steps of 16 in float32 / bfloat16, else none
+  if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
+    return vector_token_for<T, 1>(dim);
+  } else {
+    return nullptr;
+  }
+}
+
 struct Shape {
   int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
   int64_t q_stride, k_stride, v_stride;
+  int64_t num_threads;  // OpenMP threads for the tokens (the build may have no OpenMP: then one)
 };
 
 template <typename T>
@@ -135,42 +279,44 @@ template <typename T>
 void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, const int64_t* slot_mapping,
             const int64_t* block_tables, const int64_t* token_seq, const int64_t* key_start,
             const int64_t* key_end, T* out, const Shape& s, double scale) {
-  using A = typename Accum<T>::type;
   write_kv(k_new, v_new, k_cache, v_cache, slot_mapping, s);
   const int64_t dim = s.head_dim, group = s.num_heads / s.num_kv_heads, row = s.num_kv_heads * dim;
-  std::vector<A> q_row(dim), acc(dim), scores;
+  const TokenFn<T> token = token_fn<T>(dim);
+  // tokens are independent once the K/V are written: spread over the threads (each token on one thread, so
+  // its bits do not depend on the thread count), with scratch per thread
+#pragma omp parallel num_threads(s.num_threads) if (s.num_threads > 1 && s.num_tokens > 1)
+  {
+  std::vector<typename Accum<T>::type> scores;
+  std::vector<f32x16> acc(token != nullptr ? s.num_heads * dim / 16 : 0);
   std::vector<int64_t> key_rows;  // [keys]: element offset of each visible key's slot in the cache
+#pragma omp for schedule(dynamic, 1)
   for (int64_t t = 0; t < s.num_tokens; ++t) {
     const int64_t* table = block_tables + token_seq[t] * s.max_blocks;
     const int64_t first = key_start[t], num_keys = key_end[t] - key_start[t];
     key_rows.resize(num_keys);
-    scores.resize(num_keys);
+    scores.resize(num_keys * (token != nullptr ? s.num_heads : 1));
+    int64_t block = first / s.block_size, offset = first % s.block_size;  // walked, not divided, per key
     for (int64_t j = 0; j < num_keys; ++j) {
-      const int64_t pos = first + j;
-      key_rows[j] = (table[pos / s.block_size] * s.block_size + pos % s.block_size) * row;
+      key_rows[j] = (table[block] * s.block_size + offset) * row;
+      if (++offset == s.block_size) {
+        offset = 0;
+        ++block;
+      }
     }
-    for (int64_t h = 0; h < s.num_heads; ++h) {
+    if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
+      if (token != nullptr) {
+        token(q + t * s.q_stride, k_cache, v_cache, key_rows.data(), num_keys, s.num_heads, group, scale,
+              scores.data(), acc.data(), out + t * s.num_heads * dim);
+        continue;
+      }
+    }
+    for (int64_t h = 0; h < s.num_heads; ++h) {  // the scalar path
       const int64_t head_offset = (h / group) * dim;
-      const T* q_head = q + t * s.q_stride + h * dim;
-      for (int64_t d = 0; d < dim; ++d) q_row[d] = A(load(q_head + d));
-      A max_score = -std::numeric_limits<A>::infinity();
-      for (int64_t j = 0; j < num_keys; ++j) {
-        scores[j] = dot(q_row.data(), k_cache + key_rows[j] + head_offset, dim) * A(scale);
-        max_score = std::max(max_score, scores[j]);
-      }
-      for (int64_t j = 0; j < num_keys; ++j) scores[j] = exp_nonpositive(scores[j] - max_score);
-      const A total = sum(scores.data(), num_keys);
-      std::fill(acc.begin(), acc.end(), A(0));
-      for (int64_t j = 0; j < num_keys; ++j) {
-        const T* v_head = v_cache + key_rows[j] + head_offset;
-        const A p = scores[j];
-        for (int64_t d = 0; d < dim; ++d) acc[d] += p * A(load(v_head + d));
-      }
-      T* out_head = out + (t * s.num_heads + h) * dim;
-      const A inv_total = num_keys > 0 ? A(1) / total : A(0);
-      for (int64_t d = 0; d < dim; ++d) store(out_head + d, acc[d] * inv_total);
+      head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, key_rows.data(), num_keys,
+           dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
     }
   }
+  }  // omp parallel
 }
 
 }  // namespace
@@ -180,13 +326,14 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
                        const int64_t* slot_mapping, const int64_t* block_tables, const int64_t* token_seq,   \
                        const int64_t* key_start, const int64_t* key_end, void* out, const int64_t* dims,    \
                        double scale) {                                                                        \
-    const Shape s{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8]};         \
+    const Shape s{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9]};\
     attend(static_cast<const T*>(q), static_cast<const T*>(k_new), static_cast<const T*>(v_new),             \
            static_cast<T*>(k_cache), static_cast<T*>(v_cache), slot_mapping, block_tables, token_seq,        \
            key_start, key_end, static_cast<T*>(out), s, scale);                                               \
   }
 
-// dims: num_tokens, num_heads, num_kv_heads, head_dim, block_size, max_blocks, q_stride, k_stride, v_stride
+// dims: num_tokens, num_heads, num_kv_heads, head_dim, block_size, max_blocks, q_stride, k_stride, v_stride,
+// num_threads
 SPECFLEET_ATTENTION_ENTRY(specfleet_paged_attention_f32, float)
 SPECFLEET_ATTENTION_ENTRY(specfleet_paged_attention_f64, double)
 SPECFLEET_ATTENTION_ENTRY(specfleet_paged_attention_bf16, uint16_t)
