@@ -121,17 +121,19 @@ class Engine:
         return Path(cache_dir) if cache_dir else specfleet_home() / "compile-cache"
 
     def _use_native_attention(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> None:
-        """Build (or find cached) and hand every runner the native attention kernel (cfg.attention_backend).
-        The tensor-parallel target stays on SDPA: its ranks receive the SDPA path's metadata."""
-        if self.cfg.attention_backend != "native":
-            return
-        native = native_attention.load(self.compile_cache_dir / "native")
+        """Build (or find cached) and hand every runner the native attention kernel (cfg.attention_backend);
+        `native_attention` says which models it serves. The tensor-parallel target stays on SDPA: its ranks
+        receive the SDPA path's metadata."""
+        native = native_attention.load(self.compile_cache_dir / "native") if self.cfg.attention_backend == "native" else None
         if self.tp_group is None:
             self.runner.use_native(native)
+        self.native_attention = {"target": self.runner.native is not None}
         if draft is not None:
             draft.runner.use_native(native)
+            self.native_attention["draft"] = draft.runner.native is not None
         if eagle is not None:
             eagle.runner.use_native(native)
+            self.native_attention["eagle"] = eagle.runner.native is not None
 
     def _compile(self, draft_runner: ModelRunner | None) -> dict[str, CompileStats]:
         """Compile the target's and the draft's dense paths now, before any request (cfg.compile)."""

@@ -174,13 +174,15 @@ class CompileSnapshot:
     is_compiled: dict[tuple[str, str], bool] = field(default_factory=dict)  # (model, bucket) -> compiled graph in use
     compile_time_s: dict[str, float] = field(default_factory=dict)  # model -> start-up compile seconds
     num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
+    is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
 
     @classmethod
-    def of(cls, compile_stats: dict[str, Any]) -> "CompileSnapshot":
+    def of(cls, compile_stats: dict[str, Any], native_attention: dict[str, bool]) -> "CompileSnapshot":
         return cls(
             is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
             compile_time_s={m: st.compile_time_s for m, st in compile_stats.items()},
             num_failures={m: st.num_failures for m, st in compile_stats.items()},
+            is_native_attention=dict(native_attention),
         )
 
 
@@ -208,6 +210,14 @@ class CompileCollector(Collector):
             failures.add_metric([model], count)
         yield seconds
         yield failures
+        native = GaugeMetricFamily(
+            "specfleet_engine_native_attention",
+            "1 where the native attention kernel serves the model (0: SDPA, e.g. no C++ compiler at start-up)",
+            labels=["model"],
+        )
+        for model, on in s.is_native_attention.items():
+            native.add_metric([model], float(on))
+        yield native
 
 
 class EngineMetrics:
@@ -268,7 +278,7 @@ class EngineMetrics:
         if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
-        compile_now = CompileSnapshot.of(engine.compile_stats)  # a few entries: cheap to compare every step
+        compile_now = CompileSnapshot.of(engine.compile_stats, engine.native_attention)  # a few entries: cheap
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now
 

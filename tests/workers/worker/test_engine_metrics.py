@@ -108,6 +108,8 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert set(compiled) >= {("target", "decode"), ("draft", "decode")} and set(compiled.values()) == {0.0}  # off
     assert {s.labels["model"]: s.value for s in samples["specfleet_engine_compile_failures_total"]} == {
         "target": 0.0, "draft": 0.0}
+    native = {s.labels["model"]: s.value for s in samples["specfleet_engine_native_attention"]}
+    assert native == {"target": 1.0, "draft": 1.0}  # the default backend, built with the host's compiler
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
