@@ -185,74 +185,100 @@ inline float dot_chunks(const f32x16* q, const T* k) {
   return hsum(acc);
 }
 
-// One query token, every head: each visible key's slot row (all KV heads, contiguous) is read once, in
-// sequence order, for the scores of every head, and once more for the values: streaming reads of whole blocks,
-// which is what a decode step over a cache bigger than the CPU's caches is bound by.
+// A run: consecutive query tokens of one sequence (a decode token, a chain to verify, a piece of a prefill
+// chunk), attended together. Each visible slot row (all KV heads, contiguous) is read once, in sequence order,
+// for the scores of every token and head of the run, and once more for the values: streaming reads of whole
+// blocks, and a chain of k tokens reads its keys once, not k times. Every token's scores, softmax and value
+// sum are computed exactly as they would be for that token alone.
+constexpr int64_t kMaxRun = 16;  // tokens per run; longer runs (prefill) are split
+constexpr int64_t kPrefetchKeys = 4;  // rows ahead
+
 template <typename T, int kChunks>
-void token_vector(const T* q_token, const T* k_cache, const T* v_cache, const int64_t* key_rows, int64_t num_keys,
-                  int64_t num_heads, int64_t group, double scale, float* scores, f32x16* acc, T* out_token) {
+void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* key_rows,
+                int64_t lo, int64_t num_keys, const int64_t* key_start, const int64_t* key_end, int64_t run_len,
+                int64_t num_heads, int64_t group, double scale, float* scores, f32x16* acc, T* out) {
   constexpr int64_t dim = 16 * kChunks;
-  constexpr int64_t kPrefetchKeys = 4;  // rows ahead
   const float scale_f = float(scale);
-  std::vector<f32x16> q(num_heads * kChunks);
+  const int64_t rows = run_len * num_heads;  // (token, head) pairs, token-major
+  std::vector<f32x16> qv(rows * kChunks);
   std::vector<int64_t> kv_offset(num_heads);  // [H]: element offset of each head's KV head in a slot row
-  for (int64_t h = 0; h < num_heads; ++h) {
-    for (int c = 0; c < kChunks; ++c) q[h * kChunks + c] = load16(q_token + h * dim + 16 * c);
-    kv_offset[h] = (h / group) * dim;
+  for (int64_t h = 0; h < num_heads; ++h) kv_offset[h] = (h / group) * dim;
+  for (int64_t r = 0; r < run_len; ++r) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      for (int c = 0; c < kChunks; ++c) qv[(r * num_heads + h) * kChunks + c] = load16(q + r * q_stride + h * dim + 16 * c);
+    }
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
-  for (int64_t j = 0; j < num_keys; ++j) {  // scores: [H, keys]
+  for (int64_t j = 0; j < num_keys; ++j) {  // scores [rows, keys]
     if (j + kPrefetchKeys < num_keys) {
       const char* ahead = reinterpret_cast<const char*>(k_cache + key_rows[j + kPrefetchKeys]);
       for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
     }
-    const T* row = k_cache + key_rows[j];
-    for (int64_t h = 0; h < num_heads; ++h) {
-      scores[h * num_keys + j] = dot_chunks<T, kChunks>(&q[h * kChunks], row + kv_offset[h]) * scale_f;
+    const T* slot_row = k_cache + key_rows[j];
+    const int64_t pos = lo + j;
+    for (int64_t r = 0; r < run_len; ++r) {
+      if (pos < key_start[r] || pos >= key_end[r]) continue;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t i = r * num_heads + h;
+        scores[i * num_keys + j] = dot_chunks<T, kChunks>(&qv[i * kChunks], slot_row + kv_offset[h]) * scale_f;
+      }
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h) {  // softmax per head, scaled by 1 / total at the end
-    float* head_scores = scores + h * num_keys;
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < num_keys; ++i) max_score = std::max(max_score, head_scores[i]);
-    for (int64_t i = 0; i < num_keys; ++i) head_scores[i] = exp_nonpositive(head_scores[i] - max_score);
+  for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys
+    const int64_t first = key_start[r] - lo, count = key_end[r] - key_start[r];
+    for (int64_t h = 0; h < num_heads; ++h) {
+      float* row_scores = scores + (r * num_heads + h) * num_keys + first;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < count; ++i) max_score = std::max(max_score, row_scores[i]);
+      for (int64_t i = 0; i < count; ++i) row_scores[i] = exp_nonpositive(row_scores[i] - max_score);
+    }
   }
-  std::fill(acc, acc + num_heads * kChunks, f32x16{});
+  std::fill(acc, acc + rows * kChunks, f32x16{});
   for (int64_t j = 0; j < num_keys; ++j) {  // values
     if (j + kPrefetchKeys < num_keys) {
       const char* ahead = reinterpret_cast<const char*>(v_cache + key_rows[j + kPrefetchKeys]);
       for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
     }
-    const T* row = v_cache + key_rows[j];
-    for (int64_t h = 0; h < num_heads; ++h) {
-      const float p = scores[h * num_keys + j];
-      const T* v_head = row + kv_offset[h];
-      for (int c = 0; c < kChunks; ++c) acc[h * kChunks + c] += p * load16(v_head + 16 * c);
+    const T* slot_row = v_cache + key_rows[j];
+    const int64_t pos = lo + j;
+    for (int64_t r = 0; r < run_len; ++r) {
+      if (pos < key_start[r] || pos >= key_end[r]) continue;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t i = r * num_heads + h;
+        const float p = scores[i * num_keys + j];
+        const T* v_head = slot_row + kv_offset[h];
+        for (int c = 0; c < kChunks; ++c) acc[i * kChunks + c] += p * load16(v_head + 16 * c);
+      }
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h) {
-    const float inv_total = 1.0f / sum(scores + h * num_keys, num_keys);
-    for (int c = 0; c < kChunks; ++c) store16(out_token + h * dim + 16 * c, acc[h * kChunks + c] * inv_total);
+  for (int64_t r = 0; r < run_len; ++r) {
+    const int64_t first = key_start[r] - lo, count = key_end[r] - key_start[r];
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const int64_t i = r * num_heads + h;
+      const float inv_total = 1.0f / sum(scores + i * num_keys + first, count);
+      T* out_head = out + i * dim;
+      for (int c = 0; c < kChunks; ++c) store16(out_head + 16 * c, acc[i * kChunks + c] * inv_total);
+    }
   }
 }
 
 template <typename T>
-using TokenFn = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, double, float*,
-                         f32x16*, T*);
+using RunFn = void (*)(const T*, int64_t, const T*, const T*, const int64_t*, int64_t, int64_t, const int64_t*,
+                       const int64_t*, int64_t, int64_t, int64_t, double, float*, f32x16*, T*);
 
 template <typename T, int kChunks>
-TokenFn<T> vector_token_for(int64_t dim) {
+RunFn<T> vector_run_for(int64_t dim) {
   if constexpr (kChunks > 16) {
     return nullptr;
   } else {
-    return dim == 16 * kChunks ? token_vector<T, kChunks> : vector_token_for<T, kChunks + 1>(dim);
+    return dim == 16 * kChunks ? run_vector<T, kChunks> : vector_run_for<T, kChunks + 1>(dim);
   }
 }
 
 template <typename T>
-TokenFn<T> token_fn(int64_t dim) {  // head sizes 16 .. 256 in steps of 16 in float32 / bfloat16, else none
+RunFn<T> run_fn(int64_t dim) {  // head sizes 16 .. 256 in steps of 16 in float32 / bfloat16, else none
   if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
-    return vector_token_for<T, 1>(dim);
+    return vector_run_for<T, 1>(dim);
   } else {
     return nullptr;
   }
@@ -261,7 +287,7 @@ TokenFn<T> token_fn(int64_t dim) {  // head sizes 16 .. 256 in steps of 16 in fl
 struct Shape {
   int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
   int64_t q_stride, k_stride, v_stride;
-  int64_t num_threads;  // OpenMP threads for the tokens (the build may have no OpenMP: then one)
+  int64_t num_threads;  // OpenMP threads for the runs (the build may have no OpenMP: then one)
 };
 
 template <typename T>
@@ -275,47 +301,69 @@ void write_kv(const T* k_new, const T* v_new, T* k_cache, T* v_cache, const int6
   }
 }
 
+// [first token of each run, ..., num_tokens]: a run ends where the sequence changes or at kMaxRun tokens
+inline std::vector<int64_t> split_runs(const int64_t* token_seq, int64_t num_tokens) {
+  std::vector<int64_t> bounds{0};
+  for (int64_t t = 1; t < num_tokens; ++t) {
+    if (token_seq[t] != token_seq[t - 1] || t - bounds.back() == kMaxRun) bounds.push_back(t);
+  }
+  bounds.push_back(num_tokens);
+  return bounds;
+}
+
 template <typename T>
 void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, const int64_t* slot_mapping,
             const int64_t* block_tables, const int64_t* token_seq, const int64_t* key_start,
             const int64_t* key_end, T* out, const Shape& s, double scale) {
+  if (s.num_tokens == 0) return;
   write_kv(k_new, v_new, k_cache, v_cache, slot_mapping, s);
   const int64_t dim = s.head_dim, group = s.num_heads / s.num_kv_heads, row = s.num_kv_heads * dim;
-  const TokenFn<T> token = token_fn<T>(dim);
-  // tokens are independent once the K/V are written: spread over the threads (each token on one thread, so
-  // its bits do not depend on the thread count), with scratch per thread
-#pragma omp parallel num_threads(s.num_threads) if (s.num_threads > 1 && s.num_tokens > 1)
+  const RunFn<T> run_vector_fn = run_fn<T>(dim);
+  const std::vector<int64_t> bounds = split_runs(token_seq, s.num_tokens);
+  const int64_t num_runs = int64_t(bounds.size()) - 1;
+  // runs are independent once the K/V are written: spread over the threads (each run on one thread, and a
+  // token's bits do not depend on its run), with scratch per thread
+#pragma omp parallel num_threads(s.num_threads) if (s.num_threads > 1 && num_runs > 1)
   {
-  std::vector<typename Accum<T>::type> scores;
-  std::vector<f32x16> acc(token != nullptr ? s.num_heads * dim / 16 : 0);
-  std::vector<int64_t> key_rows;  // [keys]: element offset of each visible key's slot in the cache
+    std::vector<typename Accum<T>::type> scores;
+    std::vector<f32x16> acc;
+    std::vector<int64_t> key_rows;  // [keys]: element offset of each key's slot row in the cache
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < s.num_tokens; ++t) {
-    const int64_t* table = block_tables + token_seq[t] * s.max_blocks;
-    const int64_t first = key_start[t], num_keys = key_end[t] - key_start[t];
-    key_rows.resize(num_keys);
-    scores.resize(num_keys * (token != nullptr ? s.num_heads : 1));
-    int64_t block = first / s.block_size, offset = first % s.block_size;  // walked, not divided, per key
-    for (int64_t j = 0; j < num_keys; ++j) {
-      key_rows[j] = (table[block] * s.block_size + offset) * row;
-      if (++offset == s.block_size) {
-        offset = 0;
-        ++block;
+    for (int64_t run = 0; run < num_runs; ++run) {
+      const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
+      const int64_t* table = block_tables + token_seq[first_token] * s.max_blocks;
+      const int64_t lo = *std::min_element(key_start + first_token, key_start + first_token + run_len);
+      const int64_t hi = *std::max_element(key_end + first_token, key_end + first_token + run_len);
+      const int64_t num_keys = hi - lo;
+      key_rows.resize(num_keys);
+      int64_t block = lo / s.block_size, offset = lo % s.block_size;  // walked, not divided, per key
+      for (int64_t j = 0; j < num_keys; ++j) {
+        key_rows[j] = (table[block] * s.block_size + offset) * row;
+        if (++offset == s.block_size) {
+          offset = 0;
+          ++block;
+        }
+      }
+      if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
+        if (run_vector_fn != nullptr) {
+          scores.resize(run_len * s.num_heads * num_keys);
+          acc.resize(run_len * s.num_heads * (dim / 16));
+          run_vector_fn(q + first_token * s.q_stride, s.q_stride, k_cache, v_cache, key_rows.data(), lo, num_keys,
+                        key_start + first_token, key_end + first_token, run_len, s.num_heads, group, scale,
+                        scores.data(), acc.data(), out + first_token * s.num_heads * dim);
+          continue;
+        }
+      }
+      scores.resize(num_keys);
+      for (int64_t t = first_token; t < first_token + run_len; ++t) {  // the scalar path, a token at a time
+        const int64_t* token_rows = key_rows.data() + (key_start[t] - lo);
+        for (int64_t h = 0; h < s.num_heads; ++h) {
+          const int64_t head_offset = (h / group) * dim;
+          head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, token_rows,
+                      key_end[t] - key_start[t], dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
+        }
       }
     }
-    if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
-      if (token != nullptr) {
-        token(q + t * s.q_stride, k_cache, v_cache, key_rows.data(), num_keys, s.num_heads, group, scale,
-              scores.data(), acc.data(), out + t * s.num_heads * dim);
-        continue;
-      }
-    }
-    for (int64_t h = 0; h < s.num_heads; ++h) {  // the scalar path
-      const int64_t head_offset = (h / group) * dim;
-      head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, key_rows.data(), num_keys,
-           dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
-    }
-  }
   }  // omp parallel
 }
 
