@@ -1,8 +1,9 @@
 """`specfleet bench spec`: speculative decoding vs our plain decoding vs transformers, one run.
 
 Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree,
-n-gram lookup, an EAGLE head's chain and its tree (when the bench is given a head), at batch 1, 4, 16, 32 (all
-requests submitted at once). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)` and
+n-gram lookup, an EAGLE head's chain and its tree (when the bench is given a head), at batch 1 (prompts one
+after another) and 4, 16, 32 (a closed loop: that many requests in flight, 3x as many in all, timed while
+every slot is busy; run_closed_loop). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)` and
 `generate(prompt_lookup_num_tokens=…)`. Then the same engines under a JSON schema (workers/bench/grammar_bench.py):
 constrained speculation against constrained plain decoding, and sampled constrained answers checked against
 their schema.
@@ -22,6 +23,7 @@ from workers.bench.engine_bench import hf_threads, match_rate, run_hf_serial, ru
 from workers.bench.grammar_bench import bench_grammar
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sd_eagle_tree": {"speculative_method": SpeculativeMethod.EAGLE},  # tree_size from the plan
 }
 EAGLE_VARIANTS = ("sd_eagle_chain", "sd_eagle_tree")
+CLOSED_LOOP_WAVES = 3  # batch B > 1: 3 B requests through B slots (run_closed_loop)
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,52 @@ class SpecBenchPlan:
         return cls(num_bs1_prompts=3, batch_sizes=(1, 4, 16), json_batch_sizes=(1, 4), num_json_sampled_runs=100)
 
 
-def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int) -> tuple[float, list[list[int]]]:
-    """batch 1: the prompts one after another; otherwise `batch` requests at once (prompts cycled)."""
+def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int) -> tuple[int, float, list[list[int]]]:
+    """(tokens timed, seconds, every request's output). Batch 1: the prompts one after another, all of it
+    timed. Batch B > 1: a closed loop at concurrency B (run_closed_loop), timed while B requests are in flight."""
     if batch == 1:
         seconds, outs = 0.0, []
         for p in prompts:
             s, o = run_ours(engine, [p], num_new)
             seconds += s
             outs.extend(o)
-        return seconds, outs
-    return run_ours(engine, [prompts[i % len(prompts)] for i in range(batch)], num_new)
+        return len(outs) * num_new, seconds, outs
+    return run_closed_loop(engine, prompts, batch, num_new, CLOSED_LOOP_WAVES * batch)
+
+
+def run_closed_loop(
+    engine: Engine, prompts: list[list[int]], concurrency: int, num_new: int, num_requests: int
+) -> tuple[int, float, list[list[int]]]:
+    """`concurrency` requests in flight, each finished one replaced by the next prompt (cycled), num_requests
+    in all: a server's steady state at that concurrency. Returns (tokens emitted, seconds) from the first
+    submit to the last - every slot busy the whole time - and every request's output (run to the end).
+
+    A static batch timed to its last token would instead end in a tail where only the slowest sequences are
+    left: with speculation, sequences advance at their own acceptance, and that tail of small steps (44 of 65
+    steps of one EAGLE batch of 16 here) measures the batch's spread, not the engine at that concurrency."""
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    generated: list[list[int]] = [[] for _ in range(num_requests)]
+    num_submitted = num_tokens = 0
+    start = time.perf_counter()
+    window_s: float | None = None
+
+    def submit() -> None:
+        nonlocal num_submitted
+        engine.add_request(f"c{num_submitted}", prompts[num_submitted % len(prompts)], params)
+        num_submitted += 1
+
+    for _ in range(min(concurrency, num_requests)):
+        submit()
+    while engine.num_unfinished():
+        for out in engine.step():
+            generated[int(out.request_id[1:])].extend(out.new_token_ids)
+            if window_s is None:
+                num_tokens += len(out.new_token_ids)
+            if out.finished and num_submitted < num_requests:
+                submit()
+                if num_submitted == num_requests:
+                    window_s = time.perf_counter() - start
+    return num_tokens, window_s if window_s is not None else time.perf_counter() - start, generated
 
 
 def bench_spec(
@@ -92,11 +131,11 @@ def bench_spec(
             chosen_before = _chosen_totals(engine)
             before_per_position = (list(before.drafted_per_position), list(before.accepted_per_position))
             used = prompts[: plan.num_bs1_prompts] if batch == 1 else prompts
-            seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
+            num_tokens, seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
             counts = engine.speculator.stats.counts
             steps = counts.num_steps - before.num_steps
             drafted = counts.num_drafted - before.num_drafted
-            tps[(name, batch)] = len(outs) * plan.num_new_tokens / seconds
+            tps[(name, batch)] = num_tokens / seconds
             outputs[(name, batch)] = outs
             rows.append({
                 "system": name, "batch": batch, "tokens_per_s": tps[(name, batch)],
@@ -218,7 +257,7 @@ def _bf16_match_rate(
     for run_method in (SpeculativeMethod.NONE, method):
         cfg = dataclasses.replace(base, dtype="bfloat16", speculative_method=run_method, tree_size=0)
         engine = Engine(cfg, *pair_dirs, eagle_dir if run_method is SpeculativeMethod.EAGLE else None)
-        outs.append(_measure(engine, prompts, 1, plan.num_new_tokens)[1])
+        outs.append(_measure(engine, prompts, 1, plan.num_new_tokens)[2])
     return match_rate(outs[1], outs[0])
 
 

@@ -24,13 +24,16 @@ def test_decode_fast_path_equals_ragged_path(sliding_window: int | None) -> None
 
     for name in ("input_ids", "positions", "logits_indices"):
         assert torch.equal(getattr(fast, name), getattr(general, name)), name
-    for name in ("slot_mapping", "block_tables", "mask"):
+    for name in ("slot_mapping", "block_tables", "mask", "token_seq", "key_start", "key_end"):
         assert torch.equal(getattr(fast.meta, name), getattr(general.meta, name)), name
     assert fast.meta.query_index is None and general.meta.query_index is None
     assert fast.meta.flat_index is None and general.meta.flat_index is None
     assert fast.input_ids.tolist() == [11, 12, 13, 14]
     assert fast.meta.slot_mapping.tolist() == [7 * 4 + 0, 5 * 4 + 1, 6 * 4 + 0, 8 * 4 + 3]
     assert fast.logits_indices.tolist() == [0, 1, 3]
+    assert fast.meta.key_end.tolist() == [1, 10, 5, 8]  # keys each token sees: its own position and before
+    expected_start = [0, 0, 0, 0] if sliding_window is None else [0, 7, 2, 5]
+    assert fast.meta.key_start.tolist() == expected_start
 
 
 def test_build_batch_takes_the_ragged_path_for_multi_token_items() -> None:
