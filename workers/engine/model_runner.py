@@ -16,7 +16,7 @@ from workers.engine.compile_stats import Bucket, CompileStats
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
-from workers.models.native_attention import NativeAttention
+from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,26 @@ class ForwardBatch:
 def build_batch(
     items: list[ForwardItem], block_size: int, sliding_window: int | None = None, native: NativeAttention | None = None
 ) -> ForwardBatch:
-    """The pass's flat inputs and attention metadata. With `native` (the runner's kernel), a pass without
-    token trees gets only the ragged view the kernel reads; otherwise the SDPA path's padded view too."""
-    has_tree = any(it.tree_mask is not None for it in items)
-    if not has_tree and all(len(it.token_ids) == 1 for it in items):
+    """The pass's flat inputs and attention metadata. With `native` (the runner's kernel), a pass it can serve
+    gets only the ragged view the kernel reads; otherwise the SDPA path's padded view too."""
+    if native is not None and not _native_serves(items):
+        native = None
+    if all(len(it.token_ids) == 1 and it.tree_mask is None for it in items):
         return _build_decode_batch(items, block_size, sliding_window, native)
-    return _build_ragged_batch(items, block_size, sliding_window, None if has_tree else native)
+    return _build_ragged_batch(items, block_size, sliding_window, native)
+
+
+def _native_serves(items: list[ForwardItem]) -> bool:
+    """Whether the kernel's per-token view holds every query: a tree's slots fit one bitmask, every query has a
+    mask row, and no query sits past its tree (where it would see slots after the tree causally)."""
+    for it in items:
+        if it.tree_mask is None:
+            continue
+        num_rows, num_slots = it.tree_mask.shape
+        num_tokens = len(it.token_ids)
+        if num_slots > MAX_TREE_NODES or num_rows < num_tokens or it.start_pos + num_tokens > it.tree_start + num_slots:
+            return False
+    return True
 
 
 def _build_ragged_batch(
@@ -65,6 +79,8 @@ def _build_ragged_batch(
     logits_rows: list[int] = []
     token_seq: list[int] = []
     key_end: list[int] = []
+    tree_base: list[int] = []
+    tree_bits: list[torch.Tensor] = []  # per item: [n] long
     q_lens = [len(it.token_ids) for it in items]
     for b, it in enumerate(items):
         offset, n = len(input_ids), len(it.token_ids)
@@ -74,7 +90,15 @@ def _build_ragged_batch(
         positions.extend(it.positions or range(it.start_pos, it.start_pos + n))
         logits_rows.extend(range(offset + n - it.num_logits, offset + n))
         token_seq.extend([b] * n)
-        key_end.extend(range(it.start_pos + 1, it.start_pos + n + 1))
+        if it.tree_mask is None:
+            key_end.extend(range(it.start_pos + 1, it.start_pos + n + 1))
+            tree_base.extend([0] * n)
+            tree_bits.append(torch.zeros(n, dtype=torch.long))
+        else:  # the prefix before the tree causally, then the tree slots its mask row names
+            key_end.extend(min(pos + 1, it.tree_start) for pos in range(it.start_pos, it.start_pos + n))
+            tree_base.extend([it.tree_start] * n)
+            rows = it.tree_mask[:n].long()  # [n, m]
+            tree_bits.append((rows << torch.arange(rows.shape[1])).sum(dim=1))  # [n]
 
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
     padded_tables = [it.block_table[:num_blocks_max] for it in items]
@@ -83,10 +107,13 @@ def _build_ragged_batch(
         slot_mapping=torch.tensor(slots, dtype=torch.long), block_tables=tables, mask=None, query_index=None,
         flat_index=None, native=native,
     )
-    if all(it.tree_mask is None for it in items):
+    if native is not None or all(it.tree_mask is None for it in items):
         meta.token_seq = torch.tensor(token_seq, dtype=torch.long)  # [T]
         meta.key_end = torch.tensor(key_end, dtype=torch.long)  # [T]
-        meta.key_start = _window_start(meta.key_end, sliding_window)  # [T]
+        own_end = torch.tensor([p + 1 for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))])
+        meta.key_start = _window_start(own_end, sliding_window)  # [T]: the window ends at the token's own slot
+        meta.tree_base = torch.tensor(tree_base, dtype=torch.long)  # [T]
+        meta.tree_bits = torch.cat(tree_bits)  # [T]
     if native is None:
         _add_padded_view(meta, items, q_lens, block_size, sliding_window)
     return ForwardBatch(
@@ -97,11 +124,12 @@ def _build_ragged_batch(
     )
 
 
-def _window_start(key_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
-    """First key each token sees: 0, or the start of its sliding window (its last `sliding_window` keys)."""
+def _window_start(own_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
+    """First key each token sees: 0, or the start of its sliding window (the `sliding_window` slots up to and
+    including its own; own_end = its slot + 1)."""
     if sliding_window is None:
-        return torch.zeros_like(key_end)
-    return (key_end - sliding_window).clamp_(min=0)
+        return torch.zeros_like(own_end)
+    return (own_end - sliding_window).clamp_(min=0)
 
 
 def _add_padded_view(
@@ -150,6 +178,7 @@ def _build_decode_batch(
         dtype=torch.long,
     )  # [B, NB]
     key_end = q_pos + 1  # [B]
+    no_tree = torch.zeros(2, batch, dtype=torch.long)  # [2, B]: tree_base, tree_bits
     meta = AttentionMetadata(
         slot_mapping=slots,
         block_tables=tables,
@@ -159,6 +188,8 @@ def _build_decode_batch(
         token_seq=torch.arange(batch),
         key_start=_window_start(key_end, sliding_window),
         key_end=key_end,
+        tree_base=no_tree[0],
+        tree_bits=no_tree[1],
         native=native,
     )
     if native is None:

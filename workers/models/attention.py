@@ -3,9 +3,9 @@
 The KV cache of one layer is two tensors [num_blocks, block_size, num_kv_heads, head_dim]. A step's
 new tokens arrive flat ([T, ...], every sequence's query tokens back to back). Two paths:
 
-- native (native_attention.py, when the runner has the kernel and the pass has no token tree): one call
-  writes the new K/V and attends per query token over the key positions [key_start, key_end) of its
-  sequence, read in place through the block table;
+- native (native_attention.py, when the runner has the kernel): one call writes the new K/V and attends
+  per query token over the key positions it sees (a range of its sequence, plus its ancestors' slots in a
+  token tree), read in place through the block table;
 - SDPA: each sequence's keys are gathered block-wise through its block table and scored with one
   scaled_dot_product_attention call for the whole ragged batch, padded to its longest query, under a
   boolean mask that encodes causality (or a token tree) and padding.
@@ -29,10 +29,13 @@ class AttentionMetadata:
     mask: torch.Tensor | None  # [B, 1, Q, L] bool: query q of sequence b may attend key slot l (L = NB * block_size)
     query_index: torch.Tensor | None  # [B, Q] long: flat token of each padded query; None = flat is already [B*Q]
     flat_index: torch.Tensor | None  # [T] long: row of [B*Q] holding each flat token; None = identity
-    # the native path's ragged view (causal passes only: a token tree leaves these None)
+    # the native path's ragged view: token t sees key positions [key_start, key_end) of its sequence and,
+    # in a token tree, tree_base + j for every bit j set in tree_bits (None where the kernel can't serve)
     token_seq: torch.Tensor | None = None  # [T] long: the row of block_tables of each token's sequence
     key_start: torch.Tensor | None = None  # [T] long: first key position (in its sequence) the token sees
-    key_end: torch.Tensor | None = None  # [T] long: one past the last (its own position + 1)
+    key_end: torch.Tensor | None = None  # [T] long: one past the last of its range (causal: its position + 1)
+    tree_base: torch.Tensor | None = None  # [T] long: a tree query's first tree slot position (else 0)
+    tree_bits: torch.Tensor | None = None  # [T] long: the tree slots it sees, bit j = tree_base + j (else 0)
     native: NativeAttention | None = None  # the kernel, where it serves this pass
 
     @property
@@ -56,11 +59,7 @@ def attend_paged(
 ) -> torch.Tensor:  # [T, H * D]
     """One layer's attention: write this pass's K/V into the layer's cache, attend over it."""
     if meta.native is not None:
-        assert meta.token_seq is not None and meta.key_start is not None and meta.key_end is not None
-        return meta.native.attend(
-            q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.token_seq, meta.key_start,
-            meta.key_end, scale,
-        )
+        return meta.native.attend(q, k, v, k_cache, v_cache, meta, scale)
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return paged_attention(q, k_cache, v_cache, meta, scale)
 

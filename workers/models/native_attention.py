@@ -5,11 +5,11 @@ then runs a masked SDPA over the padding: at batch 1 that is six ops and ~150 us
 gather dominates the step. The native kernel writes the new K/V and attends in place through the block
 tables, per query token over exactly the keys it sees, so ragged batches cost no padding either.
 
-It covers causal attention (optionally windowed) in float32, float64 and bfloat16: decode steps, chains
-to verify and prefill chunks. Token trees and other dtypes take the SDPA path. The library is compiled
-with the host's C++ compiler (`$CXX`, else c++/g++) for the host's CPU, once per source, compiler and CPU,
-into a cache directory; where there is no compiler or the build fails, `load` logs why and returns None
-and attention stays on the SDPA path.
+It covers float32, float64 and bfloat16: decode steps, chains to verify, prefill chunks (optionally
+windowed) and token trees of up to MAX_TREE_NODES nodes. Larger trees and other dtypes take the SDPA path.
+The library is compiled with the host's C++ compiler (`$CXX`, else c++/g++) for the host's CPU, once per
+source, compiler and CPU, into a cache directory; where there is no compiler or the build fails, `load`
+logs why and returns None and attention stays on the SDPA path.
 """
 
 import ctypes
@@ -23,9 +23,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from workers.models.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ _ENTRY_POINTS = {
     torch.bfloat16: "specfleet_paged_attention_bf16",
 }
 _NUM_DIMS = 10
+MAX_TREE_NODES = 63  # a tree query's visible tree slots are one int64 bitmask
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,14 @@ class NativeAttention:
         v: torch.Tensor,  # [T, KV, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D] contiguous; k is written into it
         v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D] contiguous
-        slot_mapping: torch.Tensor,  # [T] long
-        block_tables: torch.Tensor,  # [B, NB] long
-        token_seq: torch.Tensor,  # [T] long: each token's row of block_tables
-        key_start: torch.Tensor,  # [T] long: first key position the token sees
-        key_end: torch.Tensor,  # [T] long: one past the last
+        meta: "AttentionMetadata",  # its ragged view: token_seq, key_start, key_end, tree_base, tree_bits
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = _rows(q), _rows(k), _rows(v)
-        block_tables = block_tables.contiguous()
+        block_tables = meta.block_tables.contiguous()
+        ragged = (meta.token_seq, meta.key_start, meta.key_end, meta.tree_base, meta.tree_bits)
+        assert all(x is not None for x in ragged), "the native path needs the metadata's ragged view"
         out = q.new_empty(num_tokens, num_heads * head_dim)
         dims = (ctypes.c_int64 * _NUM_DIMS)(
             num_tokens, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], block_tables.shape[1],
@@ -77,8 +79,8 @@ class NativeAttention:
         )
         self._functions[q.dtype](
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            slot_mapping.data_ptr(), block_tables.data_ptr(), token_seq.data_ptr(), key_start.data_ptr(),
-            key_end.data_ptr(), out.data_ptr(), dims, scale,
+            meta.slot_mapping.data_ptr(), block_tables.data_ptr(), *(x.data_ptr() for x in ragged),  # type: ignore[union-attr]
+            out.data_ptr(), dims, scale,
         )
         return out
 
@@ -147,8 +149,8 @@ def load(cache_dir: Path) -> NativeAttention | None:
         log.warning("loading %s failed (%s): attention stays on the SDPA path", path, exc)
         return None
     functions = {dtype: getattr(library, name) for dtype, name in _ENTRY_POINTS.items()}
-    for function in functions.values():  # 11 tensors' data pointers, the dims array, the scale
-        function.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_double]
+    for function in functions.values():  # 13 tensors' data pointers, the dims array, the scale
+        function.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_double]
         function.restype = None
     log.info("native attention kernel: %s", path)
     return NativeAttention(path, functions)

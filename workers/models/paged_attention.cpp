@@ -12,6 +12,8 @@
 //   block_tables [num_seqs, max_blocks]: each sequence's blocks
 //   token_seq [num_tokens]: the sequence of each query token
 //   key_start, key_end [num_tokens]: the token sees its sequence's key positions [key_start, key_end)
+//   tree_base, tree_bits [num_tokens]: and, for a token-tree query, position tree_base + j wherever bit j of
+//     tree_bits is set (a tree of at most 64 nodes; 0 bits for every other token)
 //
 // Arithmetic: float accumulation for float32 and bfloat16 (bfloat16 results rounded to nearest even, as
 // torch does), double for float64. The softmax subtracts the row maximum; exp in float is a range-reduced
@@ -116,6 +118,21 @@ inline A sum(const A* x, int64_t n) {
   return fold(part);
 }
 
+// Which key positions a query token sees: a range, plus the tree slots its bits name.
+struct Visibility {
+  int64_t start, end, tree_base;
+  uint64_t tree_bits;
+
+  bool sees(int64_t pos) const {
+    if (pos >= start && pos < end) return true;
+    const uint64_t offset = uint64_t(pos - tree_base);  // wraps to >= 64 below tree_base
+    return offset < 64 && ((tree_bits >> offset) & 1u);
+  }
+  int64_t last() const {  // one past the last position it sees
+    return tree_bits ? std::max(end, tree_base + 64 - __builtin_clzll(tree_bits)) : end;
+  }
+};
+
 // ---- one (query token, head): the scalar path (float64, and head sizes that are not a multiple of 16) ----
 template <typename T>
 void head_scalar(const T* q_head, const T* k_cache, const T* v_cache, const int64_t* key_rows, int64_t num_keys,
@@ -195,8 +212,8 @@ constexpr int64_t kPrefetchKeys = 4;  // rows ahead
 
 template <typename T, int kChunks>
 void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* key_rows,
-                int64_t lo, int64_t num_keys, const int64_t* key_start, const int64_t* key_end, int64_t run_len,
-                int64_t num_heads, int64_t group, double scale, float* scores, f32x16* acc, T* out) {
+                int64_t lo, int64_t num_keys, const Visibility* seen, int64_t run_len, int64_t num_heads,
+                int64_t group, double scale, float* scores, f32x16* acc, T* out) {
   constexpr int64_t dim = 16 * kChunks;
   const float scale_f = float(scale);
   const int64_t rows = run_len * num_heads;  // (token, head) pairs, token-major
@@ -217,20 +234,30 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     const T* slot_row = k_cache + key_rows[j];
     const int64_t pos = lo + j;
     for (int64_t r = 0; r < run_len; ++r) {
-      if (pos < key_start[r] || pos >= key_end[r]) continue;
+      if (!seen[r].sees(pos)) continue;
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t i = r * num_heads + h;
         scores[i * num_keys + j] = dot_chunks<T, kChunks>(&qv[i * kChunks], slot_row + kv_offset[h]) * scale_f;
       }
     }
   }
-  for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys
-    const int64_t first = key_start[r] - lo, count = key_end[r] - key_start[r];
+  for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
+    const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
+    const bool is_tree = seen[r].tree_bits != 0;
     for (int64_t h = 0; h < num_heads; ++h) {
       float* row_scores = scores + (r * num_heads + h) * num_keys + first;
       float max_score = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < count; ++i) max_score = std::max(max_score, row_scores[i]);
-      for (int64_t i = 0; i < count; ++i) row_scores[i] = exp_nonpositive(row_scores[i] - max_score);
+      if (!is_tree) {
+        for (int64_t i = 0; i < count; ++i) max_score = std::max(max_score, row_scores[i]);
+        for (int64_t i = 0; i < count; ++i) row_scores[i] = exp_nonpositive(row_scores[i] - max_score);
+        continue;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        if (seen[r].sees(seen[r].start + i)) max_score = std::max(max_score, row_scores[i]);
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        row_scores[i] = seen[r].sees(seen[r].start + i) ? exp_nonpositive(row_scores[i] - max_score) : 0.0f;
+      }
     }
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
@@ -242,7 +269,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     const T* slot_row = v_cache + key_rows[j];
     const int64_t pos = lo + j;
     for (int64_t r = 0; r < run_len; ++r) {
-      if (pos < key_start[r] || pos >= key_end[r]) continue;
+      if (!seen[r].sees(pos)) continue;
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t i = r * num_heads + h;
         const float p = scores[i * num_keys + j];
@@ -252,7 +279,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   for (int64_t r = 0; r < run_len; ++r) {
-    const int64_t first = key_start[r] - lo, count = key_end[r] - key_start[r];
+    const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t i = r * num_heads + h;
       const float inv_total = 1.0f / sum(scores + i * num_keys + first, count);
@@ -263,8 +290,8 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
 }
 
 template <typename T>
-using RunFn = void (*)(const T*, int64_t, const T*, const T*, const int64_t*, int64_t, int64_t, const int64_t*,
-                       const int64_t*, int64_t, int64_t, int64_t, double, float*, f32x16*, T*);
+using RunFn = void (*)(const T*, int64_t, const T*, const T*, const int64_t*, int64_t, int64_t, const Visibility*,
+                       int64_t, int64_t, int64_t, double, float*, f32x16*, T*);
 
 template <typename T, int kChunks>
 RunFn<T> vector_run_for(int64_t dim) {
@@ -314,7 +341,8 @@ inline std::vector<int64_t> split_runs(const int64_t* token_seq, int64_t num_tok
 template <typename T>
 void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, const int64_t* slot_mapping,
             const int64_t* block_tables, const int64_t* token_seq, const int64_t* key_start,
-            const int64_t* key_end, T* out, const Shape& s, double scale) {
+            const int64_t* key_end, const int64_t* tree_base, const int64_t* tree_bits, T* out, const Shape& s,
+            double scale) {
   if (s.num_tokens == 0) return;
   write_kv(k_new, v_new, k_cache, v_cache, slot_mapping, s);
   const int64_t dim = s.head_dim, group = s.num_heads / s.num_kv_heads, row = s.num_kv_heads * dim;
@@ -328,12 +356,20 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
     std::vector<typename Accum<T>::type> scores;
     std::vector<f32x16> acc;
     std::vector<int64_t> key_rows;  // [keys]: element offset of each key's slot row in the cache
+    std::vector<int64_t> token_rows;  // the scalar path: the rows one token sees
+    std::vector<Visibility> seen;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t run = 0; run < num_runs; ++run) {
       const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
       const int64_t* table = block_tables + token_seq[first_token] * s.max_blocks;
-      const int64_t lo = *std::min_element(key_start + first_token, key_start + first_token + run_len);
-      const int64_t hi = *std::max_element(key_end + first_token, key_end + first_token + run_len);
+      seen.resize(run_len);
+      int64_t lo = key_start[first_token], hi = 0;
+      for (int64_t r = 0; r < run_len; ++r) {
+        const int64_t t = first_token + r;
+        seen[r] = Visibility{key_start[t], key_end[t], tree_base[t], uint64_t(tree_bits[t])};
+        lo = std::min(lo, seen[r].start);
+        hi = std::max(hi, seen[r].last());
+      }
       const int64_t num_keys = hi - lo;
       key_rows.resize(num_keys);
       int64_t block = lo / s.block_size, offset = lo % s.block_size;  // walked, not divided, per key
@@ -349,18 +385,22 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
           scores.resize(run_len * s.num_heads * num_keys);
           acc.resize(run_len * s.num_heads * (dim / 16));
           run_vector_fn(q + first_token * s.q_stride, s.q_stride, k_cache, v_cache, key_rows.data(), lo, num_keys,
-                        key_start + first_token, key_end + first_token, run_len, s.num_heads, group, scale,
-                        scores.data(), acc.data(), out + first_token * s.num_heads * dim);
+                        seen.data(), run_len, s.num_heads, group, scale, scores.data(), acc.data(),
+                        out + first_token * s.num_heads * dim);
           continue;
         }
       }
       scores.resize(num_keys);
-      for (int64_t t = first_token; t < first_token + run_len; ++t) {  // the scalar path, a token at a time
-        const int64_t* token_rows = key_rows.data() + (key_start[t] - lo);
+      for (int64_t r = 0; r < run_len; ++r) {  // the scalar path, a token at a time over the keys it sees
+        const int64_t t = first_token + r;
+        token_rows.clear();
+        for (int64_t pos = seen[r].start; pos < seen[r].last(); ++pos) {
+          if (seen[r].sees(pos)) token_rows.push_back(key_rows[pos - lo]);
+        }
         for (int64_t h = 0; h < s.num_heads; ++h) {
           const int64_t head_offset = (h / group) * dim;
-          head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, token_rows,
-                      key_end[t] - key_start[t], dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
+          head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, token_rows.data(),
+                      int64_t(token_rows.size()), dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
         }
       }
     }
@@ -372,12 +412,12 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
 #define SPECFLEET_ATTENTION_ENTRY(NAME, T)                                                                   \
   extern "C" void NAME(const void* q, const void* k_new, const void* v_new, void* k_cache, void* v_cache,   \
                        const int64_t* slot_mapping, const int64_t* block_tables, const int64_t* token_seq,   \
-                       const int64_t* key_start, const int64_t* key_end, void* out, const int64_t* dims,    \
-                       double scale) {                                                                        \
+                       const int64_t* key_start, const int64_t* key_end, const int64_t* tree_base,          \
+                       const int64_t* tree_bits, void* out, const int64_t* dims, double scale) {              \
     const Shape s{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9]};\
     attend(static_cast<const T*>(q), static_cast<const T*>(k_new), static_cast<const T*>(v_new),             \
            static_cast<T*>(k_cache), static_cast<T*>(v_cache), slot_mapping, block_tables, token_seq,        \
-           key_start, key_end, static_cast<T*>(out), s, scale);                                               \
+           key_start, key_end, tree_base, tree_bits, static_cast<T*>(out), s, scale);                         \
   }
 
 // dims: num_tokens, num_heads, num_kv_heads, head_dim, block_size, max_blocks, q_stride, k_stride, v_stride,

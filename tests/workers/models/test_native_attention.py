@@ -1,5 +1,6 @@
 """The native paged-attention kernel (workers/models/native_attention.py) against the SDPA path it replaces,
-and what happens where it cannot serve: token trees, float16, no compiler, a failing build."""
+token trees included, and what happens where it cannot serve: trees too wide for its bitmasks, float16, no
+compiler, a failing build."""
 
 import logging
 import os
@@ -88,14 +89,50 @@ def test_a_token_gets_the_same_bits_alone_or_inside_a_longer_pass(
     assert torch.equal(in_chain, alone)
 
 
-def test_token_trees_take_the_sdpa_path(native_kernel: NativeAttention) -> None:
-    tree = ForwardItem([1, 2, 3], start_pos=4, block_table=[5, 6], num_logits=3, positions=[4, 5, 5],
-                       tree_start=4, tree_mask=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool))
-    mixed = build_batch([*ragged_items(), tree], BLOCK_SIZE, None, native_kernel).meta
-    assert mixed.native is None and mixed.mask is not None and mixed.key_end is None
+def tree_items() -> list[ForwardItem]:
+    """A verify pass over a 4-node tree (root's last token, then the nodes: 1 and 2 children of the root, 3 a
+    child of 1), and a proposer's frontier pass (nodes 2 and 3 of a tree whose slots start at 7)."""
+    ancestors = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)  # [4, 4]
+    verify = ForwardItem([1, 2, 3, 4, 5], start_pos=6, block_table=[13, 21, 3], num_logits=5,
+                         positions=[6, 7, 7, 8, 8], tree_start=7,
+                         tree_mask=torch.cat([torch.zeros(1, 4, dtype=torch.bool), ancestors]))
+    frontier = ForwardItem([6, 7], start_pos=9, block_table=[8, 19, 22], num_logits=2, positions=[8, 9],
+                           tree_start=7, tree_mask=ancestors[2:])
+    return [verify, frontier]
 
-    causal = build_batch(ragged_items(), BLOCK_SIZE, None, native_kernel).meta
-    assert causal.native is native_kernel and causal.key_end is not None
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sliding_window", [None, 5])
+def test_token_trees_through_the_kernel_equal_the_sdpa_path(
+    native_kernel: NativeAttention, dtype: torch.dtype, sliding_window: int | None
+) -> None:
+    items = [*ragged_items()[:2], *tree_items()]
+    num_tokens = sum(len(it.token_ids) for it in items)
+    q, k, v, k_cache, v_cache = random_pass(dtype, 2, num_tokens, seed=2)
+    sdpa_meta = build_batch(items, BLOCK_SIZE, sliding_window).meta
+    native_meta = build_batch(items, BLOCK_SIZE, sliding_window, native_kernel).meta
+    assert native_meta.native is native_kernel and native_meta.tree_bits is not None
+    assert native_meta.tree_bits.tolist()[-7:] == [0, 0b0001, 0b0010, 0b0101, 0b1010, 0b0101, 0b1010]
+    k_native, v_native = k_cache.clone(), v_cache.clone()
+
+    expected = attend_paged(q, k, v, k_cache, v_cache, sdpa_meta, HEAD_DIM**-0.5)
+    got = attend_paged(q, k, v, k_native, v_native, native_meta, HEAD_DIM**-0.5)
+
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    assert torch.equal(k_native, k_cache) and torch.equal(v_native, v_cache)
+
+
+def test_trees_the_bitmasks_cannot_hold_take_the_sdpa_path(native_kernel: NativeAttention) -> None:
+    nodes = torch.eye(64, dtype=torch.bool)  # 64 tree slots, each node its own: one more than a bitmask holds
+    wide = torch.cat([torch.zeros(1, 64, dtype=torch.bool), nodes])  # [65, 64]: the root's row, then the nodes
+    big = ForwardItem([1] * 65, start_pos=4, block_table=list(range(NUM_BLOCKS)), num_logits=65, tree_start=5,
+                      tree_mask=wide)
+    meta = build_batch([*ragged_items(), big], BLOCK_SIZE, None, native_kernel).meta
+    assert meta.native is None and meta.mask is not None
+
+    small = build_batch([*ragged_items(), *tree_items()], BLOCK_SIZE, None, native_kernel).meta
+    assert small.native is native_kernel and small.mask is None
 
 
 def test_float16_models_stay_on_sdpa(native_kernel: NativeAttention, tiny_target: Path) -> None:
