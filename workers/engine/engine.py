@@ -152,17 +152,17 @@ class Engine:
         per_seq = 1 + cfg.num_speculative_tokens  # a verify pass: the last token + k drafts per sequence
         sizes = probe_sizes(cfg.max_num_batched_tokens)
         probe(self.runner.forward, cfg.block_size, num_cache_blocks, costs.target_costs, sizes, per_seq)
-        self.runner.on_pass = costs.target_costs.observe
+        self.runner.on_pass = costs.observe_target_pass
         draft_sizes = probe_sizes(min(cfg.max_num_seqs, cfg.max_num_batched_tokens))  # one token per sequence
         if draft_runner is not None:
             table = costs.proposer_costs[SpeculativeMethod.DRAFT.value]
             probe(draft_runner.forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
-            draft_runner.on_pass = table.observe
+            draft_runner.on_pass = costs.proposer_pass_observer(SpeculativeMethod.DRAFT)
         if costs.eagle is not None:
             head = costs.eagle.runner
             table = costs.proposer_costs[SpeculativeMethod.EAGLE.value]
             probe(head.probe_forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
-            head.on_pass = table.observe
+            head.on_pass = costs.proposer_pass_observer(SpeculativeMethod.EAGLE)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -279,6 +279,8 @@ class Engine:
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        step_start_s = time.perf_counter()
+        self.speculator.begin_step()
         plan = self.last_plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -305,7 +307,9 @@ class Engine:
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
-        return self._postprocess(plan, verified, items, features, StepLogits(logits, items))
+        outputs = self._postprocess(plan, verified, items, features, StepLogits(logits, items))
+        self.speculator.end_step(time.perf_counter() - step_start_s, len(plan.scheduled), len(proposals))
+        return outputs
 
     def _postprocess(
         self,

@@ -11,6 +11,7 @@ makes its sequences fall back to plain decoding (the engine counts it) and the s
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import PassCostTable
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.state import SpecState, SpecStats
+from workers.spec.step_overhead import StepOverhead
 from workers.spec.verify_batch import VerifyEntry, verify_batch
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,29 @@ class Speculator:
                 self.proposer_costs[method.value] = PassCostTable(max_tokens=cfg.max_num_batched_tokens)
         # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
         self.chosen_by_batch: dict[int, list[int]] = {}
+        self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
+        self._step_pass_s = 0.0  # the current step's passes so far
+
+    # ---- what passes and steps cost (fed by the runners and the engine) ---------------------------
+    def observe_target_pass(self, num_tokens: int, seconds: float) -> None:
+        self.target_costs.observe(num_tokens, seconds)
+        self._step_pass_s += seconds
+
+    def proposer_pass_observer(self, method: SpeculativeMethod) -> Callable[[int, float], None]:
+        table = self.proposer_costs[method.value]
+
+        def observe(num_tokens: int, seconds: float) -> None:
+            table.observe(num_tokens, seconds)
+            self._step_pass_s += seconds
+
+        return observe
+
+    def begin_step(self) -> None:
+        self._step_pass_s = 0.0
+
+    def end_step(self, step_s: float, num_seqs: int, num_speculating: int) -> None:
+        """The step took step_s: what its passes did not take is its overhead (step_overhead.py)."""
+        self.step_overhead.observe(step_s - self._step_pass_s, num_seqs, num_speculating)
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
         method = SpeculativeMethod(params.speculative or self.cfg.speculative_method or SpeculativeMethod.NONE)
@@ -136,6 +161,7 @@ class Speculator:
             max_extra_tokens=max(0, max_extra_tokens - num_fixed),
             target=self.target_costs,
             proposers=self.proposer_costs,
+            per_seq_s=self.step_overhead.per_speculating_seq_s,
         )
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])

@@ -97,3 +97,15 @@ def test_a_measured_tree_level_rate_decides_over_the_estimate_from_alpha() -> No
     assert choose_lengths([hopeful], 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT).is_tree == [True]
     assert choose_lengths([measured], 1, 1, 512, MEMORY_BOUND, CHEAP_DRAFT).is_tree == [False]
     assert tree_gain(0.5, 6, 2, level_acceptance=0.2) == pytest.approx(0.2 + 0.04)
+
+
+def test_the_work_speculation_adds_outside_the_passes_counts() -> None:
+    """A batch whose passes alone would pay for drafting stays plain once each speculating sequence's measured
+    overhead (verification, proposals) eats the gain; one sequence with a long, likely chain still drafts."""
+    passes = table(lambda n: 8e-3 + 0.1e-3 * n)
+    free_of_overhead = choose_lengths(candidates(16, 0.5), 16, 16, 512, passes, CHEAP_DRAFT)
+    assert sum(free_of_overhead.lengths) > 0
+    dear_overhead = choose_lengths(candidates(16, 0.5), 16, 16, 512, passes, CHEAP_DRAFT, per_seq_s=1e-3)
+    assert dear_overhead.lengths == [0] * 16 and dear_overhead.goodput == dear_overhead.goodput_plain
+    solo = choose_lengths(candidates(1, 0.9), 1, 1, 512, passes, CHEAP_DRAFT, per_seq_s=1e-3)
+    assert solo.lengths[0] >= 4
