@@ -161,7 +161,7 @@ class Speculator:
             max_extra_tokens=max(0, max_extra_tokens - num_fixed),
             target=self.target_costs,
             proposers=self.proposer_costs,
-            per_seq_s=self.step_overhead.per_speculating_seq_s,
+            speculative_step_s=self.step_overhead.speculative_step_s,
         )
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])

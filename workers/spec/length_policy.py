@@ -9,7 +9,7 @@ where target() and proposer_m() are PassCostTables measured on this host (pass_c
 j-th pass carries one token per sequence drafting at least j tokens (its first pass also catches the
 proposer up on the tokens committed since it last ran). Proposers without a table (n-gram lookup) are free.
 
-plus, for each sequence that speculates at all, the work outside the passes that speculating adds to a step
+plus, once any sequence speculates, the work outside the passes that speculating adds to a step
 (verification, proposals, rollback), measured by step_overhead.StepOverhead.
 The step's goodput is expected tokens per second: (num_sure_tokens + sum of gains) / cost. `choose_lengths`
 walks the draft tokens in order of decreasing gain - each sequence's chain grows one token at a time, the
@@ -47,23 +47,23 @@ class LengthPlan:
 
 class _StepCost:
     """Running cost of a step as draft tokens are added: target pass + each proposer's passes + the measured
-    work outside the passes that each speculating sequence adds (step_overhead.py)."""
+    work outside the passes that a speculative step adds (step_overhead.py)."""
 
     def __init__(
-        self, target: PassCostTable, proposers: dict[str, PassCostTable], num_base_tokens: int, per_seq_s: float
+        self, target: PassCostTable, proposers: dict[str, PassCostTable], num_base_tokens: int, speculative_step_s: float
     ) -> None:
         self.target = target
         self.proposers = proposers
         self.num_base_tokens = num_base_tokens
-        self.per_seq_s = per_seq_s
+        self.speculative_step_s = speculative_step_s
         self.num_extra_tokens = 0
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
         self.proposer_s = 0.0
         self.overhead_s = 0.0
 
     def start_sequence(self) -> None:
-        """One more sequence speculates: the work outside the passes it brings."""
-        self.overhead_s += self.per_seq_s
+        """One more sequence speculates: the first makes this a speculative step, with its work outside the passes."""
+        self.overhead_s = self.speculative_step_s
 
     def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
         """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
@@ -117,12 +117,12 @@ def choose_lengths(
     target: PassCostTable,
     proposers: dict[str, PassCostTable],
     min_gain: float = MIN_GAIN,
-    per_seq_s: float = 0.0,  # measured work outside the passes each speculating sequence adds (step_overhead.py)
+    speculative_step_s: float = 0.0,  # measured work outside the passes a speculative step adds (step_overhead.py)
 ) -> LengthPlan:
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
-    cost = _StepCost(target, proposers, num_base_tokens, per_seq_s)
+    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s)
     plain = num_sure_tokens / cost.seconds
     # every (gain, candidate, depth), best first; within a candidate the depths come in order (alpha^j falls)
     steps = sorted(
@@ -143,9 +143,9 @@ def choose_lengths(
         if goodput > best:
             best_lengths, best = list(lengths), goodput
     is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
-                                target, proposers, per_seq_s)  # fmt: skip
+                                target, proposers, speculative_step_s)  # fmt: skip
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
-    goodput = _goodput(candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers, per_seq_s)
+    goodput = _goodput(candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
     return LengthPlan(chosen, is_tree, plain, goodput if any(chosen) else plain)
 
 
@@ -157,9 +157,9 @@ def _goodput(
     num_base_tokens: int,
     target: PassCostTable,
     proposers: dict[str, PassCostTable],
-    per_seq_s: float,
+    speculative_step_s: float,
 ) -> float:
-    cost = _StepCost(target, proposers, num_base_tokens, per_seq_s)
+    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s)
     num_tokens = float(num_sure_tokens)
     for c, k, tree in zip(candidates, lengths, is_tree, strict=True):
         if k:
@@ -187,12 +187,12 @@ def _upgrade_to_trees(
     max_extra_tokens: int,
     target: PassCostTable,
     proposers: dict[str, PassCostTable],
-    per_seq_s: float,
+    speculative_step_s: float,
 ) -> list[bool]:
     """Swap a chain for its sequence's tree, one sequence at a time, wherever that raises the goodput."""
     is_tree = [False] * len(candidates)
     current = list(lengths)
-    best = _goodput(candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, per_seq_s)
+    best = _goodput(candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
     for i, c in enumerate(candidates):
         if not c.tree_size or not lengths[i]:
             continue
@@ -202,7 +202,7 @@ def _upgrade_to_trees(
         trial_tree[i] = True
         trial = list(current)
         trial[i] = c.tree_size
-        goodput = _goodput(candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers, per_seq_s)
+        goodput = _goodput(candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
         if goodput > best:
             is_tree, current, best = trial_tree, trial, goodput
     return is_tree

@@ -210,4 +210,4 @@ def test_the_engine_measures_pass_costs_at_start_and_keeps_them_current(spec_mod
     assert sum(n for n, _ in engine.speculator.chosen_by_batch.values()) > 0  # the policy planned steps
     overhead = engine.speculator.step_overhead  # and every step measured its work outside the passes
     assert overhead.plain_per_seq_s is not None and overhead.plain_per_seq_s > 0  # the prefill steps at least
-    assert overhead.per_speculating_seq_s >= 0
+    assert overhead.speculative_step_s >= 0

@@ -100,12 +100,14 @@ def test_a_measured_tree_level_rate_decides_over_the_estimate_from_alpha() -> No
 
 
 def test_the_work_speculation_adds_outside_the_passes_counts() -> None:
-    """A batch whose passes alone would pay for drafting stays plain once each speculating sequence's measured
-    overhead (verification, proposals) eats the gain; one sequence with a long, likely chain still drafts."""
+    """A batch whose passes alone would pay for drafting stays plain once the measured work a speculative step
+    adds (verification, proposals) eats the gain; one sequence with a long, likely chain still drafts."""
     passes = table(lambda n: 8e-3 + 0.1e-3 * n)
     free_of_overhead = choose_lengths(candidates(16, 0.5), 16, 16, 512, passes, CHEAP_DRAFT)
     assert sum(free_of_overhead.lengths) > 0
-    dear_overhead = choose_lengths(candidates(16, 0.5), 16, 16, 512, passes, CHEAP_DRAFT, per_seq_s=1e-3)
-    assert dear_overhead.lengths == [0] * 16 and dear_overhead.goodput == dear_overhead.goodput_plain
-    solo = choose_lengths(candidates(1, 0.9), 1, 1, 512, passes, CHEAP_DRAFT, per_seq_s=1e-3)
+    dear = choose_lengths(candidates(16, 0.5), 16, 16, 512, passes, CHEAP_DRAFT, speculative_step_s=6e-3)
+    assert dear.lengths == [0] * 16 and dear.goodput == dear.goodput_plain
+    solo = choose_lengths(candidates(1, 0.9), 1, 1, 512, passes, CHEAP_DRAFT, speculative_step_s=6e-3)
     assert solo.lengths[0] >= 4
+    charged_once = choose_lengths(candidates(4, 0.9), 4, 4, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
+    assert all(k >= 3 for k in charged_once.lengths)  # a step's charge, not one per speculating sequence
