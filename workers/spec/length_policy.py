@@ -132,16 +132,23 @@ def choose_lengths(
     lengths = [0] * len(candidates)
     best_lengths, best = list(lengths), plain * min_gain
     num_tokens = float(num_sure_tokens)
-    for gain, neg_depth, i in steps[:max_extra_tokens]:
+    walk = steps[:max_extra_tokens]
+    gains_left = sum(gain for gain, _, _ in walk)
+    for gain, neg_depth, i in walk:
         c, depth = candidates[i], -neg_depth
         if depth == 1:
             cost.start_sequence()
         cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
         lengths[i] = depth
         num_tokens += gain
+        gains_left -= gain
         goodput = num_tokens / cost.seconds
         if goodput > best:
             best_lengths, best = list(lengths), goodput
+        # a longer prefix adds at most gains_left tokens at no less cost (costs never fall as tokens are
+        # added): once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
+        if (num_tokens + gains_left) / cost.seconds <= best:
+            break
     is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
                                 target, proposers, speculative_step_s)  # fmt: skip
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]

@@ -111,3 +111,26 @@ def test_the_work_speculation_adds_outside_the_passes_counts() -> None:
     assert solo.lengths[0] >= 4
     charged_once = choose_lengths(candidates(4, 0.9), 4, 4, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
     assert all(k >= 3 for k in charged_once.lengths)  # a step's charge, not one per speculating sequence
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> None:
+    """The plan equals the best prefix of the whole walk (every prefix scored), whatever the early exit skips."""
+    import random
+
+    from workers.spec.length_policy import _goodput
+
+    rng = random.Random(seed)
+    cands = [Candidate(rng.uniform(0.05, 0.95), 8, "draft") for _ in range(16)]
+    passes = table(lambda n: 8e-3 + rng.uniform(0.05, 0.3) * 1e-3 * n)
+    plan = choose_lengths(cands, 16, 16, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
+
+    walk = sorted(((c.acceptance**j, -j, i) for i, c in enumerate(cands) for j in range(1, 9)), reverse=True)
+    lengths, best_lengths = [0] * 16, [0] * 16
+    best = plan.goodput_plain * 1.02
+    for _, neg_depth, i in walk:
+        lengths[i] = -neg_depth
+        goodput = _goodput(cands, lengths, [False] * 16, 16, 16, passes, CHEAP_DRAFT, 1e-3)
+        if goodput > best:
+            best_lengths, best = list(lengths), goodput
+    assert plan.lengths == best_lengths
