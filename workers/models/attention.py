@@ -59,7 +59,10 @@ def attend_paged(
 ) -> torch.Tensor:  # [T, H * D]
     """One layer's attention: write this pass's K/V into the layer's cache, attend over it."""
     if meta.native is not None:
-        return meta.native.attend(q, k, v, k_cache, v_cache, meta, scale)
+        seqs, starts, ends, bases, bits = meta.token_seq, meta.key_start, meta.key_end, meta.tree_base, meta.tree_bits
+        assert seqs is not None and starts is not None and ends is not None and bases is not None and bits is not None
+        ragged = (seqs, starts, ends, bases, bits)
+        return meta.native.attend(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_tables, ragged, scale)
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return paged_attention(q, k_cache, v_cache, meta, scale)
 

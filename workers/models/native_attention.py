@@ -23,12 +23,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from workers.models.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +61,15 @@ class NativeAttention:
         v: torch.Tensor,  # [T, KV, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, KV, D] contiguous; k is written into it
         v_cache: torch.Tensor,  # [num_blocks, block_size, KV, D] contiguous
-        meta: "AttentionMetadata",  # its ragged view: token_seq, key_start, key_end, tree_base, tree_bits
+        slot_mapping: torch.Tensor,  # [T] long
+        block_tables: torch.Tensor,  # [B, NB] long
+        # [T] long each: token_seq (row of block_tables), key_start, key_end, tree_base, tree_bits (attention.py)
+        ragged: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = _rows(q), _rows(k), _rows(v)
-        block_tables = meta.block_tables.contiguous()
-        ragged = (meta.token_seq, meta.key_start, meta.key_end, meta.tree_base, meta.tree_bits)
-        assert all(x is not None for x in ragged), "the native path needs the metadata's ragged view"
+        block_tables = block_tables.contiguous()
         out = q.new_empty(num_tokens, num_heads * head_dim)
         dims = (ctypes.c_int64 * _NUM_DIMS)(
             num_tokens, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], block_tables.shape[1],
@@ -79,8 +77,8 @@ class NativeAttention:
         )
         self._functions[q.dtype](
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            meta.slot_mapping.data_ptr(), block_tables.data_ptr(), *(x.data_ptr() for x in ragged),  # type: ignore[union-attr]
-            out.data_ptr(), dims, scale,
+            slot_mapping.data_ptr(), block_tables.data_ptr(), *(x.data_ptr() for x in ragged), out.data_ptr(), dims,
+            scale,
         )
         return out
 
