@@ -210,6 +210,12 @@ inline float dot_chunks(const f32x16* q, const T* k) {
 constexpr int64_t kMaxRun = 16;  // tokens per run; longer runs (prefill) are split
 constexpr int64_t kPrefetchKeys = 4;  // rows ahead
 
+template <typename T>
+inline void prefetch_row(const T* slot_row, int64_t row_bytes) {  // every cache line of a slot row
+  const char* bytes = reinterpret_cast<const char*>(slot_row);
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(bytes + b);
+}
+
 template <typename T, int kChunks>
 void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* key_rows,
                 int64_t lo, int64_t num_keys, const Visibility* seen, int64_t run_len, int64_t num_heads,
@@ -227,10 +233,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
   for (int64_t j = 0; j < num_keys; ++j) {  // scores [rows, keys]
-    if (j + kPrefetchKeys < num_keys) {
-      const char* ahead = reinterpret_cast<const char*>(k_cache + key_rows[j + kPrefetchKeys]);
-      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
-    }
+    if (j + kPrefetchKeys < num_keys) prefetch_row(k_cache + key_rows[j + kPrefetchKeys], row_bytes);
     const T* slot_row = k_cache + key_rows[j];
     const int64_t pos = lo + j;
     for (int64_t r = 0; r < run_len; ++r) {
@@ -262,10 +265,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
   for (int64_t j = 0; j < num_keys; ++j) {  // values
-    if (j + kPrefetchKeys < num_keys) {
-      const char* ahead = reinterpret_cast<const char*>(v_cache + key_rows[j + kPrefetchKeys]);
-      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
-    }
+    if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys], row_bytes);
     const T* slot_row = v_cache + key_rows[j];
     const int64_t pos = lo + j;
     for (int64_t r = 0; r < run_len; ++r) {
