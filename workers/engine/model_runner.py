@@ -78,9 +78,10 @@ def _build_ragged_batch(
     slots: list[int] = []
     logits_rows: list[int] = []
     token_seq: list[int] = []
+    own_end: list[int] = []  # each token's slot + 1
     key_end: list[int] = []
     tree_base: list[int] = []
-    tree_bits: list[torch.Tensor] = []  # per item: [n] long
+    tree_bits: list[int] = []
     q_lens = [len(it.token_ids) for it in items]
     for b, it in enumerate(items):
         offset, n = len(input_ids), len(it.token_ids)
@@ -90,15 +91,17 @@ def _build_ragged_batch(
         positions.extend(it.positions or range(it.start_pos, it.start_pos + n))
         logits_rows.extend(range(offset + n - it.num_logits, offset + n))
         token_seq.extend([b] * n)
+        ends = range(it.start_pos + 1, it.start_pos + n + 1)
+        own_end.extend(ends)
         if it.tree_mask is None:
-            key_end.extend(range(it.start_pos + 1, it.start_pos + n + 1))
+            key_end.extend(ends)
             tree_base.extend([0] * n)
-            tree_bits.append(torch.zeros(n, dtype=torch.long))
+            tree_bits.extend([0] * n)
         else:  # the prefix before the tree causally, then the tree slots its mask row names
-            key_end.extend(min(pos + 1, it.tree_start) for pos in range(it.start_pos, it.start_pos + n))
+            key_end.extend(min(end, it.tree_start) for end in ends)
             tree_base.extend([it.tree_start] * n)
             rows = it.tree_mask[:n].long()  # [n, m]
-            tree_bits.append((rows << torch.arange(rows.shape[1])).sum(dim=1))  # [n]
+            tree_bits.extend((rows << torch.arange(rows.shape[1])).sum(dim=1).tolist())
 
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
     padded_tables = [it.block_table[:num_blocks_max] for it in items]
@@ -108,12 +111,9 @@ def _build_ragged_batch(
         flat_index=None, native=native,
     )
     if native is not None or all(it.tree_mask is None for it in items):
-        meta.token_seq = torch.tensor(token_seq, dtype=torch.long)  # [T]
-        meta.key_end = torch.tensor(key_end, dtype=torch.long)  # [T]
-        own_end = torch.tensor([p + 1 for it in items for p in range(it.start_pos, it.start_pos + len(it.token_ids))])
-        meta.key_start = _window_start(own_end, sliding_window)  # [T]: the window ends at the token's own slot
-        meta.tree_base = torch.tensor(tree_base, dtype=torch.long)  # [T]
-        meta.tree_bits = torch.cat(tree_bits)  # [T]
+        ragged = torch.tensor([token_seq, key_end, own_end, tree_base, tree_bits], dtype=torch.long)  # [5, T]
+        meta.token_seq, meta.key_end, meta.tree_base, meta.tree_bits = ragged[0], ragged[1], ragged[3], ragged[4]
+        meta.key_start = _window_start(ragged[2], sliding_window)  # [T]: the window ends at the token's own slot
     if native is None:
         _add_padded_view(meta, items, q_lens, block_size, sliding_window)
     return ForwardBatch(

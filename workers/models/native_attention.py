@@ -91,11 +91,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:  # [T, heads, D] whose heads and ele
     return x.contiguous()
 
 
-def build_key() -> str:
+def build_key(compiler: str) -> str:
     """What the library depends on: the source, the flags, the compiler and the CPU it targets."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join((*COMPILE_FLAGS, OPENMP_FLAG)).encode())
-    digest.update(_compiler_version().encode())
+    digest.update(_compiler_version(compiler).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
@@ -108,10 +108,7 @@ def _compiler() -> str | None:
     return None
 
 
-def _compiler_version() -> str:
-    compiler = _compiler()
-    if compiler is None:
-        return ""
+def _compiler_version(compiler: str) -> str:
     result = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
     return result.stdout.splitlines()[0] if result.stdout else compiler
 
@@ -134,7 +131,7 @@ def load(cache_dir: Path) -> NativeAttention | None:
     if compiler is None:
         log.warning("no C++ compiler found ($CXX, c++, g++, clang++): attention stays on the SDPA path")
         return None
-    path = cache_dir / f"paged_attention-{build_key()}.so"
+    path = cache_dir / f"paged_attention-{build_key(compiler)}.so"
     if not path.exists():
         try:
             _build(compiler, path)
