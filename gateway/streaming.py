@@ -67,6 +67,10 @@ class _Feed:
     def is_complete(self) -> bool:
         return bool(self.events) and self.events[-1].type.is_final
 
+    def events_after(self, after_key: tuple[int, int]) -> list[Event]:
+        """The events read so far that come after the one with key `after_key`."""
+        return self.events[bisect.bisect_right(self.events, after_key, key=lambda e: e.key) :]
+
     async def catch_up(self, reads: CommandBatcher, job_id: str, num_reads_seen: int) -> None:
         """Read the events not read yet, unless a read began after the caller's wake-up (it saw them all). The
         reads of the feeds one wake-up round woke go to Redis as one pipelined write (gateway/redis_batch.py)."""
@@ -198,11 +202,11 @@ class EventHub:
                 num_reads_seen = feed.num_reads_started
                 wake.clear()
                 await feed.catch_up(self.reads, job_id, num_reads_seen)
-                new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
+                new = feed.events_after(after_key)
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     if not feed.is_complete:  # the job may have ended after the events were read: read them again
                         await feed.catch_up(self.reads, job_id, feed.num_reads_started)
-                        new = feed.events[bisect.bisect_right(feed.events, after_key, key=lambda e: e.key) :]
+                        new = feed.events_after(after_key)
                     if not new:
                         return
                 check_finished = False
