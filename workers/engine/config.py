@@ -26,6 +26,7 @@ from pydantic.dataclasses import dataclass
 
 from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
+from workers.engine.packing import PackingMode
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "engine.yaml"
 ENV_PREFIX = "SPECFLEET_ENGINE_"
@@ -62,6 +63,10 @@ class EngineConfig:
     # C++ compiler at start-up (cached under compile_cache_dir; SDPA where it can't be built, and for token trees
     # and float16); `sdpa` = PyTorch ops only
     attention_backend: AttentionBackend = "native"
+    # linear weights prepacked for oneDNN at start-up (workers/models/packed_linear.py): `auto` = for bfloat16 models,
+    # where a timed one-token pass was faster and bit-identical; `on` = every float32/bfloat16 CPU model; `off`.
+    # A packed copy sits beside each weight (more memory)
+    linear_packing: PackingMode = PackingMode.AUTO
     # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
     # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank
     tensor_parallel_size: PositiveInt = 1

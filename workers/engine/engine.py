@@ -31,6 +31,7 @@ from workers.engine.head_runner import HeadRunner
 from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
 from workers.engine.outputs import StepOutput, TokenLogprob
+from workers.engine.packing import PackingStats, pack_model
 from workers.engine.priority import PriorityPolicy
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
@@ -96,6 +97,7 @@ class Engine:
         )
         eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
         self._use_native_attention(draft_proposer, eagle)
+        self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
@@ -134,6 +136,22 @@ class Engine:
         if eagle is not None:
             eagle.runner.use_native(native)
             self.native_attention["eagle"] = eagle.runner.native is not None
+
+    def _pack_linears(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, PackingStats]:
+        """Prepack each model's linear weights where cfg.linear_packing says (packing.py), before compiling and
+        timing anything, so both see the path requests will take. The tensor-parallel target is left as it is."""
+        mode = self.cfg.linear_packing
+        one_token = [ForwardItem([0], 0, [0], num_logits=1)]  # block 0: no sequence holds it at start-up
+        stats = {}
+        if self.tp_group is None:
+            stats["target"] = pack_model(self.runner.model, lambda: self.runner.forward(one_token), mode, "target")
+        if draft is not None:
+            runner = draft.runner
+            stats["draft"] = pack_model(runner.model, lambda: runner.forward(one_token), mode, "draft")
+        if eagle is not None:
+            head = eagle.runner
+            stats["eagle"] = pack_model(head.head, lambda: head.probe_forward(one_token), mode, "eagle")
+        return stats
 
     def _compile(self, draft_runner: ModelRunner | None) -> dict[str, CompileStats]:
         """Compile the target's and the draft's dense paths now, before any request (cfg.compile)."""

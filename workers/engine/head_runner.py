@@ -54,7 +54,8 @@ class HeadRunner:
             self.on_pass(num_tokens, time.perf_counter() - start_s)
         return out
 
-    def probe_forward(self, items: list[ForwardItem]) -> None:
-        """A pass over zero features, for timing only (workers/engine/cost_probe.py)."""
+    def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits
+        """A pass over zero features, for start-up timing (workers/engine/cost_probe.py, packing.py)."""
         num_tokens = sum(len(it.token_ids) for it in items)
-        self.forward(items, torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype))
+        zeros = torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype)  # [T, hidden]
+        return self.forward(items, zeros)[0]

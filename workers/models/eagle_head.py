@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from workers.models.attention import AttentionMetadata
 from workers.models.config import ModelConfig
 from workers.models.llama import Attend, DecoderLayer, LlamaModel, eager_attend
+from workers.models.packed_linear import Linear, linear
 
 HEAD_FORMAT = "specfleet-eagle-head-v1"
 WEIGHTS_FILE = "model.safetensors"
@@ -124,7 +124,7 @@ class EagleHead(nn.Module):
         cfg.check_target(target.cfg)
         self.cfg = cfg
         self.layer_cfg = cfg.layer_config(target.cfg)
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
         self.layer = DecoderLayer(self.layer_cfg)
         self.attn_scale = cfg.head_dim**-0.5
         self._target = [target]  # a list: the target's modules are shared, not this module's parameters
@@ -149,13 +149,13 @@ class EagleHead(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]: h_t, the head's prediction of f_{t+1}
         target = self.target
         x = torch.cat([features.to(self.fc.weight.dtype), target.embed(input_ids)], dim=-1)  # [T, 2 hidden]
-        x = F.linear(x, self.fc.weight, self.fc.bias)  # [T, hidden]
+        x = linear(x, self.fc)  # [T, hidden]
         cos, sin = target.cos_table[positions], target.sin_table[positions]  # [T, D] each
         return self.layer(x, cos, sin, attend)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         target = self.target
-        return F.linear(target.norm(h), target.lm_head.weight).float()
+        return linear(target.norm(h), target.lm_head).float()
 
     def forward(
         self,

@@ -12,6 +12,7 @@ from torch import nn
 
 from workers.models.attention import AttentionMetadata, attend_paged
 from workers.models.config import ModelConfig
+from workers.models.packed_linear import Linear, linear
 from workers.models.rope import apply_rope, rope_table
 
 # one layer's attention: (q [T, H, D] rotated, k [T, KV, D] rotated, v [T, KV, D]) -> [T, H * D]; it also
@@ -40,11 +41,11 @@ class DecoderLayer(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_split = (q_size, kv_size, kv_size)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(
         self,
@@ -54,16 +55,16 @@ class DecoderLayer(nn.Module):
         attend: Attend,  # this layer's attention: writes k/v into its paged cache, returns [T, H * D]
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens, num_qk_heads = h.shape[0], self.num_heads + self.num_kv_heads
-        # modules' weights are used through F.linear: it skips nn.Module call overhead on this hot path
-        qkv = F.linear(self.input_norm(h), self.qkv.weight, self.qkv.bias)  # [T, (H + 2 KV) * D]
+        # linear(): no nn.Module call overhead on this hot path, and the prepacked weight where there is one
+        qkv = linear(self.input_norm(h), self.qkv)  # [T, (H + 2 KV) * D]
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)  # [T, H + 2 KV, D]
         qk = apply_rope(qkv[:, :num_qk_heads], cos, sin)  # [T, H + KV, D]: q and k rotated together
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, D], [T, KV, D]
         attn = attend(q, k, qkv[:, num_qk_heads:])  # [T, H * D]
-        h = h + F.linear(attn, self.o_proj.weight, self.o_proj.bias)
-        gate_up = F.linear(self.post_norm(h), self.gate_up.weight, self.gate_up.bias)  # [T, 2 I]
+        h = h + linear(attn, self.o_proj)
+        gate_up = linear(self.post_norm(h), self.gate_up)  # [T, 2 I]
         gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-        return h + F.linear(F.silu(gate) * up, self.down.weight, self.down.bias)
+        return h + linear(F.silu(gate) * up, self.down)
 
 
 def eager_attend(
@@ -85,7 +86,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn_scale = cfg.head_dim**-0.5  # softmax scale of every layer
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.cos_table = torch.empty(0)  # [max_len, D], set by init_rope
         self.sin_table = torch.empty(0)  # [max_len, D]
 
@@ -127,4 +128,4 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor,  # [S] long
     ) -> torch.Tensor:  # [S, V] float32
         h = self.norm(h.index_select(0, logits_indices))  # [S, hidden]
-        return self.lm_head(h).float()  # [S, V]
+        return linear(h, self.lm_head).float()  # [S, V]

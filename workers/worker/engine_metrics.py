@@ -175,14 +175,18 @@ class CompileSnapshot:
     compile_time_s: dict[str, float] = field(default_factory=dict)  # model -> start-up compile seconds
     num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
     is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
+    is_packed: dict[str, bool] = field(default_factory=dict)  # model -> its linear weights are prepacked
 
     @classmethod
-    def of(cls, compile_stats: dict[str, Any], native_attention: dict[str, bool]) -> "CompileSnapshot":
+    def of(
+        cls, compile_stats: dict[str, Any], native_attention: dict[str, bool], packing: dict[str, Any]
+    ) -> "CompileSnapshot":
         return cls(
             is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
             compile_time_s={m: st.compile_time_s for m, st in compile_stats.items()},
             num_failures={m: st.num_failures for m, st in compile_stats.items()},
             is_native_attention=dict(native_attention),
+            is_packed={m: st.is_packed for m, st in packing.items()},
         )
 
 
@@ -218,6 +222,14 @@ class CompileCollector(Collector):
         for model, on in s.is_native_attention.items():
             native.add_metric([model], float(on))
         yield native
+        packed = GaugeMetricFamily(
+            "specfleet_engine_packed_linears",
+            "1 where the model's linear weights are prepacked for oneDNN (EngineConfig.linear_packing)",
+            labels=["model"],
+        )
+        for model, on in s.is_packed.items():
+            packed.add_metric([model], float(on))
+        yield packed
 
 
 class EngineMetrics:
@@ -278,7 +290,7 @@ class EngineMetrics:
         if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
-        compile_now = CompileSnapshot.of(engine.compile_stats, engine.native_attention)  # a few entries: cheap
+        compile_now = CompileSnapshot.of(engine.compile_stats, engine.native_attention, engine.packing)  # a few entries: cheap
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now
 

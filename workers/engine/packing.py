@@ -1,0 +1,86 @@
+"""Start-up decision to prepack a runner's linear weights (`EngineConfig.linear_packing`, see
+workers/models/packed_linear.py), for the target, the draft and an EAGLE head alike:
+
+- `auto`: for a bfloat16 model, time its one-token pass unpacked and packed, interleaved, on this host, now;
+  keep the packing where the packed pass was faster and returned the very same logits (the same oneDNN
+  kernel, so it should: a host where it does not keeps the unpacked path). float32 stays unpacked: there the
+  unpacked product is MKL's, whose rounding differs from oneDNN's, and packing measured no faster.
+- `on`: pack every float32 or bfloat16 CPU linear, without measuring.
+- `off`: nothing is packed.
+"""
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+from torch import nn
+
+from workers.models import packed_linear
+
+log = logging.getLogger(__name__)
+
+NUM_TIMED_PASSES = 8  # per variant, for `auto`
+
+
+class PackingMode(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+@dataclass
+class PackingStats:
+    """One model's decision, and what `auto` measured (ms of its one-token pass; empty otherwise)."""
+
+    is_packed: bool = False
+    reason: str = ""
+    timed_ms: dict[str, float] = field(default_factory=dict)  # 'unpacked' | 'packed' -> median ms
+
+
+def pack_model(
+    model: nn.Module, one_token_pass: Callable[[], torch.Tensor], mode: PackingMode, name: str
+) -> PackingStats:
+    """Pack `model`'s linears per `mode`. one_token_pass(): a start-up pass of one token (its K/V land in a
+    block no sequence owns) returning its logits, for `auto`'s timing and bitwise check."""
+    layers = packed_linear.layers_of(model)
+    stats = PackingStats()
+    if mode is PackingMode.OFF or not layers:
+        stats.reason = "off" if mode is PackingMode.OFF else "no CPU float32/bfloat16 linear (or no oneDNN)"
+        return stats
+    if mode is PackingMode.AUTO and layers[0].weight.dtype != torch.bfloat16:
+        stats.reason = f"auto packs bfloat16 models only ({layers[0].weight.dtype} here)"
+        return stats
+    packed_linear.pack(layers)
+    stats.is_packed, stats.reason = True, "on"
+    if mode is PackingMode.AUTO:
+        stats.is_packed, stats.reason = _measure(layers, one_token_pass, stats.timed_ms)
+        if not stats.is_packed:
+            packed_linear.unpack(layers)
+    log.info("%s model: linear weights %s (%s)", name, "prepacked" if stats.is_packed else "unpacked", stats.reason)
+    return stats
+
+
+def _measure(
+    layers: list[packed_linear.Linear], one_token_pass: Callable[[], torch.Tensor], timed_ms: dict[str, float]
+) -> tuple[bool, str]:
+    """(keep the packing, why): interleaved medians, and the logits of both paths compared bit for bit."""
+    packed = [layer.packed for layer in layers]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    logits: dict[bool, torch.Tensor] = {}
+    for _ in range(NUM_TIMED_PASSES):
+        for is_packed in (False, True):
+            for layer, weight in zip(layers, packed, strict=True):
+                layer.packed = weight if is_packed else None
+            start_s = time.perf_counter()
+            logits[is_packed] = one_token_pass()
+            times[is_packed].append((time.perf_counter() - start_s) * 1e3)
+    timed_ms["unpacked"], timed_ms["packed"] = statistics.median(times[False]), statistics.median(times[True])
+    if not torch.equal(logits[False], logits[True]):
+        return False, "the packed product's bits differ on this host"
+    if timed_ms["packed"] >= timed_ms["unpacked"]:
+        return False, f"not faster here: {timed_ms['packed']:.2f} vs {timed_ms['unpacked']:.2f} ms a token"
+    return True, f"faster here: {timed_ms['packed']:.2f} vs {timed_ms['unpacked']:.2f} ms a token"
