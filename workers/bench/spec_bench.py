@@ -2,9 +2,13 @@
 
 Greedy, 128 new tokens (EOS ignored), held-out prompts. Ours: plain, SD with a draft chain, a draft tree,
 n-gram lookup, an EAGLE head's chain and its tree (when the bench is given a head), at batch 1 (prompts one
-after another) and 4, 16, 32 (a closed loop: that many requests in flight, 3x as many in all, timed while
-every slot is busy; run_closed_loop). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)` and
-`generate(prompt_lookup_num_tokens=…)`. Then the same engines under a JSON schema (workers/bench/grammar_bench.py):
+after another) and 4, 16, 32 (a closed loop: that many requests in flight, twice as many in all, timed while
+every slot is busy; run_closed_loop). transformers (batch 1): plain `generate`, `generate(assistant_model=draft)`
+and `generate(prompt_lookup_num_tokens=…)`. Each batch size runs in `num_rounds` rounds, every variant once a
+round, in order and then in reverse order (A B C, C B A, ...): the host's speed drifts by tens of percent
+within seconds here, and a variant timed in one stretch would carry whatever stretch it fell in. A variant's
+tokens/s is its tokens over its seconds, summed over the rounds; transformers runs in the batch-1 rounds.
+Then the same engines under a JSON schema (workers/bench/grammar_bench.py):
 constrained speculation against constrained plain decoding, and sampled constrained answers checked against
 their schema.
 """
@@ -36,7 +40,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sd_eagle_tree": {"speculative_method": SpeculativeMethod.EAGLE},  # tree_size from the plan
 }
 EAGLE_VARIANTS = ("sd_eagle_chain", "sd_eagle_tree")
-CLOSED_LOOP_WAVES = 3  # batch B > 1: 3 B requests through B slots (run_closed_loop)
+CLOSED_LOOP_WAVES = 2  # batch B > 1, per round: 2 B requests through B slots (run_closed_loop)
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,19 @@ class SpecBenchPlan:
     tree_size: int = 6
     json_batch_sizes: tuple[int, ...] = (1, 4, 16)  # speculation under a JSON schema (grammar_bench.py)
     num_json_sampled_runs: int = 1000  # seeded sampled constrained answers checked against their schema
+    num_rounds: int = 4  # per batch size: every variant once a round, the order reversed every other round
 
     @classmethod
     def quick(cls) -> "SpecBenchPlan":
-        return cls(num_bs1_prompts=3, batch_sizes=(1, 4, 16), json_batch_sizes=(1, 4), num_json_sampled_runs=100)
+        return cls(
+            num_bs1_prompts=4, batch_sizes=(1, 4, 16), json_batch_sizes=(1, 4), num_json_sampled_runs=100, num_rounds=2
+        )
+
+
+def round_orders(names: list[str], num_rounds: int) -> list[list[str]]:
+    """Every variant once a round: in order, then in reverse order, and so on (A B C, C B A, A B C, ...), so a
+    drift of the host's speed over a batch size's rounds weighs on every variant alike."""
+    return [names if r % 2 == 0 else names[::-1] for r in range(num_rounds)]
 
 
 def _measure(engine: Engine, prompts: list[list[int]], batch: int, num_new: int) -> tuple[int, float, list[list[int]]]:
@@ -123,49 +136,51 @@ def bench_spec(
         if not prompts:
             prompts = [engines[name].tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
         run_ours(engines[name], prompts[:1], 8)  # warm-up
-    # each batch size runs every variant in turn, so the host's drift over the run (±20 % here) falls on
-    # all of them alike and the ratios within a batch size hold
-    for batch in plan.batch_sizes:
-        for name, engine in engines.items():
-            before = dataclasses.replace(engine.speculator.stats.counts)
-            chosen_before = _chosen_totals(engine)
-            before_per_position = (list(before.drafted_per_position), list(before.accepted_per_position))
-            used = prompts[: plan.num_bs1_prompts] if batch == 1 else prompts
-            num_tokens, seconds, outs = _measure(engine, used, batch, plan.num_new_tokens)
-            counts = engine.speculator.stats.counts
-            steps = counts.num_steps - before.num_steps
-            drafted = counts.num_drafted - before.num_drafted
-            tps[(name, batch)] = num_tokens / seconds
-            outputs[(name, batch)] = outs
-            rows.append({
-                "system": name, "batch": batch, "tokens_per_s": tps[(name, batch)],
-                "tau": (counts.num_emitted - before.num_emitted) / steps if steps else 1.0,
-                "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
-                "match_vs_plain": match_rate(outs, outputs[("plain", batch)]) if name != "plain" else 1.0,
-                "acceptance_per_position": _per_position_since(counts, *before_per_position),
-                "chosen_draft_tokens_per_seq_step": _chosen_since(engine, chosen_before),
-            })
-            log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
-    order = list(engines)
-    rows.sort(key=lambda r: (order.index(r["system"]), r["batch"]))  # the table reads variant by variant
     engine = engines["plain"]
     dtype = engine.runner.model.embed.weight.dtype
-
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
     hf_draft = transformers.AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=dtype).eval()
     pad_id = hf.config.eos_token_id if isinstance(hf.config.eos_token_id, int) else 0
-    bs1 = prompts[: plan.num_bs1_prompts]
     hf_runs = {
         "hf_generate": {},
         "hf_assisted": {"assistant_model": hf_draft},
         "hf_prompt_lookup": {"prompt_lookup_num_tokens": 4},
     }
-    for name, extra in hf_runs.items():
+
+    def measure(name: str, used: list[list[int]], batch: int) -> tuple[int, float, list[list[int]]]:
+        if name not in hf_runs:
+            return _measure(engines[name], used, batch, plan.num_new_tokens)
         with hf_threads(engine):
-            seconds, outs = _hf_generate(hf, bs1, plan.num_new_tokens, pad_id, extra)
-        tps[(name, 1)] = len(bs1) * plan.num_new_tokens / seconds
-        rows.append({"system": name, "batch": 1, "tokens_per_s": tps[(name, 1)],
-                     "match_vs_plain": match_rate(outs, outputs[("plain", 1)])})
+            seconds, outs = _hf_generate(hf, used, plan.num_new_tokens, pad_id, hf_runs[name])
+        return len(used) * plan.num_new_tokens, seconds, outs
+
+    for extra in hf_runs.values():  # warm-up, as ours had
+        with hf_threads(engine):
+            _hf_generate(hf, prompts[:1], 8, pad_id, extra)
+    for batch in plan.batch_sizes:
+        names = list(engines) + (list(hf_runs) if batch == 1 else [])  # transformers: batch 1, in the same rounds
+        before = {name: _Counters.of(engine) for name, engine in engines.items()}
+        timed: dict[str, list[float]] = {name: [0.0, 0.0] for name in names}  # tokens, seconds over the rounds
+        runs: dict[str, list[tuple[int, list[int]]]] = {name: [] for name in names}  # (prompt index, output)
+        for round_index, order in enumerate(round_orders(names, plan.num_rounds)):
+            # batch 1: the prompts shared out over the rounds; batch B: each round a closed loop over them all
+            indices = list(range(plan.num_bs1_prompts))[round_index :: plan.num_rounds] if batch == 1 else []
+            used = [prompts[i] for i in indices] if batch == 1 else prompts
+            for name in order:
+                num_tokens, seconds, outs = measure(name, used, batch)
+                timed[name][0] += num_tokens
+                timed[name][1] += seconds
+                runs[name].extend(zip(indices, outs, strict=True) if batch == 1 else enumerate(outs))
+        for name in names:
+            tps[(name, batch)] = timed[name][0] / timed[name][1]
+            outputs[(name, batch)] = [out for _, out in sorted(runs[name], key=lambda run: run[0])]
+            row = before[name].row(engines[name], name, batch, tps[(name, batch)]) if name in engines else {
+                "system": name, "batch": batch, "tokens_per_s": tps[(name, batch)]}  # fmt: skip
+            match = match_rate(outputs[(name, batch)], outputs[("plain", batch)]) if name != "plain" else 1.0
+            rows.append(row | {"match_vs_plain": match})
+            log.info("%s batch %d: %.1f tok/s", name, batch, tps[(name, batch)])
+    order = list(engines) + list(hf_runs)
+    rows.sort(key=lambda r: (order.index(r["system"]), r["batch"]))  # the table reads variant by variant
 
     bf16_match = _bf16_match_rate(pair_dirs, prompts[: plan.num_bs1_prompts], plan, base)
     rows.append({"system": "bf16_sd_draft_chain", "batch": 1, "match_vs_plain": bf16_match})
@@ -198,6 +213,33 @@ def bench_spec(
     rows += json_rows
     ratios |= json_ratios
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+
+
+@dataclass(frozen=True)
+class _Counters:
+    """An engine's speculation counters before a batch size's rounds: its row reports what changed since."""
+
+    counts: Any
+    chosen: tuple[int, int]
+    drafted_per_position: list[int]
+    accepted_per_position: list[int]
+
+    @classmethod
+    def of(cls, engine: Engine) -> "_Counters":
+        counts = dataclasses.replace(engine.speculator.stats.counts)
+        return cls(counts, _chosen_totals(engine), list(counts.drafted_per_position), list(counts.accepted_per_position))
+
+    def row(self, engine: Engine, name: str, batch: int, tokens_per_s: float) -> dict[str, Any]:
+        counts, before = engine.speculator.stats.counts, self.counts
+        steps = counts.num_steps - before.num_steps
+        drafted = counts.num_drafted - before.num_drafted
+        return {
+            "system": name, "batch": batch, "tokens_per_s": tokens_per_s,
+            "tau": (counts.num_emitted - before.num_emitted) / steps if steps else 1.0,
+            "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
+            "acceptance_per_position": _per_position_since(counts, self.drafted_per_position, self.accepted_per_position),
+            "chosen_draft_tokens_per_seq_step": _chosen_since(engine, self.chosen),
+        }  # fmt: skip
 
 
 def _chosen_totals(engine: Engine) -> tuple[int, int]:

@@ -1,10 +1,11 @@
 """bench spec's closed loop on a real engine (tiny pair): the concurrency is held, every request runs to its
-end with the same output as alone, and only the tokens emitted while every slot was busy are timed."""
+end with the same output as alone, and only the tokens emitted while every slot was busy are timed. Its rounds
+alternate the variants' order."""
 
 from pathlib import Path
 
 from workers.bench.engine_bench import run_ours
-from workers.bench.spec_bench import run_closed_loop
+from workers.bench.spec_bench import round_orders, run_closed_loop
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
@@ -30,3 +31,13 @@ def test_closed_loop_keeps_the_concurrency_and_times_the_full_window(tiny_pair: 
     engine.step = step  # type: ignore[method-assign]
     for i, out in enumerate(outs):  # greedy: each output is what that prompt gives alone
         assert out == run_ours(engine, [prompts[i % len(prompts)]], 12)[1][0]
+
+
+def test_rounds_run_every_variant_once_in_alternating_order() -> None:
+    assert round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"], ["c", "b", "a"]]
+    for num_rounds in (1, 2, 3):
+        orders = round_orders(["a", "b"], num_rounds)
+        assert len(orders) == num_rounds and all(sorted(order) == ["a", "b"] for order in orders)
+        # the first and last variant of the plan are timed in the same stretches of the run
+        positions = {name: sum(order.index(name) for order in orders) for name in ("a", "b")}
+        assert abs(positions["a"] - positions["b"]) <= 1
