@@ -29,6 +29,7 @@ from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import PassCostTable
 from workers.spec.proposal import Proposal, Verdict
+from workers.spec.proposal_timing import ProposalPasses
 from workers.spec.state import SpecState, SpecStats
 from workers.spec.step_overhead import StepOverhead
 from workers.spec.verify_batch import VerifyEntry, verify_batch
@@ -76,6 +77,7 @@ class Speculator:
         self.chosen_by_batch: dict[int, list[int]] = {}
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
         self._step_pass_s = 0.0  # the current step's passes so far
+        self._proposal_passes = ProposalPasses(self._add_pass_s)  # a proposer pass: its forward + its draw work
 
     # ---- what passes and steps cost (fed by the runners and the engine) ---------------------------
     def observe_target_pass(self, num_tokens: int, seconds: float) -> None:
@@ -86,10 +88,12 @@ class Speculator:
         table = self.proposer_costs[method.value]
 
         def observe(num_tokens: int, seconds: float) -> None:
-            table.observe(num_tokens, seconds)
-            self._step_pass_s += seconds
+            self._proposal_passes.observe(table, num_tokens, seconds)
 
         return observe
+
+    def _add_pass_s(self, seconds: float) -> None:
+        self._step_pass_s += seconds
 
     def begin_step(self) -> None:
         self._step_pass_s = 0.0
@@ -199,8 +203,12 @@ class Speculator:
             if entries:
                 assert proposer is not None
                 start_s = time.perf_counter()
-                self._propose_with(proposer, entries, out, reason)
-                elapsed_s = time.perf_counter() - start_s
+                self._proposal_passes.begin()
+                try:
+                    self._propose_with(proposer, entries, out, reason)
+                finally:
+                    elapsed_s = time.perf_counter() - start_s
+                    self._proposal_passes.end(elapsed_s)  # its passes priced with the work between them
                 self.stats.draft_time_s += elapsed_s
                 self.stats.by_method(entries[0].seq.spec.method).draft_time_s += elapsed_s  # type: ignore[union-attr]
         return out

@@ -8,8 +8,9 @@ so the j-th draft token of sequence i is worth gain(i, j) = alpha_i^j tokens. Th
 where target() and proposer_m() are PassCostTables measured on this host (pass_costs.py): the proposer's
 j-th pass carries one token per sequence drafting at least j tokens (its first pass also catches the
 proposer up on the tokens committed since it last ran). Proposers without a table (n-gram lookup) are free.
-Once any sequence speculates, the step also costs the work outside the passes that speculating adds
-(proposals, verification, rollback), measured by step_overhead.StepOverhead.
+A proposer pass is priced as the proposer runs it, its draws included (proposal_timing.py). Once any sequence
+speculates, the step also costs the work outside the passes that speculating adds (verification, rollback),
+measured by step_overhead.StepOverhead.
 
 The step's goodput is expected tokens per second: (num_sure_tokens + sum of gains) / cost. `choose_lengths`
 walks the draft tokens in order of decreasing gain - each sequence's chain grows one token at a time, the

@@ -1,7 +1,8 @@
 """What speculating adds to a step beyond its forward passes: measured, never configured.
 
 A step's time is its passes' time (the PassCostTables) plus the rest: scheduling, building the passes'
-inputs, verification, applying verdicts, the proposers' bookkeeping. The rest of a plain step grows with the
+inputs, verification, applying verdicts. (A proposer's work between its forwards - drawing tokens, building
+the next pass - is priced into its passes instead: proposal_timing.py.) The rest of a plain step grows with the
 sequences in it; a step in which some sequences speculate costs more (proposals, verification, rollback).
 `StepOverhead` keeps both as exponentially weighted averages of what steps took on this host: the plain rest
 per sequence, and what a speculative step's rest exceeds that by. The length policy charges the excess to a
