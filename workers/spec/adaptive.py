@@ -72,7 +72,19 @@ class SpecLengthController:
         # token trees: the same kind of estimate for passing one tree level (None until a tree was verified)
         self._levels_passed_ewma = 0.0
         self._levels_tested_ewma = 0.0
-        self.k = best_k(self.acceptance, config)  # 0 once fallen back
+        self._k: int | None = None  # the nominal k, worked out when read (most sequences never read it)
+
+    @property
+    def k(self) -> int:
+        """The nominal k for the current estimate; 0 once fallen back."""
+        if self._k is None:
+            self._k = 0 if self.is_fallen_back else best_k(self.acceptance, self.config)
+        return self._k
+
+    @k.setter
+    def k(self, value: int) -> None:
+        """Pin k until the estimate next changes."""
+        self._k = value
 
     @property
     def acceptance(self) -> float:
@@ -98,7 +110,7 @@ class SpecLengthController:
             return
         target = self.config.initial_acceptance * self._num_tested_ewma
         self._num_accepted_ewma += self.config.idle_recovery * (target - self._num_accepted_ewma)
-        self.k = best_k(self.acceptance, self.config)
+        self._k = None
 
     def update(self, num_drafted: int, num_accepted: int) -> bool:
         """Record one verified step; returns True exactly on the step this sequence falls back (count it)."""
@@ -114,8 +126,8 @@ class SpecLengthController:
         self.num_poor_steps = self.num_poor_steps + 1 if is_poor else 0
         if self.num_poor_steps >= self.config.fallback_patience_steps:
             self.is_fallen_back = True
-            self.k = 0
+            self._k = 0
             return True
-        self.k = best_k(self.acceptance, self.config)
+        self._k = None
         return False
 

@@ -59,6 +59,7 @@ class _StepCost:
         self.speculative_step_s = speculative_step_s
         self.num_extra_tokens = 0
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
+        self.pass_s: dict[str, list[float]] = {name: [] for name in proposers}  # proposer -> [depth] their estimate
         self.proposer_s = 0.0
         self.overhead_s = 0.0
 
@@ -71,13 +72,14 @@ class _StepCost:
         self.num_extra_tokens += 1
         if proposer is None:
             return
-        passes = self.pass_tokens[proposer]
+        passes, pass_s = self.pass_tokens[proposer], self.pass_s[proposer]
         while len(passes) < depth:
             passes.append(0)
-        table = self.proposers[proposer]
-        before = passes[depth - 1]
-        passes[depth - 1] = before + num_tokens
-        self.proposer_s += table.estimate_s(before + num_tokens) - table.estimate_s(before)
+            pass_s.append(0.0)
+        passes[depth - 1] += num_tokens
+        seconds = self.proposers[proposer].estimate_s(passes[depth - 1])
+        self.proposer_s += seconds - pass_s[depth - 1]
+        pass_s[depth - 1] = seconds
 
     @property
     def seconds(self) -> float:
@@ -143,13 +145,16 @@ def choose_lengths(
         lengths[i] = depth
         num_tokens += gain
         gains_left -= gain
-        goodput = num_tokens / cost.seconds
+        seconds = cost.seconds
+        goodput = num_tokens / seconds
         if goodput > best:
             best_lengths, best = list(lengths), goodput
         # a longer prefix adds at most gains_left tokens at no less cost (costs never fall as tokens are
         # added): once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
-        if (num_tokens + gains_left) / cost.seconds <= best:
+        if (num_tokens + gains_left) / seconds <= best:
             break
+    if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
+        return LengthPlan(best_lengths, [False] * len(candidates), plain, plain)
     is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
                                 target, proposers, speculative_step_s)  # fmt: skip
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
@@ -199,6 +204,8 @@ def _upgrade_to_trees(
 ) -> list[bool]:
     """Swap a chain for its sequence's tree, one sequence at a time, wherever that raises the goodput."""
     is_tree = [False] * len(candidates)
+    if not any(c.tree_size for c in candidates):
+        return is_tree
     current = list(lengths)
     best = _goodput(candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
     for i, c in enumerate(candidates):

@@ -54,7 +54,7 @@ class PassCostTable:
         """Seconds a pass of num_tokens takes (0 for none); needs at least one measured point."""
         if num_tokens <= 0:
             return 0.0
-        tokens, seconds = self._envelope()
+        tokens, seconds = self._measured if not self._is_stale else self._envelope()  # the planner's hot path
         if not tokens:
             raise ValueError("no pass has been measured yet")
         i = bisect.bisect_left(tokens, num_tokens)
