@@ -8,6 +8,8 @@ from shared.speculation import SpeculativeMethod
 from workers.spec.adaptive import SpecLengthController
 from workers.spec.ngram import NgramIndex
 
+MIN_FEATURE_ROWS = 64  # the smallest feature buffer a sequence holds (rows)
+
 
 @dataclass
 class AcceptanceCounts:
@@ -67,9 +69,14 @@ class SpecState:
     counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     fallback_reason: str | None = None  # set once the sequence decodes plainly for good
     # EAGLE: the target's features of committed positions the head has not consumed yet, kept from the target
-    # passes that computed them: rows for positions features_start .. features_start + len - 1
-    features: torch.Tensor | None = None  # [m, hidden]
+    # passes that computed them: rows for positions features_start .. features_end - 1, live in
+    # _feature_rows[_head:_tail] - a buffer grown by doubling, so a sequence that keeps features for many steps
+    # without drafting (the policy chose plain decoding) appends in amortised constant time, not by a copy of all
+    # it holds every step
     features_start: int = 0
+    _feature_rows: torch.Tensor | None = None  # [capacity, hidden]
+    _head: int = 0
+    _tail: int = 0
 
     @property
     def is_active(self) -> bool:
@@ -80,39 +87,58 @@ class SpecState:
         return self.method is SpeculativeMethod.EAGLE and self.is_active
 
     @property
+    def features(self) -> torch.Tensor | None:  # [m, hidden] a view of the kept rows; None when there are none
+        if self._feature_rows is None or self._tail == self._head:
+            return None
+        return self._feature_rows[self._head : self._tail]
+
+    @property
     def features_end(self) -> int:
         """One past the last position with a kept feature."""
-        return self.features_start + (0 if self.features is None else int(self.features.shape[0]))
+        return self.features_start + self._tail - self._head
 
     def keep_features(self, start: int, rows: torch.Tensor) -> None:  # rows: [n, hidden] for start .. start + n - 1
         """Append the features of committed positions; a gap (never expected) restarts the kept run."""
-        if rows.shape[0] == 0:
+        num_rows = rows.shape[0]
+        if num_rows == 0:
             return
-        if self.features is None or start != self.features_end:
-            self.features, self.features_start = rows.clone(), start
-        else:
-            self.features = torch.cat([self.features, rows])
+        if self._feature_rows is None or start != self.features_end:
+            self._clear_features()
+            self.features_start = start
+        buffer = self._feature_rows
+        if buffer is None or self._tail + num_rows > buffer.shape[0]:  # full: move the live rows to a larger one
+            live = self._tail - self._head
+            grown = rows.new_empty(max(2 * (live + num_rows), MIN_FEATURE_ROWS), rows.shape[1])  # [capacity, hidden]
+            if buffer is not None:
+                grown[:live] = buffer[self._head : self._tail]
+            self._feature_rows, self._head, self._tail = grown, 0, live
+        assert self._feature_rows is not None
+        self._feature_rows[self._tail : self._tail + num_rows] = rows
+        self._tail += num_rows
 
     def drop_features_before(self, position: int) -> None:
         """Forget features of positions before `position` (the head's cache holds their rows now)."""
-        if self.features is None or position <= self.features_start:
+        if position <= self.features_start:
             return
-        if position >= self.features_end:
-            self.features = None
-        else:
-            self.features = self.features[position - self.features_start :].clone()
+        self._head = min(self._tail, self._head + position - self.features_start)
         self.features_start = position
+        if self._head == self._tail:
+            self._head = self._tail = 0  # empty: the buffer is reused from its start
+
+    def _clear_features(self) -> None:
+        self._feature_rows, self._head, self._tail = None, 0, 0
 
     def drop_kv(self) -> None:
         """The sequence lost its KV (preemption): the draft or head recomputes from the start."""
         self.draft_num_computed = 0
-        self.features, self.features_start = None, 0
+        self._clear_features()
+        self.features_start = 0
 
     def fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
         self.controller.is_fallen_back = True
         self.controller.k = 0
-        self.features = None
+        self._clear_features()
 
     def metrics(self) -> dict[str, float]:
         return {
