@@ -44,6 +44,7 @@ class LengthPlan:
     is_tree: list[bool]  # [num_candidates]
     goodput_plain: float  # expected tokens per second with no speculation
     goodput: float  # expected tokens per second of the chosen plan
+    seconds: float = 0.0  # the chosen plan's predicted step time (step_calibration.py compares it with the step's)
 
 
 class _StepCost:
@@ -51,12 +52,20 @@ class _StepCost:
     work outside the passes that a speculative step adds (step_overhead.py)."""
 
     def __init__(
-        self, target: PassCostTable, proposers: dict[str, PassCostTable], num_base_tokens: int, speculative_step_s: float
+        self,
+        target: PassCostTable,
+        proposers: dict[str, PassCostTable],
+        num_base_tokens: int,
+        speculative_step_s: float,
+        costs: "StepCosts",
     ) -> None:
         self.target = target
         self.proposers = proposers
         self.num_base_tokens = num_base_tokens
         self.speculative_step_s = speculative_step_s
+        self.plain_step_s = costs.plain_step_s
+        self.speculative_factor = costs.speculative_factor
+        self.is_speculative = False
         self.num_extra_tokens = 0
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
         self.pass_s: dict[str, list[float]] = {name: [] for name in proposers}  # proposer -> [depth] their estimate
@@ -66,6 +75,7 @@ class _StepCost:
     def start_sequence(self) -> None:
         """One more sequence speculates: the first makes this a speculative step, with its work outside the passes."""
         self.overhead_s = self.speculative_step_s
+        self.is_speculative = True
 
     def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
         """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
@@ -83,7 +93,18 @@ class _StepCost:
 
     @property
     def seconds(self) -> float:
-        return self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s + self.overhead_s
+        passes_s = self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s
+        seconds = passes_s + self.overhead_s + self.plain_step_s
+        return seconds * self.speculative_factor if self.is_speculative else seconds
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What a step costs beyond its passes, measured: the rest any step of this batch takes (step_overhead.py,
+    per sequence), and how much a speculative step's prediction is to be scaled (step_calibration.py)."""
+
+    plain_step_s: float = 0.0
+    speculative_factor: float = 1.0
 
 
 def chain_gain(acceptance: float, k: int) -> float:
@@ -121,12 +142,14 @@ def choose_lengths(
     proposers: dict[str, PassCostTable],
     min_gain: float = MIN_GAIN,
     speculative_step_s: float = 0.0,  # measured work outside the passes a speculative step adds (step_overhead.py)
+    costs: StepCosts = StepCosts(),  # the rest of any step, and the speculative steps' calibration
 ) -> LengthPlan:
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
-    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s)
-    plain = num_sure_tokens / cost.seconds
+    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s, costs)
+    plain_s = cost.seconds
+    plain = num_sure_tokens / plain_s
     # every (gain, candidate, depth), best first; within a candidate the depths come in order (alpha^j falls)
     steps = sorted(
         ((c.acceptance**j, -j, i) for i, c in enumerate(candidates) for j in range(1, c.max_k + 1) if c.acceptance > 0),
@@ -154,12 +177,14 @@ def choose_lengths(
         if (num_tokens + gains_left) / seconds <= best:
             break
     if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
-        return LengthPlan(best_lengths, [False] * len(candidates), plain, plain)
+        return LengthPlan(best_lengths, [False] * len(candidates), plain, plain, plain_s)
     is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
-                                target, proposers, speculative_step_s)  # fmt: skip
+                                target, proposers, speculative_step_s, costs)  # fmt: skip
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
-    goodput = _goodput(candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
-    return LengthPlan(chosen, is_tree, plain, goodput if any(chosen) else plain)
+    num_tokens, seconds = _plan_tokens_and_seconds(
+        candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
+    )
+    return LengthPlan(chosen, is_tree, plain, num_tokens / seconds, seconds)
 
 
 def _goodput(
@@ -171,8 +196,27 @@ def _goodput(
     target: PassCostTable,
     proposers: dict[str, PassCostTable],
     speculative_step_s: float,
+    costs: StepCosts = StepCosts(),
 ) -> float:
-    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s)
+    num_tokens, seconds = _plan_tokens_and_seconds(
+        candidates, lengths, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
+    )
+    return num_tokens / seconds
+
+
+def _plan_tokens_and_seconds(
+    candidates: list[Candidate],
+    lengths: list[int],
+    is_tree: list[bool],
+    num_sure_tokens: int,
+    num_base_tokens: int,
+    target: PassCostTable,
+    proposers: dict[str, PassCostTable],
+    speculative_step_s: float,
+    costs: StepCosts,
+) -> tuple[float, float]:
+    """(expected tokens, predicted seconds) of a step with these lengths."""
+    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s, costs)
     num_tokens = float(num_sure_tokens)
     for c, k, tree in zip(candidates, lengths, is_tree, strict=True):
         if k:
@@ -189,7 +233,7 @@ def _goodput(
             for depth in range(1, k + 1):
                 cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
             num_tokens += chain_gain(c.acceptance, k)
-    return num_tokens / cost.seconds
+    return num_tokens, cost.seconds
 
 
 def _upgrade_to_trees(
@@ -201,13 +245,16 @@ def _upgrade_to_trees(
     target: PassCostTable,
     proposers: dict[str, PassCostTable],
     speculative_step_s: float,
+    costs: StepCosts,
 ) -> list[bool]:
     """Swap a chain for its sequence's tree, one sequence at a time, wherever that raises the goodput."""
     is_tree = [False] * len(candidates)
     if not any(c.tree_size for c in candidates):
         return is_tree
     current = list(lengths)
-    best = _goodput(candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
+    best = _goodput(
+        candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
+    )
     for i, c in enumerate(candidates):
         if not c.tree_size or not lengths[i]:
             continue
@@ -217,7 +264,9 @@ def _upgrade_to_trees(
         trial_tree[i] = True
         trial = list(current)
         trial[i] = c.tree_size
-        goodput = _goodput(candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s)
+        goodput = _goodput(
+            candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
+        )
         if goodput > best:
             is_tree, current, best = trial_tree, trial, goodput
     return is_tree
