@@ -107,6 +107,48 @@ class StepCosts:
     speculative_factor: float = 1.0
 
 
+@dataclass(frozen=True)
+class StepPricing:
+    """What every plan of one step is priced against: its sure tokens, its base pass, the measured costs."""
+
+    num_sure_tokens: int
+    num_base_tokens: int
+    target: PassCostTable
+    proposers: dict[str, PassCostTable]
+    speculative_step_s: float = 0.0
+    costs: StepCosts = StepCosts()
+
+    def cost(self) -> _StepCost:
+        return _StepCost(self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.costs)
+
+    def goodput(self, candidates: list[Candidate], lengths: list[int], is_tree: list[bool]) -> float:
+        num_tokens, seconds = self.tokens_and_seconds(candidates, lengths, is_tree)
+        return num_tokens / seconds
+
+    def tokens_and_seconds(
+        self, candidates: list[Candidate], lengths: list[int], is_tree: list[bool]
+    ) -> tuple[float, float]:
+        """(expected tokens, predicted seconds) of the step with these lengths."""
+        cost = self.cost()
+        num_tokens = float(self.num_sure_tokens)
+        for c, k, tree in zip(candidates, lengths, is_tree, strict=True):
+            if k:
+                cost.start_sequence()
+            if tree:
+                # pass 1 catches up and scores the first level; pass d feeds level d - 1 to score level d
+                levels = tree_shape(c.tree_size, c.tree_branching)
+                for depth, width in enumerate(levels, start=1):
+                    fed = c.num_catch_up_tokens if depth == 1 else levels[depth - 2]
+                    for node in range(width):
+                        cost.add(c.proposer, depth, fed if node == 0 else 0)
+                num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching, c.tree_level_acceptance)
+            else:
+                for depth in range(1, k + 1):
+                    cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
+                num_tokens += chain_gain(c.acceptance, k)
+        return num_tokens, cost.seconds
+
+
 def chain_gain(acceptance: float, k: int) -> float:
     """Expected accepted draft tokens of a chain of k: alpha + ... + alpha^k."""
     return sum(acceptance**j for j in range(1, k + 1))
@@ -147,7 +189,8 @@ def choose_lengths(
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
-    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s, costs)
+    step = StepPricing(num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs)
+    cost = step.cost()
     plain_s = cost.seconds
     plain = num_sure_tokens / plain_s
     # every (gain, candidate, depth), best first; within a candidate the depths come in order (alpha^j falls)
@@ -178,83 +221,21 @@ def choose_lengths(
             break
     if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
         return LengthPlan(best_lengths, [False] * len(candidates), plain, plain, plain_s)
-    is_tree = _upgrade_to_trees(candidates, best_lengths, num_sure_tokens, num_base_tokens, max_extra_tokens,
-                                target, proposers, speculative_step_s, costs)  # fmt: skip
+    is_tree = _upgrade_to_trees(step, candidates, best_lengths, max_extra_tokens)
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
-    num_tokens, seconds = _plan_tokens_and_seconds(
-        candidates, chosen, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
-    )
+    num_tokens, seconds = step.tokens_and_seconds(candidates, chosen, is_tree)
     return LengthPlan(chosen, is_tree, plain, num_tokens / seconds, seconds)
 
 
-def _goodput(
-    candidates: list[Candidate],
-    lengths: list[int],
-    is_tree: list[bool],
-    num_sure_tokens: int,
-    num_base_tokens: int,
-    target: PassCostTable,
-    proposers: dict[str, PassCostTable],
-    speculative_step_s: float,
-    costs: StepCosts = StepCosts(),
-) -> float:
-    num_tokens, seconds = _plan_tokens_and_seconds(
-        candidates, lengths, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
-    )
-    return num_tokens / seconds
-
-
-def _plan_tokens_and_seconds(
-    candidates: list[Candidate],
-    lengths: list[int],
-    is_tree: list[bool],
-    num_sure_tokens: int,
-    num_base_tokens: int,
-    target: PassCostTable,
-    proposers: dict[str, PassCostTable],
-    speculative_step_s: float,
-    costs: StepCosts,
-) -> tuple[float, float]:
-    """(expected tokens, predicted seconds) of a step with these lengths."""
-    cost = _StepCost(target, proposers, num_base_tokens, speculative_step_s, costs)
-    num_tokens = float(num_sure_tokens)
-    for c, k, tree in zip(candidates, lengths, is_tree, strict=True):
-        if k:
-            cost.start_sequence()
-        if tree:
-            # pass 1 catches up and scores the first level; pass d feeds level d - 1 to score level d
-            levels = tree_shape(c.tree_size, c.tree_branching)
-            for depth, width in enumerate(levels, start=1):
-                fed = c.num_catch_up_tokens if depth == 1 else levels[depth - 2]
-                for node in range(width):
-                    cost.add(c.proposer, depth, fed if node == 0 else 0)
-            num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching, c.tree_level_acceptance)
-        else:
-            for depth in range(1, k + 1):
-                cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
-            num_tokens += chain_gain(c.acceptance, k)
-    return num_tokens, cost.seconds
-
-
 def _upgrade_to_trees(
-    candidates: list[Candidate],
-    lengths: list[int],
-    num_sure_tokens: int,
-    num_base_tokens: int,
-    max_extra_tokens: int,
-    target: PassCostTable,
-    proposers: dict[str, PassCostTable],
-    speculative_step_s: float,
-    costs: StepCosts,
+    step: StepPricing, candidates: list[Candidate], lengths: list[int], max_extra_tokens: int
 ) -> list[bool]:
     """Swap a chain for its sequence's tree, one sequence at a time, wherever that raises the goodput."""
     is_tree = [False] * len(candidates)
     if not any(c.tree_size for c in candidates):
         return is_tree
     current = list(lengths)
-    best = _goodput(
-        candidates, current, is_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
-    )
+    best = step.goodput(candidates, current, is_tree)
     for i, c in enumerate(candidates):
         if not c.tree_size or not lengths[i]:
             continue
@@ -264,9 +245,7 @@ def _upgrade_to_trees(
         trial_tree[i] = True
         trial = list(current)
         trial[i] = c.tree_size
-        goodput = _goodput(
-            candidates, trial, trial_tree, num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs
-        )
+        goodput = step.goodput(candidates, trial, trial_tree)
         if goodput > best:
             is_tree, current, best = trial_tree, trial, goodput
     return is_tree

@@ -214,22 +214,23 @@ class CompileCollector(Collector):
             failures.add_metric([model], count)
         yield seconds
         yield failures
-        native = GaugeMetricFamily(
+        yield _flag_per_model(
             "specfleet_engine_native_attention",
             "1 where the native attention kernel serves the model (0: SDPA, e.g. no C++ compiler at start-up)",
-            labels=["model"],
+            s.is_native_attention,
         )
-        for model, on in s.is_native_attention.items():
-            native.add_metric([model], float(on))
-        yield native
-        packed = GaugeMetricFamily(
+        yield _flag_per_model(
             "specfleet_engine_packed_linears",
             "1 where the model's linear weights are prepacked for oneDNN (EngineConfig.linear_packing)",
-            labels=["model"],
+            s.is_packed,
         )
-        for model, on in s.is_packed.items():
-            packed.add_metric([model], float(on))
-        yield packed
+
+
+def _flag_per_model(name: str, documentation: str, flags: dict[str, bool]) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily(name, documentation, labels=["model"])
+    for model, on in flags.items():
+        gauge.add_metric([model], float(on))
+    return gauge
 
 
 class EngineMetrics:

@@ -118,7 +118,7 @@ def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> 
     """The plan equals the best prefix of the whole walk (every prefix scored), whatever the early exit skips."""
     import random
 
-    from workers.spec.length_policy import _goodput
+    from workers.spec.length_policy import StepPricing
 
     rng = random.Random(seed)
     cands = [Candidate(rng.uniform(0.05, 0.95), 8, "draft") for _ in range(16)]
@@ -130,7 +130,7 @@ def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> 
     best = plan.goodput_plain * 1.02
     for _, neg_depth, i in walk:
         lengths[i] = -neg_depth
-        goodput = _goodput(cands, lengths, [False] * 16, 16, 16, passes, CHEAP_DRAFT, 1e-3)
+        goodput = StepPricing(16, 16, passes, CHEAP_DRAFT, 1e-3).goodput(cands, lengths, [False] * 16)
         if goodput > best:
             best_lengths, best = list(lengths), goodput
     assert plan.lengths == best_lengths
