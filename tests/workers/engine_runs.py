@@ -10,7 +10,6 @@ from workers.engine.engine import Engine
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.pass_costs import PassCostTable
-from workers.spec.step_calibration import StepCalibration
 
 CostFn = Callable[[int], float]  # tokens in a pass -> seconds
 
@@ -55,11 +54,8 @@ def spec_engine(
 
 
 def pin_costs(engine: Engine, target_s: CostFn, proposer_s: CostFn) -> None:
-    """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs; and no
-    calibration against measured step times (step_calibration.py), which would bring this host back in."""
+    """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs."""
     speculator = engine.speculator
-    speculator.calibration = StepCalibration()
-    speculator.calibration.observe = lambda *step: None  # type: ignore[method-assign]
     speculator.target_costs = fixed_table(target_s, speculator.target_costs.max_tokens)
     engine.runner.on_pass = None
     for name, table in list(speculator.proposer_costs.items()):

@@ -25,13 +25,12 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
-from workers.spec.length_policy import Candidate, StepCosts, choose_lengths
+from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import PassCostTable
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
 from workers.spec.state import SpecState, SpecStats
-from workers.spec.step_calibration import StepCalibration
 from workers.spec.step_overhead import StepOverhead
 from workers.spec.verify_batch import VerifyEntry, verify_batch
 
@@ -79,8 +78,6 @@ class Speculator:
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
         self._step_pass_s = 0.0  # the current step's passes so far
         self._proposal_passes = ProposalPasses(self._add_pass_s)  # a proposer pass: its forward + its draw work
-        self.calibration = StepCalibration()  # predicted vs measured step times, by batch size
-        self._planned: tuple[int, bool, float] | None = None  # this step's plan: (decodes, speculative, seconds)
 
     # ---- what passes and steps cost (fed by the runners and the engine) ---------------------------
     def observe_target_pass(self, num_tokens: int, seconds: float) -> None:
@@ -100,16 +97,10 @@ class Speculator:
 
     def begin_step(self) -> None:
         self._step_pass_s = 0.0
-        self._planned = None
 
     def end_step(self, step_s: float, num_seqs: int, num_speculating: int) -> None:
-        """The step took step_s: what its passes did not take is its overhead (step_overhead.py), and its
-        plan's predicted time is compared with it (step_calibration.py) where the plan was carried out."""
+        """The step took step_s: what its passes did not take is its overhead (step_overhead.py)."""
         self.step_overhead.observe(step_s - self._step_pass_s, num_seqs, num_speculating)
-        if self._planned is not None:
-            num_decodes, is_speculative, predicted_s = self._planned
-            if is_speculative == (num_speculating > 0):
-                self.calibration.observe(num_decodes, is_speculative, predicted_s, step_s)
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
         method = SpeculativeMethod(params.speculative or self.cfg.speculative_method or SpeculativeMethod.NONE)
@@ -175,13 +166,8 @@ class Speculator:
             target=self.target_costs,
             proposers=self.proposer_costs,
             speculative_step_s=self.step_overhead.speculative_step_s,
-            costs=StepCosts(
-                plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
-                speculative_factor=self.calibration.speculative_factor(len(decodes)),
-            ),
+            plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
         )
-        if not fixed and chosen:  # the plan prices the whole step: end_step checks it against the step
-            self._planned = (len(decodes), any(plan.lengths), plan.seconds)
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
         tally[0] += 1

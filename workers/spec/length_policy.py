@@ -44,7 +44,7 @@ class LengthPlan:
     is_tree: list[bool]  # [num_candidates]
     goodput_plain: float  # expected tokens per second with no speculation
     goodput: float  # expected tokens per second of the chosen plan
-    seconds: float = 0.0  # the chosen plan's predicted step time (step_calibration.py compares it with the step's)
+    seconds: float = 0.0  # the chosen plan's predicted step time
 
 
 class _StepCost:
@@ -57,15 +57,13 @@ class _StepCost:
         proposers: dict[str, PassCostTable],
         num_base_tokens: int,
         speculative_step_s: float,
-        costs: "StepCosts",
+        plain_step_s: float,
     ) -> None:
         self.target = target
         self.proposers = proposers
         self.num_base_tokens = num_base_tokens
         self.speculative_step_s = speculative_step_s
-        self.plain_step_s = costs.plain_step_s
-        self.speculative_factor = costs.speculative_factor
-        self.is_speculative = False
+        self.plain_step_s = plain_step_s
         self.num_extra_tokens = 0
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
         self.pass_s: dict[str, list[float]] = {name: [] for name in proposers}  # proposer -> [depth] their estimate
@@ -75,7 +73,6 @@ class _StepCost:
     def start_sequence(self) -> None:
         """One more sequence speculates: the first makes this a speculative step, with its work outside the passes."""
         self.overhead_s = self.speculative_step_s
-        self.is_speculative = True
 
     def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
         """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
@@ -94,17 +91,7 @@ class _StepCost:
     @property
     def seconds(self) -> float:
         passes_s = self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s
-        seconds = passes_s + self.overhead_s + self.plain_step_s
-        return seconds * self.speculative_factor if self.is_speculative else seconds
-
-
-@dataclass(frozen=True)
-class StepCosts:
-    """What a step costs beyond its passes, measured: the rest any step of this batch takes (step_overhead.py,
-    per sequence), and how much a speculative step's prediction is to be scaled (step_calibration.py)."""
-
-    plain_step_s: float = 0.0
-    speculative_factor: float = 1.0
+        return passes_s + self.overhead_s + self.plain_step_s
 
 
 @dataclass(frozen=True)
@@ -116,10 +103,10 @@ class StepPricing:
     target: PassCostTable
     proposers: dict[str, PassCostTable]
     speculative_step_s: float = 0.0
-    costs: StepCosts = StepCosts()
+    plain_step_s: float = 0.0
 
     def cost(self) -> _StepCost:
-        return _StepCost(self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.costs)
+        return _StepCost(self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.plain_step_s)
 
     def goodput(self, candidates: list[Candidate], lengths: list[int], is_tree: list[bool]) -> float:
         num_tokens, seconds = self.tokens_and_seconds(candidates, lengths, is_tree)
@@ -184,12 +171,12 @@ def choose_lengths(
     proposers: dict[str, PassCostTable],
     min_gain: float = MIN_GAIN,
     speculative_step_s: float = 0.0,  # measured work outside the passes a speculative step adds (step_overhead.py)
-    costs: StepCosts = StepCosts(),  # the rest of any step, and the speculative steps' calibration
+    plain_step_s: float = 0.0,  # measured work outside the passes of any step of this batch (step_overhead.py)
 ) -> LengthPlan:
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
-    step = StepPricing(num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, costs)
+    step = StepPricing(num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, plain_step_s)
     cost = step.cost()
     plain_s = cost.seconds
     plain = num_sure_tokens / plain_s
