@@ -121,6 +121,19 @@ class DraftProposer:
             items.append(ForwardItem(seq.token_ids[start:], start, seq.block_table, num_logits=1))
         return self.runner.forward(items)
 
+    def prefill(self, seqs: list[Sequence]) -> list[Proposal]:
+        """Feed the draft the tokens the target has computed and it has not (a prefill chunk's), no logits,
+        so a sequence's first proposal catches up on one token instead of its whole prompt. Proposals with no
+        tokens: only their draft cache length."""
+        items, ends = [], []
+        for seq in seqs:
+            assert seq.spec is not None
+            start, end = seq.spec.draft_num_computed, seq.num_computed_tokens
+            items.append(ForwardItem(seq.token_ids[start:end], start, seq.block_table, num_logits=0))
+            ends.append(end)
+        self.runner.forward(items)
+        return [Proposal([], None, draft_num_computed=end) for end in ends]
+
     def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         """k_i draft tokens per sequence (fewer where a grammar completes); the draft cache ends valid for
         len + k_i - 1 tokens."""

@@ -42,6 +42,25 @@ class EagleProposer:
             items.append(ForwardItem(seq.token_ids[start + 1 :], start, seq.block_table, num_logits=1))
         return self.runner.forward(items, torch.cat(features))
 
+    def prefill(self, seqs: list[Sequence]) -> list[Proposal]:
+        """Head rows draft_num_computed .. before the last committed row, those whose features the target's pass
+        just kept (a prefill chunk's), no logits, so a sequence's first proposal catches up on a row or two
+        instead of its whole prompt. The last committed row (L - 2) is left to the proposal, whose catch-up
+        starts there to get its first draft token's logits. Proposals with no tokens: the head cache's length."""
+        items: list[ForwardItem] = []
+        features: list[torch.Tensor] = []
+        ends = []
+        for seq in seqs:
+            spec = seq.spec
+            assert spec is not None and spec.features is not None
+            start = spec.draft_num_computed  # kept features begin at or before it (Speculator.prefill checks)
+            end = prefill_end(seq)  # rows start .. end - 1
+            features.append(spec.features[start - spec.features_start : end - spec.features_start])
+            items.append(ForwardItem(seq.token_ids[start + 1 : end + 1], start, seq.block_table, num_logits=0))
+            ends.append(end)
+        self.runner.forward(items, torch.cat(features))
+        return [Proposal([], None, draft_num_computed=end) for end in ends]
+
     def propose_chains(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         """k_i draft tokens per sequence, one head pass per position."""
         tokens: list[list[int]] = [[] for _ in seqs]
@@ -114,3 +133,10 @@ class EagleProposer:
             tree_start=first_row,
             tree_mask=tree.attention_mask()[frontier],  # [f, n]
         )
+
+
+def prefill_end(seq: Sequence) -> int:
+    """One past the last head row EagleProposer.prefill computes: row t reads feature t (kept up to
+    features_end) and token t + 1, and the last committed row, L - 2, stays for the next proposal."""
+    assert seq.spec is not None
+    return min(len(seq) - 2, seq.spec.features_end)

@@ -326,6 +326,10 @@ class Engine:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
         outputs = self._postprocess(plan, verified, items, features, StepLogits(logits, items))
+        # the draft model and the head take in what this pass's prefill chunks computed (Speculator.prefill)
+        prefilled = [s.seq for s in plan.scheduled if s.num_new_tokens > 1 and s.request_id in self.sequences]
+        if prefilled:
+            self.applier.apply_proposals(self.speculator.prefill(prefilled), self.sequences)
         self.speculator.end_step(time.perf_counter() - step_start_s, len(plan.scheduled), len(proposals))
         return outputs
 

@@ -19,7 +19,7 @@ import torch
 from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
 from workers.engine.draft_proposer import DraftProposer
-from workers.engine.eagle_proposer import EagleProposer
+from workers.engine.eagle_proposer import EagleProposer, prefill_end
 from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
@@ -166,7 +166,9 @@ class Speculator:
             target=self.target_costs,
             proposers=self.proposer_costs,
             speculative_step_s=self.step_overhead.speculative_step_s,
+            speculative_seq_s=self.step_overhead.speculative_seq_s,
             plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
+            num_prefill_tokens=max(0, num_base_tokens - len(decodes)),  # each decode is one token of the base
         )
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
@@ -179,8 +181,9 @@ class Speculator:
 
     def _catch_up_cost_tokens(self, seq: Sequence, spec: SpecState) -> int:
         """Tokens a proposer's first pass is charged: those it has not seen, up to a step's worth (k_max + 1).
-        A longer backlog (the prompt, or steps it sat out) is paid whenever it next drafts, so it must not
-        weigh on this step alone: charged in full, it would keep a sequence from ever drafting again."""
+        A longer backlog (steps it sat out; the prompt is taken in at prefill, see prefill) is paid whenever it
+        next drafts, so it must not weigh on this step alone: charged in full, it would keep a sequence from ever
+        drafting again."""
         return max(1, min(len(seq) - spec.draft_num_computed, self.adaptive.k_max + 1))
 
     def propose(self, speculating: list[ScheduledSeq]) -> ProposeOutput:
@@ -212,6 +215,40 @@ class Speculator:
                     self._proposal_passes.end(elapsed_s)  # its passes priced with the work between them
                 self.stats.draft_time_s += elapsed_s
                 self.stats.by_method(entries[0].seq.spec.method).draft_time_s += elapsed_s  # type: ignore[union-attr]
+        return out
+
+    def prefill(self, prefilled: list[Sequence]) -> ProposeOutput:
+        """After a step's target pass: the draft model and the head run over what its prefill chunks computed
+        (DraftProposer.prefill, EagleProposer.prefill), so a prompt is never a proposal's backlog - a backlog the
+        length policy could only charge a step's worth of (_catch_up_cost_tokens). Reads the sequences only."""
+        out = ProposeOutput()
+        by_method: dict[SpeculativeMethod, list[Sequence]] = {SpeculativeMethod.DRAFT: [], SpeculativeMethod.EAGLE: []}
+        for seq in prefilled:
+            spec = seq.spec
+            if spec is None or not spec.is_active or spec.method not in by_method:
+                continue
+            if spec.method is SpeculativeMethod.EAGLE:
+                if spec.features is None or not spec.features_start <= spec.draft_num_computed < prefill_end(seq):
+                    continue  # no row to compute before the one the next proposal starts from
+            elif seq.num_computed_tokens <= spec.draft_num_computed:
+                continue
+            by_method[spec.method].append(seq)
+        for method, proposer, reason in (
+            (SpeculativeMethod.DRAFT, self.draft, "draft_error"), (SpeculativeMethod.EAGLE, self.eagle, "head_error")
+        ):  # fmt: skip
+            seqs = by_method[method]
+            if not seqs:
+                continue
+            assert proposer is not None
+            start_s = time.perf_counter()
+            try:
+                out.proposals.update((seq.request_id, p) for seq, p in zip(seqs, proposer.prefill(seqs), strict=True))
+            except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
+                log.exception("%s: %d sequences fall back to plain decoding", reason, len(seqs))
+                out.fallbacks.update((seq.request_id, reason) for seq in seqs)
+            elapsed_s = time.perf_counter() - start_s
+            self.stats.draft_time_s += elapsed_s
+            self.stats.by_method(method).draft_time_s += elapsed_s
         return out
 
     def _propose_with(

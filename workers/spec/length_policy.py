@@ -58,21 +58,32 @@ class _StepCost:
         num_base_tokens: int,
         speculative_step_s: float,
         plain_step_s: float,
+        num_prefill_tokens: int = 0,
+        speculative_seq_s: float = 0.0,
     ) -> None:
         self.target = target
         self.proposers = proposers
         self.num_base_tokens = num_base_tokens
         self.speculative_step_s = speculative_step_s
         self.plain_step_s = plain_step_s
+        self.speculative_seq_s = speculative_seq_s
+        # a prefill chunk's share of the target pass is done whether or not the step drafts: left out, so drafts
+        # are judged against what the decodes alone take, not against a step the prefill already made slow
+        decodes_s = target.estimate_s(num_base_tokens - num_prefill_tokens) if num_prefill_tokens else 0.0
+        self.prefill_s = target.estimate_s(num_base_tokens) - decodes_s if num_prefill_tokens else 0.0
         self.num_extra_tokens = 0
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
         self.pass_s: dict[str, list[float]] = {name: [] for name in proposers}  # proposer -> [depth] their estimate
         self.proposer_s = 0.0
         self.overhead_s = 0.0
+        self.is_speculative = False
 
     def start_sequence(self) -> None:
-        """One more sequence speculates: the first makes this a speculative step, with its work outside the passes."""
-        self.overhead_s = self.speculative_step_s
+        """One more sequence speculates: the first makes this a speculative step, with its work outside the
+        passes; each adds its own share of that work (step_overhead.py)."""
+        if not self.is_speculative:
+            self.overhead_s, self.is_speculative = self.speculative_step_s, True
+        self.overhead_s += self.speculative_seq_s
 
     def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
         """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
@@ -91,7 +102,7 @@ class _StepCost:
     @property
     def seconds(self) -> float:
         passes_s = self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s
-        return passes_s + self.overhead_s + self.plain_step_s
+        return passes_s + self.overhead_s + self.plain_step_s - self.prefill_s
 
 
 @dataclass(frozen=True)
@@ -104,9 +115,14 @@ class StepPricing:
     proposers: dict[str, PassCostTable]
     speculative_step_s: float = 0.0
     plain_step_s: float = 0.0
+    num_prefill_tokens: int = 0  # prefill chunks' tokens among num_base_tokens
+    speculative_seq_s: float = 0.0
 
     def cost(self) -> _StepCost:
-        return _StepCost(self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.plain_step_s)
+        return _StepCost(
+            self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.plain_step_s,
+            self.num_prefill_tokens, self.speculative_seq_s,
+        )  # fmt: skip
 
     def goodput(self, candidates: list[Candidate], lengths: list[int], is_tree: list[bool]) -> float:
         num_tokens, seconds = self.tokens_and_seconds(candidates, lengths, is_tree)
@@ -172,11 +188,16 @@ def choose_lengths(
     min_gain: float = MIN_GAIN,
     speculative_step_s: float = 0.0,  # measured work outside the passes a speculative step adds (step_overhead.py)
     plain_step_s: float = 0.0,  # measured work outside the passes of any step of this batch (step_overhead.py)
+    num_prefill_tokens: int = 0,  # prefill chunks' tokens among num_base_tokens (their pass share is left out)
+    speculative_seq_s: float = 0.0,  # measured work outside the passes each speculating sequence adds
 ) -> LengthPlan:
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
-    step = StepPricing(num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, plain_step_s)
+    step = StepPricing(
+        num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, plain_step_s, num_prefill_tokens,
+        speculative_seq_s,
+    )  # fmt: skip
     cost = step.cost()
     plain_s = cost.seconds
     plain = num_sure_tokens / plain_s

@@ -9,19 +9,26 @@ per sequence, and what a speculative step's rest exceeds that by. The length pol
 step it lets speculate: in a large batch of cheap passes, where that work eats what drafting saves, the
 batch stays on plain decoding.
 
-The excess is charged per step, not per speculating sequence: most of it is per step (one verification
-call, one proposal round), and a per-sequence charge measured at batch 1 would forbid speculating at batch 4
-before it could ever be measured there.
+The excess has a part per step (one verification call, one proposal round) and a part per speculating
+sequence (its rows to verify, its verdict to apply): at 16 sequences it is twice what it is at 1. Both are
+fitted together, as a line through exponentially weighted moments of (speculating sequences, excess); while
+every speculative step had the same number of speculating sequences the line cannot be told from its mean,
+and the whole excess stays per step - so a per-sequence charge measured at batch 1 never forbids speculating
+at batch 4 before it could be measured there.
 """
 
 from dataclasses import dataclass
+
+MIN_SPREAD = 0.25  # variance of the speculating-sequence count below which the excess stays one per-step figure
 
 
 @dataclass
 class StepOverhead:
     rate: float = 0.1  # weight of one step's measurement
     plain_per_seq_s: float | None = None  # the rest of a step without speculation, per sequence in it
-    speculative_step_s: float = 0.0  # what a step with speculating sequences adds to that rest
+    speculative_step_s: float = 0.0  # what a step with speculating sequences adds to that rest: per step
+    speculative_seq_s: float = 0.0  # ... and per speculating sequence
+    _moments: tuple[float, float, float, float] | None = None  # EWMA of n, excess, n^2, n * excess
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
@@ -40,4 +47,16 @@ class StepOverhead:
         if self.plain_per_seq_s is None:  # no plain baseline yet to tell the speculation's share
             return
         extra = max(0.0, rest_s - self.plain_per_seq_s * num_seqs)
-        self.speculative_step_s += self.rate * (extra - self.speculative_step_s)
+        n = float(num_speculating)
+        sample = (n, extra, n * n, n * extra)
+        old_moments = self._moments or sample
+        mean_n, mean_extra, mean_nn, mean_n_extra = (m + self.rate * (x - m) for m, x in zip(old_moments, sample, strict=True))
+        self._moments = (mean_n, mean_extra, mean_nn, mean_n_extra)
+        spread = mean_nn - mean_n * mean_n
+        slope = max(0.0, (mean_n_extra - mean_n * mean_extra) / spread) if spread > MIN_SPREAD else 0.0
+        self.speculative_seq_s = slope
+        self.speculative_step_s = max(0.0, mean_extra - slope * mean_n)
+
+    def speculative_s(self, num_speculating: int) -> float:
+        """What a step with this many speculating sequences adds to the plain rest."""
+        return self.speculative_step_s + self.speculative_seq_s * num_speculating

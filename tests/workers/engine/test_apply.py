@@ -50,7 +50,8 @@ def test_draft_proposals_leave_the_sequences_untouched_until_the_engine_applies_
         proposal = proposed.proposals[s.request_id]
         assert proposal.num_tokens == 3
         assert proposal.draft_num_computed == len(s.seq) + 3 - 1  # the draft cache holds all but the last
-        assert s.seq.spec is not None and s.seq.spec.draft_num_computed == 0  # the seq still says: nothing cached
+        assert s.seq.spec is not None  # the seq still says: only the prompt, taken in at prefill
+        assert s.seq.spec.draft_num_computed == s.seq.num_prompt_tokens
 
     engine.applier.apply_proposals(proposed, engine.sequences)
     for s in plan.speculating:

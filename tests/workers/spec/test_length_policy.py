@@ -147,3 +147,14 @@ def test_the_rest_of_a_step_is_priced_into_both_sides() -> None:
     assert with_rest.seconds == pytest.approx(base.seconds + 5e-3)
     plain = choose_lengths(candidates(16, 0.05), 16, 16, 512, MEMORY_BOUND, CHEAP_DRAFT, plain_step_s=5e-3)
     assert plain.lengths == [0] * 16 and plain.seconds == pytest.approx(16 / plain.goodput_plain)
+
+
+def test_a_prefill_in_the_step_does_not_make_drafts_look_cheap() -> None:
+    """A prefill chunk's share of the pass is done either way: drafts are judged against the decodes alone."""
+    cands = candidates(16, 0.3)
+    alone = choose_lengths(cands, 16, 16, 1024, MEMORY_BOUND, CHEAP_DRAFT)
+    with_prefill = choose_lengths(cands, 16, 16 + 300, 1024, MEMORY_BOUND, CHEAP_DRAFT, num_prefill_tokens=300)
+    assert with_prefill.lengths == alone.lengths
+    assert with_prefill.goodput_plain == pytest.approx(alone.goodput_plain)
+    counted = choose_lengths(cands, 16, 16 + 300, 1024, MEMORY_BOUND, CHEAP_DRAFT)  # as if the prefill were decodes'
+    assert counted.goodput_plain < alone.goodput_plain and sum(counted.lengths) > sum(alone.lengths)

@@ -29,3 +29,22 @@ def test_a_fast_speculative_step_never_makes_the_excess_negative() -> None:
 def test_rate_is_checked() -> None:
     with pytest.raises(ValueError):
         StepOverhead(rate=0.0)
+
+
+def test_the_excess_splits_into_a_part_per_step_and_one_per_speculating_sequence() -> None:
+    overhead = StepOverhead(rate=0.2)
+    overhead.observe(rest_s=1.6e-3, num_seqs=16, num_speculating=0)  # plain: 0.1 ms a sequence
+    for _ in range(200):  # 0.5 ms a step + 0.1 ms a speculating sequence, at 1 and at 16 of them
+        for n in (1, 16):
+            overhead.observe(rest_s=1.6e-3 + 0.5e-3 + 0.1e-3 * n, num_seqs=16, num_speculating=n)
+    assert overhead.speculative_step_s == pytest.approx(0.5e-3, rel=1e-3)
+    assert overhead.speculative_seq_s == pytest.approx(0.1e-3, rel=1e-3)
+    assert overhead.speculative_s(16) == pytest.approx(2.1e-3, rel=1e-3)
+
+
+def test_one_count_of_speculating_sequences_keeps_the_excess_per_step() -> None:
+    overhead = StepOverhead(rate=0.5)
+    overhead.observe(rest_s=0.2e-3, num_seqs=1, num_speculating=0)
+    for _ in range(20):  # batch 1 only: no way to tell a per-sequence part
+        overhead.observe(rest_s=1.2e-3, num_seqs=1, num_speculating=1)
+    assert overhead.speculative_seq_s == 0.0 and overhead.speculative_step_s == pytest.approx(1e-3)
