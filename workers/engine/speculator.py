@@ -36,9 +36,6 @@ from workers.spec.verify_batch import VerifyEntry, verify_batch
 
 log = logging.getLogger(__name__)
 
-DRAFTING_RATE_WEIGHT = 0.05  # weight of one plan in Speculator.drafting_rate: about the last 20 plans
-PREFILL_WHILE_DRAFTING = 0.1  # prefill() feeds the proposers while at least ~1 plan in 10 drafts
-
 
 @dataclass
 class ProposeOutput:
@@ -81,9 +78,6 @@ class Speculator:
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
         self._step_pass_s = 0.0  # the current step's passes so far
         self._proposal_passes = ProposalPasses(self._add_pass_s)  # a proposer pass: its forward + its draw work
-        # how often the recent plans drafted (1 = every one): prefill() feeds the proposers only while it is
-        # above PREFILL_WHILE_DRAFTING - where plain decoding keeps winning, a prompt taken in is work thrown away
-        self.drafting_rate = 1.0
 
     # ---- what passes and steps cost (fed by the runners and the engine) ---------------------------
     def observe_target_pass(self, num_tokens: int, seconds: float) -> None:
@@ -176,8 +170,6 @@ class Speculator:
             plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
             num_prefill_tokens=max(0, num_base_tokens - len(decodes)),  # each decode is one token of the base
         )
-        if chosen and max_extra_tokens > num_fixed:  # a plan with no room to draft says nothing of what pays
-            self.drafting_rate += DRAFTING_RATE_WEIGHT * (float(any(plan.lengths)) - self.drafting_rate)
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
         tally[0] += 1
@@ -228,12 +220,8 @@ class Speculator:
     def prefill(self, prefilled: list[Sequence]) -> ProposeOutput:
         """After a step's target pass: the draft model and the head run over what its prefill chunks computed
         (DraftProposer.prefill, EagleProposer.prefill), so a prompt is never a proposal's backlog - a backlog the
-        length policy could only charge a step's worth of (_catch_up_cost_tokens) - while the recent plans draft
-        (drafting_rate); where they do not, the prompt waits, like any backlog, for a step that drafts. Reads the
-        sequences only."""
+        length policy could only charge a step's worth of (_catch_up_cost_tokens). Reads the sequences only."""
         out = ProposeOutput()
-        if self.drafting_rate < PREFILL_WHILE_DRAFTING:  # plain decoding keeps winning: the backlog waits
-            return out
         by_method: dict[SpeculativeMethod, list[Sequence]] = {SpeculativeMethod.DRAFT: [], SpeculativeMethod.EAGLE: []}
         for seq in prefilled:
             spec = seq.spec

@@ -51,14 +51,3 @@ def test_outputs_are_unchanged_with_chunked_prefill(spec_models, eagle_models, m
     outs = run_all(chunked, prompts)
     assert {r: tokens(o) for r, o in outs.items()} == {r: tokens(o) for r, o in plain.items()}
     assert chunked.speculator.stats.counts.num_accepted > 0
-
-
-def test_where_plans_stop_drafting_the_prompt_waits(spec_models: dict[str, Path]) -> None:
-    """drafting_rate: while plain decoding keeps winning, a prompt taken in would be work thrown away."""
-    engine = spec_engine(spec_models, speculative_method="draft")
-    engine.speculator.drafting_rate = 0.0  # as after many plans without drafts
-    prefill_only(engine, make_prompts()[3])
-    seq = engine.sequences["p"]
-    assert seq.spec is not None and seq.spec.draft_num_computed == 0  # its first drafting step catches up
-    outs = run_all(engine, {"q": (make_prompts()[4], greedy(12))})
-    assert len(tokens(outs["q"])) == 12
