@@ -21,6 +21,7 @@ came out non-empty gets its tree instead when the tree's estimate (below) gives 
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from workers.spec.pass_costs import PassCostTable
 
@@ -51,29 +52,11 @@ class _StepCost:
     """Running cost of a step as draft tokens are added: target pass + each proposer's passes + the measured
     work outside the passes that a speculative step adds (step_overhead.py)."""
 
-    def __init__(
-        self,
-        target: PassCostTable,
-        proposers: dict[str, PassCostTable],
-        num_base_tokens: int,
-        speculative_step_s: float,
-        plain_step_s: float,
-        num_prefill_tokens: int = 0,
-        speculative_seq_s: float = 0.0,
-    ) -> None:
-        self.target = target
-        self.proposers = proposers
-        self.num_base_tokens = num_base_tokens
-        self.speculative_step_s = speculative_step_s
-        self.plain_step_s = plain_step_s
-        self.speculative_seq_s = speculative_seq_s
-        # a prefill chunk's share of the target pass is done whether or not the step drafts: left out, so drafts
-        # are judged against what the decodes alone take, not against a step the prefill already made slow
-        decodes_s = target.estimate_s(num_base_tokens - num_prefill_tokens) if num_prefill_tokens else 0.0
-        self.prefill_s = target.estimate_s(num_base_tokens) - decodes_s if num_prefill_tokens else 0.0
+    def __init__(self, step: "StepPricing") -> None:
+        self.step = step
+        self.pass_tokens: dict[str, list[int]] = {name: [] for name in step.proposers}  # proposer -> [depth] tokens
+        self.pass_s: dict[str, list[float]] = {name: [] for name in step.proposers}  # proposer -> [depth] estimate
         self.num_extra_tokens = 0
-        self.pass_tokens: dict[str, list[int]] = {name: [] for name in proposers}  # proposer -> [depth] tokens
-        self.pass_s: dict[str, list[float]] = {name: [] for name in proposers}  # proposer -> [depth] their estimate
         self.proposer_s = 0.0
         self.overhead_s = 0.0
         self.is_speculative = False
@@ -82,8 +65,8 @@ class _StepCost:
         """One more sequence speculates: the first makes this a speculative step, with its work outside the
         passes; each adds its own share of that work (step_overhead.py)."""
         if not self.is_speculative:
-            self.overhead_s, self.is_speculative = self.speculative_step_s, True
-        self.overhead_s += self.speculative_seq_s
+            self.overhead_s, self.is_speculative = self.step.speculative_step_s, True
+        self.overhead_s += self.step.speculative_seq_s
 
     def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
         """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
@@ -95,14 +78,15 @@ class _StepCost:
             passes.append(0)
             pass_s.append(0.0)
         passes[depth - 1] += num_tokens
-        seconds = self.proposers[proposer].estimate_s(passes[depth - 1])
+        seconds = self.step.proposers[proposer].estimate_s(passes[depth - 1])
         self.proposer_s += seconds - pass_s[depth - 1]
         pass_s[depth - 1] = seconds
 
     @property
     def seconds(self) -> float:
-        passes_s = self.target.estimate_s(self.num_base_tokens + self.num_extra_tokens) + self.proposer_s
-        return passes_s + self.overhead_s + self.plain_step_s - self.prefill_s
+        step = self.step
+        passes_s = step.target.estimate_s(step.num_base_tokens + self.num_extra_tokens) + self.proposer_s
+        return passes_s + self.overhead_s + step.plain_step_s - step.prefill_s
 
 
 @dataclass(frozen=True)
@@ -118,11 +102,18 @@ class StepPricing:
     num_prefill_tokens: int = 0  # prefill chunks' tokens among num_base_tokens
     speculative_seq_s: float = 0.0
 
+    @cached_property
+    def prefill_s(self) -> float:
+        """The prefill chunks' share of the target pass: done whether or not the step drafts, so it is left out
+        and drafts are judged against what the decodes alone take, not against a step the prefill made slow."""
+        if not self.num_prefill_tokens:
+            return 0.0
+        return self.target.estimate_s(self.num_base_tokens) - self.target.estimate_s(
+            self.num_base_tokens - self.num_prefill_tokens
+        )
+
     def cost(self) -> _StepCost:
-        return _StepCost(
-            self.target, self.proposers, self.num_base_tokens, self.speculative_step_s, self.plain_step_s,
-            self.num_prefill_tokens, self.speculative_seq_s,
-        )  # fmt: skip
+        return _StepCost(self)
 
     def goodput(self, candidates: list[Candidate], lengths: list[int], is_tree: list[bool]) -> float:
         num_tokens, seconds = self.tokens_and_seconds(candidates, lengths, is_tree)

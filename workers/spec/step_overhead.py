@@ -56,7 +56,3 @@ class StepOverhead:
         slope = max(0.0, (mean_n_extra - mean_n * mean_extra) / spread) if spread > MIN_SPREAD else 0.0
         self.speculative_seq_s = slope
         self.speculative_step_s = max(0.0, mean_extra - slope * mean_n)
-
-    def speculative_s(self, num_speculating: int) -> float:
-        """What a step with this many speculating sequences adds to the plain rest."""
-        return self.speculative_step_s + self.speculative_seq_s * num_speculating
