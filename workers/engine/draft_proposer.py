@@ -121,6 +121,12 @@ class DraftProposer:
             items.append(ForwardItem(seq.token_ids[start:], start, seq.block_table, num_logits=1))
         return self.runner.forward(items)
 
+    @staticmethod
+    def can_prefill(seq: Sequence) -> bool:
+        """The target has computed tokens the draft has not."""
+        assert seq.spec is not None
+        return seq.num_computed_tokens > seq.spec.draft_num_computed
+
     def prefill(self, seqs: list[Sequence]) -> list[Proposal]:
         """Feed the draft the tokens the target has computed and it has not (a prefill chunk's), no logits,
         so a sequence's first proposal catches up on one token instead of its whole prompt. Proposals with no

@@ -42,6 +42,14 @@ class EagleProposer:
             items.append(ForwardItem(seq.token_ids[start + 1 :], start, seq.block_table, num_logits=1))
         return self.runner.forward(items, torch.cat(features))
 
+    @staticmethod
+    def can_prefill(seq: Sequence) -> bool:
+        """There are kept features from the head's next row on, and a row before the one the next proposal
+        starts from."""
+        spec = seq.spec
+        assert spec is not None
+        return spec.features is not None and spec.features_start <= spec.draft_num_computed < prefill_end(seq)
+
     def prefill(self, seqs: list[Sequence]) -> list[Proposal]:
         """Head rows draft_num_computed .. before the last committed row, those whose features the target's pass
         just kept (a prefill chunk's), no logits, so a sequence's first proposal catches up on a row or two
@@ -53,7 +61,7 @@ class EagleProposer:
         for seq in seqs:
             spec = seq.spec
             assert spec is not None and spec.features is not None
-            start = spec.draft_num_computed  # kept features begin at or before it (Speculator.prefill checks)
+            start = spec.draft_num_computed  # kept features begin at or before it (can_prefill)
             end = prefill_end(seq)  # rows start .. end - 1
             features.append(spec.features[start - spec.features_start : end - spec.features_start])
             items.append(ForwardItem(seq.token_ids[start + 1 : end + 1], start, seq.block_table, num_logits=0))

@@ -19,7 +19,7 @@ import torch
 from shared.speculation import SpeculativeMethod
 from workers.engine.config import EngineConfig
 from workers.engine.draft_proposer import DraftProposer
-from workers.engine.eagle_proposer import EagleProposer, prefill_end
+from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
@@ -213,42 +213,35 @@ class Speculator:
                 finally:
                     elapsed_s = time.perf_counter() - start_s
                     self._proposal_passes.end(elapsed_s)  # its passes priced with the work between them
-                self.stats.draft_time_s += elapsed_s
-                self.stats.by_method(entries[0].seq.spec.method).draft_time_s += elapsed_s  # type: ignore[union-attr]
+                self._count_draft_time(entries[0].seq.spec.method, elapsed_s)  # type: ignore[union-attr]
         return out
+
+    def _count_draft_time(self, method: SpeculativeMethod, elapsed_s: float) -> None:
+        self.stats.draft_time_s += elapsed_s
+        self.stats.by_method(method).draft_time_s += elapsed_s
 
     def prefill(self, prefilled: list[Sequence]) -> ProposeOutput:
         """After a step's target pass: the draft model and the head run over what its prefill chunks computed
         (DraftProposer.prefill, EagleProposer.prefill), so a prompt is never a proposal's backlog - a backlog the
         length policy could only charge a step's worth of (_catch_up_cost_tokens). Reads the sequences only."""
         out = ProposeOutput()
-        by_method: dict[SpeculativeMethod, list[Sequence]] = {SpeculativeMethod.DRAFT: [], SpeculativeMethod.EAGLE: []}
-        for seq in prefilled:
-            spec = seq.spec
-            if spec is None or not spec.is_active or spec.method not in by_method:
-                continue
-            if spec.method is SpeculativeMethod.EAGLE:
-                if spec.features is None or not spec.features_start <= spec.draft_num_computed < prefill_end(seq):
-                    continue  # no row to compute before the one the next proposal starts from
-            elif seq.num_computed_tokens <= spec.draft_num_computed:
-                continue
-            by_method[spec.method].append(seq)
         for method, proposer, reason in (
             (SpeculativeMethod.DRAFT, self.draft, "draft_error"), (SpeculativeMethod.EAGLE, self.eagle, "head_error")
         ):  # fmt: skip
-            seqs = by_method[method]
+            if proposer is None:
+                continue
+            seqs = [
+                seq for seq in prefilled
+                if seq.spec is not None and seq.spec.is_active and seq.spec.method is method and proposer.can_prefill(seq)
+            ]  # fmt: skip
             if not seqs:
                 continue
-            assert proposer is not None
             start_s = time.perf_counter()
             try:
                 out.proposals.update((seq.request_id, p) for seq, p in zip(seqs, proposer.prefill(seqs), strict=True))
-            except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
-                log.exception("%s: %d sequences fall back to plain decoding", reason, len(seqs))
-                out.fallbacks.update((seq.request_id, reason) for seq in seqs)
-            elapsed_s = time.perf_counter() - start_s
-            self.stats.draft_time_s += elapsed_s
-            self.stats.by_method(method).draft_time_s += elapsed_s
+            except Exception:
+                _fall_back(out, [seq.request_id for seq in seqs], reason)
+            self._count_draft_time(method, time.perf_counter() - start_s)
         return out
 
     def _propose_with(
@@ -270,9 +263,8 @@ class Speculator:
                 else:
                     proposed = proposer.propose_chains(seqs, sizes)
                 made.update((s.request_id, p) for s, p in zip(group, proposed, strict=True))
-        except Exception:  # a broken draft must not lose the jobs: they continue with plain decoding
-            log.exception("%s: %d sequences fall back to plain decoding", reason, len(entries))
-            out.fallbacks.update((s.request_id, reason) for s in entries)
+        except Exception:
+            _fall_back(out, [s.request_id for s in entries], reason)
             return
         out.proposals.update(made)
 
@@ -280,3 +272,10 @@ class Speculator:
     def verify(self, entries: list[VerifyEntry], logits: torch.Tensor) -> list[Verdict]:
         """logits: [S, V], each entry's 1 + num_tokens rows in order."""
         return verify_batch(entries, logits)
+
+
+def _fall_back(out: ProposeOutput, request_ids: list[str], reason: str) -> None:
+    """A broken draft or head must not lose the jobs: called from its except block, it logs the error and
+    lets the sequences continue with plain decoding."""
+    log.exception("%s: %d sequences fall back to plain decoding", reason, len(request_ids))
+    out.fallbacks.update((request_id, reason) for request_id in request_ids)
