@@ -18,11 +18,14 @@ reuses them instead of recompiling.
 
 import logging
 import os
-import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from workers.engine.compile_stats import Bucket, CompileMode, CompileStats
+from workers.engine.interleaved import time_interleaved
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.compiled import CompiledModel
 
@@ -30,7 +33,6 @@ log = logging.getLogger(__name__)
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 BATCH_WARM_SEQS = 16  # the multi-thread bucket is compiled and timed at this many decoding sequences
-NUM_TIMED_PASSES = 8  # per variant and bucket, for `auto`
 
 
 def point_cache_at(cache_dir: Path) -> None:
@@ -77,7 +79,7 @@ def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> Compile
         if mode is CompileMode.ON:
             stats.is_compiled[bucket.value] = True
             continue
-        eager_ms, compiled_ms = _time_interleaved(runner, compiled, items)
+        eager_ms, compiled_ms, _ = time_interleaved(_eager_or_compiled(runner, compiled, items))
         stats.eager_ms[bucket.value], stats.compiled_ms[bucket.value] = eager_ms, compiled_ms
         stats.is_compiled[bucket.value] = compiled_ms < eager_ms
     log.info(
@@ -88,12 +90,6 @@ def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> Compile
     return stats
 
 
-def _time_interleaved(runner: ModelRunner, compiled: CompiledModel, items: list[ForwardItem]) -> tuple[float, float]:
-    """Median ms of an eager and a compiled forward of `items`, alternating so load changes hit both alike."""
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(NUM_TIMED_PASSES):
-        for is_compiled in (False, True):
-            start_s = time.perf_counter()
-            runner.forward_with(items, compiled if is_compiled else None)
-            times[is_compiled].append((time.perf_counter() - start_s) * 1e3)
-    return statistics.median(times[False]), statistics.median(times[True])
+def _eager_or_compiled(runner: ModelRunner, compiled: CompiledModel, items: list[ForwardItem]) -> Callable[[bool], torch.Tensor]:
+    """One forward of `items`: compiled for True, eager for False."""
+    return lambda is_compiled: runner.forward_with(items, compiled if is_compiled else None)

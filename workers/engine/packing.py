@@ -10,8 +10,6 @@ workers/models/packed_linear.py), for the target, the draft and an EAGLE head al
 """
 
 import logging
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,12 +17,10 @@ from enum import StrEnum
 import torch
 from torch import nn
 
+from workers.engine.interleaved import time_interleaved
 from workers.models import packed_linear
 
 log = logging.getLogger(__name__)
-
-NUM_TIMED_PASSES = 8  # per variant, for `auto`
-
 
 class PackingMode(StrEnum):
     AUTO = "auto"
@@ -69,16 +65,13 @@ def _measure(
 ) -> tuple[bool, str]:
     """(keep the packing, why): interleaved medians, and the logits of both paths compared bit for bit."""
     packed = [layer.packed for layer in layers]
-    times: dict[bool, list[float]] = {False: [], True: []}
-    logits: dict[bool, torch.Tensor] = {}
-    for _ in range(NUM_TIMED_PASSES):
-        for is_packed in (False, True):
-            for layer, weight in zip(layers, packed, strict=True):
-                layer.packed = weight if is_packed else None
-            start_s = time.perf_counter()
-            logits[is_packed] = one_token_pass()
-            times[is_packed].append((time.perf_counter() - start_s) * 1e3)
-    timed_ms["unpacked"], timed_ms["packed"] = statistics.median(times[False]), statistics.median(times[True])
+
+    def run(is_packed: bool) -> torch.Tensor:
+        for layer, weight in zip(layers, packed, strict=True):
+            layer.packed = weight if is_packed else None
+        return one_token_pass()
+
+    timed_ms["unpacked"], timed_ms["packed"], logits = time_interleaved(run)  # ends packed
     if not torch.equal(logits[False], logits[True]):
         return False, "the packed product's bits differ on this host"
     if timed_ms["packed"] >= timed_ms["unpacked"]:
