@@ -216,6 +216,23 @@ inline void prefetch_row(const T* slot_row, int64_t row_bytes) {  // every cache
   for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(bytes + b);
 }
 
+// Every (key j, token r, head h) of a run where token r sees key j, in key order: the slot row of key j is
+// prefetched kPrefetchKeys ahead and read once for all of them. visit(i = r * num_heads + h, j, head's row).
+template <typename T, typename Visit>
+inline void for_each_seen_key(const T* cache, const int64_t* key_rows, int64_t lo, int64_t num_keys,
+                              const Visibility* seen, int64_t run_len, int64_t num_heads, const int64_t* kv_offset,
+                              int64_t row_bytes, Visit visit) {
+  for (int64_t j = 0; j < num_keys; ++j) {
+    if (j + kPrefetchKeys < num_keys) prefetch_row(cache + key_rows[j + kPrefetchKeys], row_bytes);
+    const T* slot_row = cache + key_rows[j];
+    const int64_t pos = lo + j;
+    for (int64_t r = 0; r < run_len; ++r) {
+      if (!seen[r].sees(pos)) continue;
+      for (int64_t h = 0; h < num_heads; ++h) visit(r * num_heads + h, j, slot_row + kv_offset[h]);
+    }
+  }
+}
+
 template <typename T, int kChunks>
 void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* key_rows,
                 int64_t lo, int64_t num_keys, const Visibility* seen, int64_t run_len, int64_t num_heads,
@@ -232,18 +249,10 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
-  for (int64_t j = 0; j < num_keys; ++j) {  // scores [rows, keys]
-    if (j + kPrefetchKeys < num_keys) prefetch_row(k_cache + key_rows[j + kPrefetchKeys], row_bytes);
-    const T* slot_row = k_cache + key_rows[j];
-    const int64_t pos = lo + j;
-    for (int64_t r = 0; r < run_len; ++r) {
-      if (!seen[r].sees(pos)) continue;
-      for (int64_t h = 0; h < num_heads; ++h) {
-        const int64_t i = r * num_heads + h;
-        scores[i * num_keys + j] = dot_chunks<T, kChunks>(&qv[i * kChunks], slot_row + kv_offset[h]) * scale_f;
-      }
-    }
-  }
+  for_each_seen_key(k_cache, key_rows, lo, num_keys, seen, run_len, num_heads, kv_offset.data(), row_bytes,
+                    [&](int64_t i, int64_t j, const T* k_head) {  // scores [rows, keys]
+                      scores[i * num_keys + j] = dot_chunks<T, kChunks>(&qv[i * kChunks], k_head) * scale_f;
+                    });
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
@@ -264,20 +273,11 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
-  for (int64_t j = 0; j < num_keys; ++j) {  // values
-    if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys], row_bytes);
-    const T* slot_row = v_cache + key_rows[j];
-    const int64_t pos = lo + j;
-    for (int64_t r = 0; r < run_len; ++r) {
-      if (!seen[r].sees(pos)) continue;
-      for (int64_t h = 0; h < num_heads; ++h) {
-        const int64_t i = r * num_heads + h;
-        const float p = scores[i * num_keys + j];
-        const T* v_head = slot_row + kv_offset[h];
-        for (int c = 0; c < kChunks; ++c) acc[i * kChunks + c] += p * load16(v_head + 16 * c);
-      }
-    }
-  }
+  for_each_seen_key(v_cache, key_rows, lo, num_keys, seen, run_len, num_heads, kv_offset.data(), row_bytes,
+                    [&](int64_t i, int64_t j, const T* v_head) {  // values
+                      const float p = scores[i * num_keys + j];
+                      for (int c = 0; c < kChunks; ++c) acc[i * kChunks + c] += p * load16(v_head + 16 * c);
+                    });
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
     for (int64_t h = 0; h < num_heads; ++h) {
