@@ -54,10 +54,12 @@ def spec_engine(
 
 
 def pin_costs(engine: Engine, target_s: CostFn, proposer_s: CostFn) -> None:
-    """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs; and no step
-    overhead (step_overhead.py): with the passes unobserved, a whole step would count as overhead."""
+    """Fixed pass-cost tables for the engine's length policy, no longer fed by the passes it runs; no step
+    overhead (step_overhead.py): with the passes unobserved, a whole step would count as overhead; and no
+    goodput guard (goodput_guard.py), whose veto would follow this host's timings."""
     speculator = engine.speculator
     speculator.step_overhead.observe = lambda *step: None  # type: ignore[method-assign]
+    speculator.guard.observe = lambda *step: None  # type: ignore[method-assign]
     speculator.target_costs = fixed_table(target_s, speculator.target_costs.max_tokens)
     engine.runner.on_pass = None
     for name, table in list(speculator.proposer_costs.items()):

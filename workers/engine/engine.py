@@ -330,7 +330,8 @@ class Engine:
         prefilled = [s.seq for s in plan.scheduled if s.num_new_tokens > 1 and s.request_id in self.sequences]
         if prefilled:
             self.applier.apply_proposals(self.speculator.prefill(prefilled), self.sequences)
-        self.speculator.end_step(time.perf_counter() - step_start_s, len(plan.scheduled), len(proposals))
+        num_tokens = sum(len(out.new_token_ids) for out in outputs)
+        self.speculator.end_step(time.perf_counter() - step_start_s, len(plan.scheduled), len(proposals), num_tokens)
         return outputs
 
     def _postprocess(

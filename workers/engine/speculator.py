@@ -25,6 +25,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
+from workers.spec.goodput_guard import GoodputGuard, Key, guard_key
 from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import PassCostTable
@@ -76,6 +77,8 @@ class Speculator:
         # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
         self.chosen_by_batch: dict[int, list[int]] = {}
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
+        self.guard = GoodputGuard()  # speculation vetoed where it realised less than plain steps (goodput_guard.py)
+        self._guard_key: Key | None = None  # the current step's key, once it was planned
         self._step_pass_s = 0.0  # the current step's passes so far
         self._proposal_passes = ProposalPasses(self._add_pass_s)  # a proposer pass: its forward + its draw work
 
@@ -97,10 +100,14 @@ class Speculator:
 
     def begin_step(self) -> None:
         self._step_pass_s = 0.0
+        self._guard_key = None
 
-    def end_step(self, step_s: float, num_seqs: int, num_speculating: int) -> None:
-        """The step took step_s: what its passes did not take is its overhead (step_overhead.py)."""
+    def end_step(self, step_s: float, num_seqs: int, num_speculating: int, num_tokens: int) -> None:
+        """The step took step_s and emitted num_tokens: what its passes did not take is its overhead
+        (step_overhead.py); a step that was planned tells the guard what its kind delivered."""
         self.step_overhead.observe(step_s - self._step_pass_s, num_seqs, num_speculating)
+        if self._guard_key is not None:
+            self.guard.observe(self._guard_key, num_speculating > 0, num_tokens, step_s)
 
     def new_state(self, params: SamplingParams, prompt_ids: list[int]) -> SpecState | None:
         method = SpeculativeMethod(params.speculative or self.cfg.speculative_method or SpeculativeMethod.NONE)
@@ -129,7 +136,17 @@ class Speculator:
         num_base_tokens: the target pass's tokens before speculation; max_extra_tokens: room left for drafts.
         A seeded sampling request keeps its own nominal k (see adaptive.py) so its draws do not depend on
         timing; with is_adaptive off every sequence takes num_speculative_tokens (or its tree); the rest are
-        chosen together, from measured costs, to maximise the step's expected tokens per second."""
+        chosen together, from measured costs, to maximise the step's expected tokens per second - unless the
+        guard vetoes this batch's key, where speculative steps delivered less than plain ones (goodput_guard.py):
+        then only those seeded or fixed requests draft."""
+        methods = {seq.spec.method.value for seq in decodes if seq.spec is not None and seq.spec.is_active}
+        if not methods:
+            return {}
+        has_prefill = num_base_tokens > len(decodes)  # each decode is one token of the base; the rest is prompts
+        self._guard_key = guard_key(len(decodes), has_prefill, tuple(sorted(methods)))
+        may_plan = self.guard.allows(self._guard_key)
+        if not may_plan:
+            self.stats.num_vetoed_steps += 1
         fixed: dict[str, int] = {}
         chosen: list[tuple[Sequence, Candidate]] = []
         for seq in decodes:
@@ -146,6 +163,8 @@ class Speculator:
             if (seq.params.seed is not None and not seq.params.is_greedy) or not self.cfg.is_adaptive:
                 nominal = self.adaptive.k_max if not self.cfg.is_adaptive else spec.controller.k
                 fixed[seq.request_id] = tree_size or min(nominal, chain_max)
+                continue
+            if not may_plan:
                 continue
             proposer = spec.method.value if spec.method.value in self.proposer_costs else None
             chosen.append((seq, Candidate(

@@ -167,6 +167,7 @@ class SpecStats:
     counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted per seq-step -> count
     num_fallbacks: int = 0
+    num_vetoed_steps: int = 0  # steps decoded plainly because speculation delivered less there (goodput_guard.py)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0  # target forward + verification, in steps that carried draft tokens
     methods: dict[SpeculativeMethod, MethodStats] = field(default_factory=dict)  # method -> its own figures

@@ -64,6 +64,7 @@ class SpecSnapshot:
     per_position_acceptance: list[float] = field(default_factory=list)  # [draft position] accepted / verified
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted per seq-step -> count
     num_fallbacks: int = 0
+    num_vetoed_steps: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     # method ("draft", "ngram", "eagle") -> its own figures: (steps, drafted, accepted, rejected, emitted,
@@ -87,6 +88,7 @@ class SpecSnapshot:
             per_position_acceptance=list(counts.per_position_acceptance()),
             accepted_length_histogram=dict(stats.accepted_length_histogram),
             num_fallbacks=stats.num_fallbacks,
+            num_vetoed_steps=stats.num_vetoed_steps,
             draft_time_s=stats.draft_time_s,
             verify_time_s=stats.verify_time_s,
         )
@@ -104,6 +106,8 @@ class SpecCollector(Collector):
             ("specfleet_spec_accepted_tokens", "Draft tokens accepted", s.num_accepted),
             ("specfleet_spec_emitted_tokens", "Tokens emitted by speculative steps", s.num_emitted),
             ("specfleet_spec_fallbacks", "Sequences that fell back to plain decoding", s.num_fallbacks),
+            ("specfleet_spec_vetoed_steps", "Steps decoded plainly where speculative steps had delivered fewer "
+             "tokens per second than plain ones", s.num_vetoed_steps),
             ("specfleet_spec_draft_seconds", "Time spent drafting", s.draft_time_s),
             ("specfleet_spec_verify_seconds", "Target forward + verification time of speculative steps",
              s.verify_time_s),
@@ -288,7 +292,12 @@ class EngineMetrics:
             if out.metrics.get("tokens_per_s", 0.0) > 0:
                 self.tpot.observe(1.0 / out.metrics["tokens_per_s"])
         stats = engine.speculator.stats
-        if stats.counts.num_steps != self._num_spec_steps_seen or stats.num_fallbacks != self.spec.snapshot.num_fallbacks:
+        seen = self.spec.snapshot
+        if (
+            stats.counts.num_steps != self._num_spec_steps_seen
+            or stats.num_fallbacks != seen.num_fallbacks
+            or stats.num_vetoed_steps != seen.num_vetoed_steps
+        ):
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
         compile_now = CompileSnapshot.of(engine.compile_stats, engine.native_attention, engine.packing)  # a few entries: cheap

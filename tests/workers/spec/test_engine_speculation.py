@@ -7,6 +7,7 @@ import torch
 
 from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
 from workers.engine.sampling_params import SamplingParams
+from workers.spec.goodput_guard import GoodputGuard, guard_key
 
 NUM_PROMPTS = 52
 
@@ -211,3 +212,50 @@ def test_the_engine_measures_pass_costs_at_start_and_keeps_them_current(spec_mod
     overhead = engine.speculator.step_overhead  # and every step measured its work outside the passes
     assert overhead.plain_per_seq_s is not None and overhead.plain_per_seq_s > 0  # the prefill steps at least
     assert overhead.speculative_step_s >= 0
+
+
+def veto(engine, num_decodes: int, method: str = "draft") -> None:
+    """Tell the engine's guard that speculative decode steps of this batch size delivered a tenth of what plain
+    ones did (the guard's own observe: spec_engine stops the steps from feeding it)."""
+    key = guard_key(num_decodes, False, (method,))
+    for _ in range(engine.speculator.guard.min_samples):
+        GoodputGuard.observe(engine.speculator.guard, key, True, 16, 1.0)
+        GoodputGuard.observe(engine.speculator.guard, key, False, 16, 0.1)
+
+
+def test_a_batch_where_speculation_delivered_less_decodes_plainly(spec_models, plain_reference) -> None:
+    """The guard's veto: the length policy, which would draft here, is not asked; no draft is proposed, the
+    tokens are the same, and every vetoed step is counted. A batch of another size still speculates."""
+    engine = spec_engine(spec_models)
+    veto(engine, num_decodes=8)
+    outs = run_all(engine, {str(i): (p, greedy(24)) for i, p in enumerate(make_prompts()[:8])})
+    assert {rid: tokens(o) for rid, o in outs.items()} == {str(i): plain_reference[str(i)][:24] for i in range(8)}
+    assert engine.speculator.stats.counts.num_steps == 0
+    assert engine.speculator.stats.num_vetoed_steps == 23  # every decode step after the prefill's first token
+    run_all(engine, {"solo": (make_prompts()[0], greedy(10))})
+    assert engine.speculator.stats.counts.num_steps > 0
+
+
+def test_a_vetoed_batch_keeps_a_seeded_request_s_own_lengths(spec_models) -> None:
+    """A seeded sampling request drafts its nominal k whatever the guard says, so its sample does not depend on
+    what this host measured."""
+    params = SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=77, ignore_eos=True)
+    runs = []
+    for is_vetoed in (False, True):
+        engine = spec_engine(spec_models)
+        if is_vetoed:
+            veto(engine, num_decodes=1)
+        runs.append(tokens(run_all(engine, {"s": (make_prompts()[4], params)})["s"]))
+        assert engine.speculator.stats.counts.num_steps > 0
+    assert engine.speculator.stats.num_vetoed_steps > 0
+    assert runs[0] == runs[1]
+
+
+def test_the_engine_feeds_the_guard_each_planned_step(spec_models) -> None:
+    engine = spec_engine(spec_models)
+    guard = engine.speculator.guard
+    del guard.observe  # spec_engine froze it: the engine's own measurements this time
+    run_all(engine, {str(i): (p, greedy(12)) for i, p in enumerate(make_prompts()[:4])})
+    seen = guard._keys[guard_key(4, False, ("draft",))]
+    assert seen.speculative.num_samples + seen.plain.num_samples > 0
+    assert seen.speculative.seconds > 0 and seen.speculative.num_tokens >= 4  # at least one token a sequence

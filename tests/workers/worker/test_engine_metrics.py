@@ -96,7 +96,7 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert positions and all(0.0 <= s.value <= 1.0 for s in positions)
     assert _value(samples, "specfleet_spec_draft_seconds_total") > 0
     assert _value(samples, "specfleet_spec_verify_seconds_total") > 0
-    assert "specfleet_spec_fallbacks_total" in samples
+    assert "specfleet_spec_fallbacks_total" in samples and "specfleet_spec_vetoed_steps_total" in samples
     by_method = {s.labels["method"]: s.value for s in samples["specfleet_spec_method_steps_total"]}
     assert by_method == {"draft": steps}  # the same figures, labelled by the method that drafted
     assert _value(samples, "specfleet_engine_generated_tokens_total") == 3 * 24

@@ -1,0 +1,89 @@
+"""GoodputGuard: speculation vetoed per batch-size key where its steps delivered fewer tokens per second than
+plain steps, with trials spaced by how much a trial costs."""
+
+import pytest
+
+from workers.spec.goodput_guard import GoodputGuard, guard_key
+
+KEY = guard_key(16, False, ("draft",))
+
+
+def feed(guard: GoodputGuard, speculative: tuple[int, float], plain: tuple[int, float], times: int = 4) -> None:
+    """`times` steps of each kind: (tokens, seconds)."""
+    for _ in range(times):
+        guard.observe(KEY, True, *speculative)
+        guard.observe(KEY, False, *plain)
+
+
+def test_batch_sizes_share_a_key_by_power_of_two_and_prefill_and_proposers_split_it() -> None:
+    buckets = [guard_key(n, False, ("draft",))[0] for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
+    assert buckets == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert guard_key(16, True, ("draft",)) != guard_key(16, False, ("draft",))
+    assert guard_key(16, False, ("draft",)) != guard_key(16, False, ("draft", "eagle"))
+
+
+def test_nothing_is_vetoed_until_both_kinds_of_step_were_seen() -> None:
+    guard = GoodputGuard(min_samples=4)
+    for _ in range(10):  # speculative steps alone, however slow: no plain figure to compare them with
+        guard.observe(KEY, True, 16, 1.0)
+    assert guard.ratio(KEY) is None and guard.allows(KEY)
+    for _ in range(3):
+        guard.observe(KEY, False, 16, 0.01)
+    assert guard.ratio(KEY) is None and guard.allows(KEY)
+    guard.observe(KEY, False, 16, 0.01)
+    assert guard.ratio(KEY) == pytest.approx(0.01)
+    assert not guard.allows(KEY)
+
+
+def test_speculation_that_pays_is_never_vetoed() -> None:
+    guard = GoodputGuard()
+    feed(guard, speculative=(40, 0.02), plain=(16, 0.01))  # 2,000 against 1,600 tokens/s
+    assert guard.ratio(KEY) == pytest.approx(1.25)
+    assert all(guard.allows(KEY) for _ in range(100))
+
+
+def test_a_vetoed_key_is_tried_once_an_interval_that_bounds_what_trials_cost() -> None:
+    guard = GoodputGuard(max_regret=0.01, max_interval=64)
+    feed(guard, speculative=(18, 0.0125), plain=(16, 0.01))  # 1,440 against 1,600 tokens/s: ratio 0.9
+    assert guard.ratio(KEY) == pytest.approx(0.9)
+    assert guard.interval(0.9) == 10  # a trial costs 0.1 of a step: one in ten costs 1 %
+    assert [guard.allows(KEY) for _ in range(30)] == ([False] * 9 + [True]) * 3
+    assert guard.interval(0.995) == 1  # a near tie is tried every step
+    assert guard.interval(0.2) == 64  # a clear loss still at least once in max_interval steps
+
+
+def test_a_key_recovers_when_its_speculative_steps_deliver_again() -> None:
+    guard = GoodputGuard(weight=0.5)
+    feed(guard, speculative=(16, 0.02), plain=(16, 0.01))
+    assert not guard.allows(KEY)
+    for _ in range(4):  # the trials find speculation paying again (acceptance rose, the host changed)
+        guard.observe(KEY, True, 48, 0.02)
+    assert guard.ratio(KEY) > 1.0 and guard.allows(KEY)
+
+
+def test_tokens_and_seconds_are_averaged_apart() -> None:
+    """The rate is the ratio of the averages: a step's weight is its length, not one vote per step."""
+    guard = GoodputGuard(weight=0.5, min_samples=1)
+    guard.observe(KEY, False, 10, 0.01)  # 1,000 tokens/s
+    guard.observe(KEY, False, 10, 0.03)  # 333 tokens/s: averages 10 tokens in 0.02 s, 500/s (not 667/s)
+    guard.observe(KEY, True, 500, 1.0)
+    assert guard.ratio(KEY) == pytest.approx(1.0)
+
+
+def test_keys_are_judged_apart_and_empty_steps_are_ignored() -> None:
+    guard = GoodputGuard()
+    feed(guard, speculative=(16, 0.02), plain=(16, 0.01))
+    other = guard_key(1, False, ("draft",))
+    assert not guard.allows(KEY) and guard.allows(other) and guard.ratio(other) is None
+    guard.observe(other, True, 0, 0.01)  # a step that emitted nothing (every sequence aborted)
+    guard.observe(other, False, 4, 0.0)  # and a clock that did not move
+    assert guard.ratio(other) is None
+
+
+@pytest.mark.parametrize(
+    "bad", [{"weight": 0.0}, {"weight": 1.5}, {"max_regret": 0.0}, {"max_regret": 1.0}, {"min_samples": 0},
+            {"max_interval": 0}]
+)  # fmt: skip
+def test_settings_are_checked(bad) -> None:
+    with pytest.raises(ValueError):
+        GoodputGuard(**bad)

@@ -1,0 +1,105 @@
+"""Speculation held to what it delivers: the tokens per second speculative steps realised, against plain ones.
+
+The length policy (length_policy.py) predicts a step's goodput from pass costs and acceptance estimates. What
+it cannot see, it cannot price: a proposer's backlog after steps it sat out, the cache effects of a longer
+pass, verification that costs more at one batch size than the fit says. So its plans are checked against
+what they realised. `GoodputGuard` keeps, per key, exponentially weighted sums of the tokens emitted and the
+seconds taken by steps that verified draft tokens and by steps that did not. A key is a batch-size bucket,
+whether the step carries prefill chunks (a prompt makes a step dearer whatever it drafts, so such steps are
+compared among themselves) and the proposers in the batch.
+
+Once both kinds have been seen `min_samples` times and speculative steps delivered fewer tokens per second
+(ratio r < 1 of the plain steps'), the key is vetoed: its steps decode plainly without being planned, except
+one *trial* in `interval` steps that the policy plans as before, so the comparison stays current when the
+host, the load or the acceptance changes. A trial costs at most (1 - r) of a step, so one in
+ceil((1 - r) / max_regret) steps bounds what trials cost to max_regret of the time: a near tie is retried
+almost every step, a clear loss seldom (never less than once in `max_interval` steps). Where speculation
+pays, nothing changes: the policy's own zero-length steps keep the plain side measured.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+Key = tuple[int, bool, tuple[str, ...]]  # (batch-size bucket, with prefill chunks, proposers of the batch)
+
+
+def guard_key(num_decodes: int, has_prefill: bool, methods: tuple[str, ...]) -> Key:
+    """Batch sizes 1, 2, 3-4, 5-8, 9-16, ... share a key: steps near one size cost alike."""
+    return (max(0, num_decodes - 1).bit_length(), has_prefill, methods)
+
+
+@dataclass
+class _Rate:
+    """Exponentially weighted tokens and seconds of one kind of step: their ratio is its tokens per second."""
+
+    num_tokens: float = 0.0
+    seconds: float = 0.0
+    num_samples: int = 0
+
+    def observe(self, num_tokens: int, seconds: float, weight: float) -> None:
+        if not self.num_samples:
+            self.num_tokens, self.seconds = float(num_tokens), seconds
+        else:
+            self.num_tokens += weight * (num_tokens - self.num_tokens)
+            self.seconds += weight * (seconds - self.seconds)
+        self.num_samples += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _KeyState:
+    speculative: _Rate = field(default_factory=_Rate)
+    plain: _Rate = field(default_factory=_Rate)
+    steps_since_trial: int = 0
+
+
+@dataclass
+class GoodputGuard:
+    weight: float = 0.1  # weight of one step's measurement in the averages
+    min_samples: int = 4  # steps of each kind a key needs before it can be vetoed
+    max_regret: float = 0.01  # share of the time trials of a vetoed key may cost
+    max_interval: int = 64  # a vetoed key is tried at least once in this many steps
+    _keys: dict[Key, _KeyState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {self.weight}")
+        if not 0.0 < self.max_regret < 1.0:
+            raise ValueError(f"max_regret must be in (0, 1), got {self.max_regret}")
+        if self.min_samples < 1 or self.max_interval < 1:
+            raise ValueError(f"min_samples and max_interval must be >= 1, got {self.min_samples}, {self.max_interval}")
+
+    def ratio(self, key: Key) -> float | None:
+        """Speculative steps' tokens per second over plain steps' for this key; None until both were seen
+        min_samples times."""
+        state = self._keys.get(key)
+        if state is None or min(state.speculative.num_samples, state.plain.num_samples) < self.min_samples:
+            return None
+        plain = state.plain.tokens_per_s
+        return state.speculative.tokens_per_s / plain if plain > 0 else None
+
+    def interval(self, ratio: float) -> int:
+        """Steps between trials of a key whose speculative steps deliver `ratio` of its plain steps' goodput."""
+        return max(1, min(self.max_interval, math.ceil((1.0 - ratio) / self.max_regret)))
+
+    def allows(self, key: Key) -> bool:
+        """May this step of `key` speculate? Called once per planned step."""
+        ratio = self.ratio(key)
+        if ratio is None or ratio >= 1.0:
+            return True
+        state = self._keys[key]
+        state.steps_since_trial += 1
+        if state.steps_since_trial >= self.interval(ratio):
+            state.steps_since_trial = 0
+            return True
+        return False
+
+    def observe(self, key: Key, is_speculative: bool, num_tokens: int, seconds: float) -> None:
+        """One step of `key`: num_tokens emitted in `seconds`."""
+        if num_tokens <= 0 or seconds <= 0.0:
+            return
+        state = self._keys.setdefault(key, _KeyState())
+        (state.speculative if is_speculative else state.plain).observe(num_tokens, seconds, self.weight)
