@@ -9,9 +9,10 @@ whether the step carries prefill chunks (a prompt makes a step dearer whatever i
 compared among themselves) and the proposers in the batch.
 
 Once both kinds have been seen `min_samples` times and speculative steps delivered fewer tokens per second
-(ratio r < 1 of the plain steps'), the key is vetoed: its steps decode plainly without being planned, except
-one *trial* in `interval` steps that the policy plans as before, so the comparison stays current when the
-host, the load or the acceptance changes. A trial costs at most (1 - r) of a step, so one in
+(ratio r < 1 of the plain steps') by more than the steps' spread explains (a step's time varies by tens of
+percent on a shared host), the key is vetoed: its steps decode plainly without being planned, except one
+*trial* in `interval` steps that the policy plans as before, so the comparison stays current when the host,
+the load or the acceptance changes. A trial costs at most (1 - r) of a step, so one in
 ceil((1 - r) / max_regret) steps bounds what trials cost to max_regret of the time: a near tie is retried
 almost every step, a clear loss seldom (never less than once in `max_interval` steps). Where speculation
 pays, nothing changes: the policy's own zero-length steps keep the plain side measured.
@@ -30,36 +31,50 @@ def guard_key(num_decodes: int, has_prefill: bool, methods: tuple[str, ...]) -> 
 
 @dataclass
 class _Rate:
-    """Exponentially weighted tokens and seconds of one kind of step: their ratio is its tokens per second."""
+    """Weighted averages over one kind of step: tokens and seconds (their ratio is its tokens per second), and
+    each step's own tokens per second with its square (their spread says how far that ratio can be trusted)."""
 
+    weight: float
     num_tokens: float = 0.0
     seconds: float = 0.0
+    step_rate: float = 0.0
+    step_rate_sq: float = 0.0
     num_samples: int = 0
 
-    def observe(self, num_tokens: int, seconds: float, weight: float) -> None:
-        if not self.num_samples:
-            self.num_tokens, self.seconds = float(num_tokens), seconds
-        else:
-            self.num_tokens += weight * (num_tokens - self.num_tokens)
-            self.seconds += weight * (seconds - self.seconds)
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """The first 1 / weight steps are averaged alike (a running mean), later ones with `weight`: a few early
+        steps must not stand for the whole, nor should a long run forget that the host or the text changed."""
         self.num_samples += 1
+        weight = max(self.weight, 1.0 / self.num_samples)
+        rate = num_tokens / seconds
+        self.num_tokens += weight * (num_tokens - self.num_tokens)
+        self.seconds += weight * (seconds - self.seconds)
+        self.step_rate += weight * (rate - self.step_rate)
+        self.step_rate_sq += weight * (rate * rate - self.step_rate_sq)
 
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def variance_of_mean(self) -> float:
+        """Squared standard error of step_rate: the steps' variance over as many steps as the average holds."""
+        num_effective = min(float(self.num_samples), (2.0 - self.weight) / self.weight)
+        return max(0.0, self.step_rate_sq - self.step_rate**2) / num_effective
+
 
 @dataclass
 class _KeyState:
-    speculative: _Rate = field(default_factory=_Rate)
-    plain: _Rate = field(default_factory=_Rate)
+    speculative: _Rate
+    plain: _Rate
     steps_since_trial: int = 0
 
 
 @dataclass
 class GoodputGuard:
-    weight: float = 0.1  # weight of one step's measurement in the averages
-    min_samples: int = 4  # steps of each kind a key needs before it can be vetoed
+    weight: float = 0.02  # weight of one step in the averages, once 1 / weight steps were seen
+    min_samples: int = 8  # steps of each kind a key needs before it can be vetoed
+    confidence_z: float = 2.0  # standard errors by which speculative steps must fall short before a veto
     max_regret: float = 0.01  # share of the time trials of a vetoed key may cost
     max_interval: int = 64  # a vetoed key is tried at least once in this many steps
     _keys: dict[Key, _KeyState] = field(default_factory=dict)
@@ -71,6 +86,8 @@ class GoodputGuard:
             raise ValueError(f"max_regret must be in (0, 1), got {self.max_regret}")
         if self.min_samples < 1 or self.max_interval < 1:
             raise ValueError(f"min_samples and max_interval must be >= 1, got {self.min_samples}, {self.max_interval}")
+        if self.confidence_z < 0.0:
+            raise ValueError(f"confidence_z must be >= 0, got {self.confidence_z}")
 
     def ratio(self, key: Key) -> float | None:
         """Speculative steps' tokens per second over plain steps' for this key; None until both were seen
@@ -85,11 +102,23 @@ class GoodputGuard:
         """Steps between trials of a key whose speculative steps deliver `ratio` of its plain steps' goodput."""
         return max(1, min(self.max_interval, math.ceil((1.0 - ratio) / self.max_regret)))
 
-    def allows(self, key: Key) -> bool:
-        """May this step of `key` speculate? Called once per planned step."""
+    def is_vetoed(self, key: Key) -> bool:
+        """Speculative steps of `key` delivered fewer tokens per second than plain ones, and by more than the
+        steps' spread explains (confidence_z standard errors of the two mean step rates)."""
         ratio = self.ratio(key)
         if ratio is None or ratio >= 1.0:
+            return False
+        state = self._keys[key]
+        spec, plain = state.speculative, state.plain
+        margin = self.confidence_z * math.sqrt(spec.variance_of_mean + plain.variance_of_mean)
+        return plain.step_rate - spec.step_rate > margin
+
+    def allows(self, key: Key) -> bool:
+        """May this step of `key` speculate? Called once per planned step."""
+        if not self.is_vetoed(key):
             return True
+        ratio = self.ratio(key)
+        assert ratio is not None
         state = self._keys[key]
         state.steps_since_trial += 1
         if state.steps_since_trial >= self.interval(ratio):
@@ -101,5 +130,7 @@ class GoodputGuard:
         """One step of `key`: num_tokens emitted in `seconds`."""
         if num_tokens <= 0 or seconds <= 0.0:
             return
-        state = self._keys.setdefault(key, _KeyState())
-        (state.speculative if is_speculative else state.plain).observe(num_tokens, seconds, self.weight)
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState(_Rate(self.weight), _Rate(self.weight))
+        (state.speculative if is_speculative else state.plain).observe(num_tokens, seconds)
