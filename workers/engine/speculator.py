@@ -24,7 +24,7 @@ from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler_output import ScheduledSeq
 from workers.engine.sequence import Sequence
-from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
+from workers.spec.adaptive import AdaptiveConfig, PooledAcceptance, SpecLengthController
 from workers.spec.goodput_guard import GoodputGuard, Key, guard_key
 from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
@@ -77,6 +77,7 @@ class Speculator:
         # decoding sequences in the step -> [steps planned, draft tokens chosen]: what the policy does per batch
         self.chosen_by_batch: dict[int, list[int]] = {}
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
+        self.pooled_acceptance: dict[SpeculativeMethod, PooledAcceptance] = {}  # method -> its sequences' acceptance
         self.guard = GoodputGuard()  # speculation vetoed where it realised less than plain steps (goodput_guard.py)
         self._guard_key: Key | None = None  # the current step's key, once it was planned
         self._step_pass_s = 0.0  # the current step's passes so far
@@ -121,10 +122,19 @@ class Speculator:
         if method is SpeculativeMethod.NGRAM:
             ngram = NgramIndex(self.cfg.ngram_min_n, self.cfg.ngram_max_n)
             ngram.extend(prompt_ids)
-        controller = SpecLengthController(self.adaptive)
+        # a seeded sampling request's lengths come from its own draws alone: no pooled prior (adaptive.py)
+        is_seeded = params.seed is not None and not params.is_greedy
+        controller = SpecLengthController(self.adaptive, None if is_seeded else self._pool(method))
         if not self.cfg.is_adaptive:
             controller.k = self.cfg.num_speculative_tokens
         return SpecState(method=method, controller=controller, ngram=ngram)
+
+    def _pool(self, method: SpeculativeMethod) -> PooledAcceptance:
+        """The pooled acceptance of `method`'s sequences, the prior each new one starts from."""
+        pool = self.pooled_acceptance.get(method)
+        if pool is None:
+            pool = self.pooled_acceptance[method] = PooledAcceptance(self.adaptive.initial_acceptance)
+        return pool
 
     def uses_tree(self, spec: SpecState) -> bool:
         return spec.method in (SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE) and self.cfg.tree_size > 0

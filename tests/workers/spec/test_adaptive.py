@@ -2,7 +2,7 @@
 
 import pytest
 
-from workers.spec.adaptive import AdaptiveConfig, SpecLengthController, best_k
+from workers.spec.adaptive import AdaptiveConfig, PooledAcceptance, SpecLengthController, best_k
 
 CONFIG = AdaptiveConfig(k_min=1, k_max=8, fallback_acceptance=0.2, fallback_patience_steps=5)
 
@@ -13,7 +13,7 @@ def test_k_rises_with_acceptance() -> None:
     for _ in range(20):
         controller.update(num_drafted=controller.k, num_accepted=controller.k)
     assert controller.k == CONFIG.k_max > k_start
-    assert controller.acceptance > 0.99
+    assert controller.acceptance > 0.95  # the prior's 2 tokens at 0.6 against ~27 weighted accepted ones
 
 
 def test_k_falls_without_acceptance() -> None:
@@ -29,9 +29,37 @@ def test_k_falls_without_acceptance() -> None:
 
 
 def test_acceptance_counts_only_judged_positions() -> None:
-    controller = SpecLengthController(AdaptiveConfig(decay=0.0))  # only the last step counts
+    controller = SpecLengthController(AdaptiveConfig(decay=0.0, prior_weight=1e-9))  # only the last step counts
     controller.update(num_drafted=8, num_accepted=3)  # 3 accepted, the 4th rejected, 4 never judged
     assert controller.acceptance == pytest.approx(3 / 4)
+
+
+def test_one_early_rejection_leaves_the_estimate_near_the_prior() -> None:
+    """The prior is worth prior_weight tested tokens in every estimate: one miss on a sequence's first draft
+    takes alpha from 0.8 to 0.47, not to the 0.25 of a prior that one tested token outweighs."""
+    pool = PooledAcceptance(initial_acceptance=0.8)
+    controller = SpecLengthController(AdaptiveConfig(prior_weight=2.0), pool)
+    assert controller.acceptance == pytest.approx(0.8)
+    controller.update(num_drafted=8, num_accepted=0)
+    assert controller.acceptance == pytest.approx((0 + 2 * pool.acceptance) / (1 + 2))
+    assert controller.acceptance > 0.45  # and the pool (worth 8 tested tokens at the start) to 0.71
+
+
+def test_sequences_start_from_and_feed_their_proposer_s_pooled_acceptance() -> None:
+    pool = PooledAcceptance(initial_acceptance=0.6, decay=0.9)
+    veteran = SpecLengthController(AdaptiveConfig(), pool)
+    for _ in range(60):  # 7 of 8 accepted, the 8th rejected: 7 of 8 judged
+        veteran.update(num_drafted=8, num_accepted=7)
+    assert pool.acceptance == pytest.approx(7 / 8, abs=1e-3)
+    newcomer = SpecLengthController(AdaptiveConfig(), pool)
+    assert newcomer.acceptance == pytest.approx(7 / 8, abs=1e-3)  # not the constant 0.6
+    seeded = SpecLengthController(AdaptiveConfig())  # no pool: a seeded request keeps the constant prior
+    assert seeded.acceptance == pytest.approx(0.6)
+    for _ in range(3):
+        newcomer.update(num_drafted=4, num_accepted=0)
+    for _ in range(500):  # idle steps drift back to the pool's figure
+        newcomer.idle()
+    assert newcomer.acceptance == pytest.approx(pool.acceptance, abs=1e-3)
 
 
 def test_fallback_after_patience_steps_of_poor_acceptance() -> None:
@@ -68,6 +96,7 @@ def test_best_k_grows_with_acceptance_and_shrinks_with_draft_cost() -> None:
         {"k_min": 0},
         {"k_min": 5, "k_max": 4},
         {"initial_acceptance": 1.5},
+        {"prior_weight": 0.0},
         {"decay": 1.0},
         {"draft_cost_per_token": 0.0},
         {"fallback_acceptance": 1.0},

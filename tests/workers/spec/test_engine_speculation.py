@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.goodput_guard import GoodputGuard, guard_key
@@ -259,3 +260,19 @@ def test_the_engine_feeds_the_guard_each_planned_step(spec_models) -> None:
     seen = guard._keys[guard_key(4, False, ("draft",))]
     assert seen.speculative.num_samples + seen.plain.num_samples > 0
     assert seen.speculative.seconds > 0 and seen.speculative.num_tokens >= 4  # at least one token a sequence
+
+
+def test_new_sequences_start_from_the_acceptance_their_proposer_achieved(spec_models) -> None:
+    """A draft that the target always accepts: after one request, the pooled acceptance is near 1, and the
+    next request's first estimate starts there, not at the constant prior; a seeded one keeps the constant."""
+    models = dict(spec_models, same=spec_models["target"])
+    engine = spec_engine(models, draft="same")
+    run_all(engine, {"a": (make_prompts()[1], greedy(40))})
+    pool = engine.speculator.pooled_acceptance[SpeculativeMethod.DRAFT]
+    assert pool.acceptance > 0.9
+    engine.add_request("b", make_prompts()[2], greedy(8))
+    engine.add_request("s", make_prompts()[3], SamplingParams(max_tokens=8, temperature=0.8, seed=3))
+    fresh, seeded = engine.sequences["b"].spec, engine.sequences["s"].spec
+    assert fresh is not None and fresh.controller.acceptance == pytest.approx(pool.acceptance)
+    assert seeded is not None and seeded.controller.pool is None
+    assert seeded.controller.acceptance == pytest.approx(engine.speculator.adaptive.initial_acceptance)
