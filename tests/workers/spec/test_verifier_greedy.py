@@ -2,9 +2,12 @@
 
 import torch
 
+from workers.engine.sampling_params import SamplingParams
 from workers.spec.distributions import logits_to_probs
+from workers.spec.proposal import Proposal
 from workers.spec.tree import TokenTree
 from workers.spec.verifier import verify_chain, verify_chains, verify_tree
+from workers.spec.verify_batch import VerifyEntry, verify_batch
 
 VOCAB = 10
 
@@ -115,3 +118,30 @@ def test_greedy_tree_on_a_chain_equals_verify_chain() -> None:
         by_tree = verify_tree(TokenTree.chain(draft), None, target, None, is_greedy=True)
         assert by_tree.tokens == by_chain.tokens
         assert by_tree.num_accepted == by_chain.num_accepted
+
+
+def test_an_all_greedy_batch_of_chains_verifies_as_verify_chains_does() -> None:
+    """verify_batch reads an all-greedy batch of chains from one list of argmaxes: the same verdicts as
+    verify_chains, for plain decodes, fixed (n-gram) and drafted chains, accepted whole, in part or not at all."""
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(50):
+        proposals: list[Proposal | None] = []
+        for _ in range(int(torch.randint(1, 6, (1,), generator=gen))):
+            k = int(torch.randint(0, 5, (1,), generator=gen))
+            tokens = torch.randint(0, 4, (k,), generator=gen).tolist()  # a small vocabulary: many matches
+            probs = torch.rand(k, VOCAB, generator=gen) if k and k % 2 else None
+            proposals.append(Proposal(tokens, probs) if k else None)
+        num_rows = sum(1 + (p.num_tokens if p else 0) for p in proposals)
+        logits = torch.randn(num_rows, VOCAB, generator=gen)  # [S, V]
+        logits[:, :4] += 2.0  # the argmax mostly among the drafted tokens
+        entries = [VerifyEntry(SamplingParams(temperature=0.0), None, p) for p in proposals]
+        fast = verify_batch(entries, logits)
+        reference = verify_chains(
+            torch.tensor([t for p in proposals if p for t in p.tokens], dtype=torch.long),
+            [p.num_tokens if p else 0 for p in proposals],
+            None,
+            logits,
+            [None] * len(proposals),
+            [True] * len(proposals),
+        )
+        assert [(v.tokens, v.num_accepted) for v in fast] == [(r.tokens, r.num_accepted) for r in reference]
