@@ -99,3 +99,51 @@ def test_what_greedy_rows_become() -> None:
     kept = row_distributions(logits, params, GreedyRows.LOGITS)
     assert torch.equal(kept[0], logits[0]) and torch.allclose(kept[1], logits[1].softmax(-1))
     assert torch.allclose(one_hot[1], kept[1])  # a sampling row is the same distribution whatever the mode
+
+
+def sorted_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:  # [V]
+    """One row through a full sort of its vocabulary: the top-k, then the smallest prefix whose mass reaches
+    top_p (the token crossing it kept, and always the likeliest)."""
+    scaled = logits.float() / temperature  # [V]
+    order = scaled.argsort(descending=True)  # [V]
+    sorted_logits = scaled[order]
+    drop = torch.arange(len(scaled)) >= (top_k if top_k > 0 else len(scaled))
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    drop |= (probs.cumsum(dim=-1) - probs) >= top_p
+    drop[0] = False
+    kept = torch.full_like(scaled, float("-inf"))
+    kept[order] = sorted_logits.masked_fill(drop, float("-inf"))
+    return kept.softmax(dim=-1)
+
+
+@pytest.mark.parametrize("vocab", [300, 4096])
+def test_top_k_and_top_p_rank_the_likeliest_tokens_first_and_sort_a_flat_row_whole(vocab) -> None:
+    """The candidates-first ranking gives the full sort's distribution: peaked rows settle among their 256
+    likeliest tokens, flat ones (top-p reaching past them) are sorted whole, rows without a cut stay whole,
+    all in one batch."""
+    gen = torch.Generator().manual_seed(vocab)
+    cases = [  # (logit scale: peaked or flat, temperature, top_k, top_p)
+        (4.0, 1.0, 0, 0.9), (4.0, 0.7, 50, 1.0), (4.0, 1.3, 40, 0.8), (0.05, 1.0, 0, 0.95), (0.05, 1.0, 0, 0.5),
+        (1.0, 1.0, 0, 1.0), (1.0, 2.0, 300, 0.99), (8.0, 1.0, 0, 0.999), (1e-3, 1.0, 0, 0.3),
+    ]
+    logits = torch.stack([torch.randn(vocab, generator=gen) * scale for scale, *_ in cases])  # [n, V]
+    logits[1, :10] = float("-inf")  # tokens a grammar refused
+    probs = logits_to_probs(
+        logits,
+        torch.tensor([t for _, t, _, _ in cases]),
+        torch.tensor([k for _, _, k, _ in cases]),
+        torch.tensor([p for *_, p in cases]),
+    )
+    for row, (_, temperature, top_k, top_p) in enumerate(cases):
+        expected = sorted_reference(logits[row], temperature, top_k, top_p)
+        assert torch.equal(probs[row] > 0, expected > 0), row  # the same tokens kept
+        torch.testing.assert_close(probs[row], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_row_of_equal_logits_keeps_as_many_tokens_as_top_p_asks() -> None:
+    """Which of equal tokens a cut keeps is the ranking's choice (a sort's or topk's); how many is not."""
+    vocab = 1000
+    probs = logits_to_probs(torch.zeros(1, vocab), torch.ones(1), torch.zeros(1, dtype=torch.long), torch.tensor([0.3]))
+    kept = probs[0][probs[0] > 0]
+    # 0.3 of the mass: 300 tokens, or 301 where float32's sum of 300 thousandths falls just short of 0.3
+    assert len(kept) in (300, 301) and torch.allclose(kept, torch.full_like(kept, 1 / len(kept)))
