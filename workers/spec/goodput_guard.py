@@ -12,10 +12,12 @@ Once both kinds have been seen `min_samples` times and speculative steps deliver
 (ratio r < 1 of the plain steps') by more than the steps' spread explains (a step's time varies by tens of
 percent on a shared host), the key is vetoed: its steps decode plainly without being planned, except one
 *trial* in `interval` steps that the policy plans as before, so the comparison stays current when the host,
-the load or the acceptance changes. A trial costs at most (1 - r) of a step, so one in
-ceil((1 - r) / max_regret) steps bounds what trials cost to max_regret of the time: a near tie is retried
-almost every step, a clear loss seldom (never less than once in `max_interval` steps). Where speculation
-pays, nothing changes: the policy's own zero-length steps keep the plain side measured.
+the load or the acceptance changes: a trial's speculative step weighs `trial_weight` in its average, since
+the rest of that average is as old as the veto, and a veto on a slow minute must not outlive it. A trial
+costs at most (1 - r) of a step, so one in ceil((1 - r) / max_regret) steps bounds what trials cost to
+max_regret of the time: a near tie is retried almost every step, a clear loss seldom (never less than once
+in `max_interval` steps). Where speculation pays, nothing changes: the policy's own zero-length steps keep
+the plain side measured.
 """
 
 import math
@@ -40,12 +42,15 @@ class _Rate:
     step_rate: float = 0.0
     step_rate_sq: float = 0.0
     num_samples: int = 0
+    weight_sq: float = 0.0  # sum of the squared weights the steps now hold: 1 / (the steps the average is worth)
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, weight: float | None = None) -> None:
         """The first 1 / weight steps are averaged alike (a running mean), later ones with `weight`: a few early
-        steps must not stand for the whole, nor should a long run forget that the host or the text changed."""
+        steps must not stand for the whole, nor should a long run forget that the host or the text changed. A
+        step may weigh more (`weight`): a vetoed key's trial, the only fresh word on its speculative steps."""
         self.num_samples += 1
-        weight = max(self.weight, 1.0 / self.num_samples)
+        weight = max(self.weight if weight is None else weight, 1.0 / self.num_samples)
+        self.weight_sq = (1.0 - weight) ** 2 * self.weight_sq + weight * weight
         rate = num_tokens / seconds
         self.num_tokens += weight * (num_tokens - self.num_tokens)
         self.seconds += weight * (seconds - self.seconds)
@@ -58,9 +63,9 @@ class _Rate:
 
     @property
     def variance_of_mean(self) -> float:
-        """Squared standard error of step_rate: the steps' variance over as many steps as the average holds."""
-        num_effective = min(float(self.num_samples), (2.0 - self.weight) / self.weight)
-        return max(0.0, self.step_rate_sq - self.step_rate**2) / num_effective
+        """Squared standard error of step_rate: the steps' variance over as many steps as the average is worth
+        (Kish's effective sample size, 1 / the sum of the squared weights)."""
+        return max(0.0, self.step_rate_sq - self.step_rate**2) * self.weight_sq
 
 
 @dataclass
@@ -68,6 +73,7 @@ class _KeyState:
     speculative: _Rate
     plain: _Rate
     steps_since_trial: int = 0
+    is_on_trial: bool = False  # the key's last allowed step was a trial of a veto
 
 
 @dataclass
@@ -77,6 +83,7 @@ class GoodputGuard:
     confidence_z: float = 2.0  # standard errors by which speculative steps must fall short before a veto
     max_regret: float = 0.01  # share of the time trials of a vetoed key may cost
     max_interval: int = 64  # a vetoed key is tried at least once in this many steps
+    trial_weight: float = 0.2  # weight of a trial step in its key's speculative average
     _keys: dict[Key, _KeyState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,6 +95,8 @@ class GoodputGuard:
             raise ValueError(f"min_samples and max_interval must be >= 1, got {self.min_samples}, {self.max_interval}")
         if self.confidence_z < 0.0:
             raise ValueError(f"confidence_z must be >= 0, got {self.confidence_z}")
+        if not self.weight <= self.trial_weight <= 1.0:
+            raise ValueError(f"trial_weight must be in [weight, 1], got {self.trial_weight}")
 
     def ratio(self, key: Key) -> float | None:
         """Speculative steps' tokens per second over plain steps' for this key; None until both were seen
@@ -123,6 +132,7 @@ class GoodputGuard:
         state.steps_since_trial += 1
         if state.steps_since_trial >= self.interval(ratio):
             state.steps_since_trial = 0
+            state.is_on_trial = True
             return True
         return False
 
@@ -133,4 +143,8 @@ class GoodputGuard:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _KeyState(_Rate(self.weight), _Rate(self.weight))
-        (state.speculative if is_speculative else state.plain).observe(num_tokens, seconds)
+        if is_speculative:
+            state.speculative.observe(num_tokens, seconds, self.trial_weight if state.is_on_trial else None)
+        else:
+            state.plain.observe(num_tokens, seconds)
+        state.is_on_trial = False

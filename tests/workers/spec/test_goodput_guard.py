@@ -61,6 +61,24 @@ def test_a_key_recovers_when_its_speculative_steps_deliver_again() -> None:
     assert guard.ratio(KEY) > 1.0 and guard.allows(KEY)
 
 
+def test_a_veto_from_a_slow_minute_lifts_within_a_few_trials() -> None:
+    """A hundred slow speculative steps (the host stalled while they ran) veto the key; the trials then find
+    speculative steps at twice the plain rate, and each weighs trial_weight, so five trials lift the veto
+    where a hundred steps of ordinary weight would have been needed."""
+    guard = GoodputGuard()
+    feed(guard, speculative=(16, 0.04), plain=(16, 0.01), times=100)
+    trials = 0
+    for _ in range(2000):
+        if guard.allows(KEY):
+            if not guard.is_vetoed(KEY):
+                break
+            trials += 1
+            guard.observe(KEY, True, 40, 0.0125)  # the trial: 3,200 tokens/s against 1,600
+        else:
+            guard.observe(KEY, False, 16, 0.01)
+    assert not guard.is_vetoed(KEY) and trials <= 6
+
+
 def test_a_shortfall_within_the_steps_spread_is_no_veto() -> None:
     """Speculative steps 10 % short on average: a veto where steps are steady or swing by 10 %, none where
     single steps swing by half (a stalled host): the averages then cannot tell 10 % apart."""
@@ -95,7 +113,7 @@ def test_keys_are_judged_apart_and_empty_steps_are_ignored() -> None:
 
 @pytest.mark.parametrize(
     "bad", [{"weight": 0.0}, {"weight": 1.5}, {"max_regret": 0.0}, {"max_regret": 1.0}, {"min_samples": 0},
-            {"max_interval": 0}, {"confidence_z": -1.0}]
+            {"max_interval": 0}, {"confidence_z": -1.0}, {"trial_weight": 0.01}, {"trial_weight": 1.5}]
 )  # fmt: skip
 def test_settings_are_checked(bad) -> None:
     with pytest.raises(ValueError):
