@@ -36,7 +36,7 @@ class AdaptiveConfig:
     initial_acceptance: float = 0.6  # prior alpha where no pooled estimate is given (seeded requests), or yet
     prior_weight: float = 2.0  # tested tokens the prior is worth in every estimate
     decay: float = 0.7  # weight past observations keep per step (EWMA); 0 = only the last step
-    idle_recovery: float = 0.03  # share of the way back to initial_acceptance per step without drafts
+    idle_recovery: float = 0.03  # share of the way back to the prior per step without drafts
     draft_cost_per_token: float = 0.1  # nominal cost of one more draft token, in target steps (seeded requests)
     fallback_acceptance: float = 0.2  # alpha below this makes a step poor
     fallback_patience_steps: int = 16  # consecutive poor steps before the sequence stops speculating
@@ -104,7 +104,7 @@ class SpecLengthController:
         self.pool = pool
         self._num_accepted_ewma = 0.0  # weighted accepted draft tokens
         self._num_tested_ewma = 0.0  # weighted draft tokens the target judged
-        self.num_poor_steps = 0  # consecutive steps with acceptance below fallback_acceptance
+        self.num_poor_steps = 0  # consecutive steps with the sequence's own rate below fallback_acceptance
         self.is_fallen_back = False  # True: plain decoding from now on
         # token trees: the same kind of estimate for passing one tree level (None until a tree was verified)
         self._levels_passed_ewma = 0.0

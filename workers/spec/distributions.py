@@ -72,7 +72,7 @@ def _keep_top_k_top_p(
     (topk) where the cut may fall among them: top-k is on, or C tokens at the row's highest probability could
     reach top_p. A row whose prefix reaches past its candidates after all, or never could (a flat
     distribution), is sorted whole."""
-    num_rows, vocab = scaled.shape
+    vocab = scaled.shape[1]
     num_candidates = min(vocab, max(TOP_CANDIDATES, int(k_eff.masked_fill(k_eff >= vocab, 0).max())))
     log_norm = scaled.logsumexp(dim=-1)  # [n]
     max_prob = (scaled.amax(dim=-1) - log_norm).exp()  # [n]
