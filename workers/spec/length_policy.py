@@ -202,7 +202,8 @@ def choose_lengths(
     num_tokens = float(num_sure_tokens)
     walk = steps[:max_extra_tokens]
     gains_left = sum(gain for gain, _, _ in walk)
-    for gain, neg_depth, i in walk:
+    marginal_s = target.min_slope_s(num_base_tokens)  # each draft token makes the target pass at least this dearer
+    for index, (gain, neg_depth, i) in enumerate(walk):
         c, depth = candidates[i], -neg_depth
         if depth == 1:
             cost.start_sequence()
@@ -217,6 +218,10 @@ def choose_lengths(
         # a longer prefix adds at most gains_left tokens at no less cost (costs never fall as tokens are
         # added): once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
         if (num_tokens + gains_left) / seconds <= best:
+            break
+        # nor once the next token's gain per the least it can cost is no better: every later token gains at
+        # most as much and costs at least marginal_s, so a longer prefix's goodput (a mediant) cannot pass best
+        if index + 1 < len(walk) and walk[index + 1][0] <= best * marginal_s:
             break
     if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
         return LengthPlan(best_lengths, [False] * len(candidates), plain, plain, plain_s)

@@ -68,6 +68,20 @@ class PassCostTable:
         g0, g1, s0, s1 = tokens[i - 1], tokens[i], seconds[i - 1], seconds[i]
         return s0 + (s1 - s0) * (num_tokens - g0) / (g1 - g0)
 
+    def min_slope_s(self, num_tokens: int) -> float:
+        """Seconds per token the estimate grows at least from num_tokens on: the smallest slope of the
+        envelope's segments that reach past num_tokens, the extrapolation's included (0 where it is flat)."""
+        tokens, seconds = self._measured if not self._is_stale else self._envelope()
+        if len(tokens) < 2 or num_tokens < tokens[0]:  # below the first point the estimate is flat
+            return 0.0
+        slopes = [
+            (seconds[i + 1] - seconds[i]) / (tokens[i + 1] - tokens[i])
+            for i in range(len(tokens) - 1)
+            if tokens[i + 1] > num_tokens
+        ]
+        last = (seconds[-1] - seconds[-2]) / (tokens[-1] - tokens[-2])  # the slope past the last point
+        return max(0.0, min(slopes + [last]))
+
     def observe(self, num_tokens: int, seconds: float) -> None:
         """One timed pass: a new grid point is set outright; measured ones move toward what it implies."""
         if num_tokens <= 0 or seconds <= 0.0:

@@ -113,27 +113,51 @@ def test_the_work_speculation_adds_outside_the_passes_counts() -> None:
     assert all(k >= 3 for k in charged_once.lengths)  # a step's charge, not one per speculating sequence
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(12))
 def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> None:
-    """The plan equals the best prefix of the whole walk (every prefix scored), whatever the early exit skips."""
+    """The plan equals the best prefix of the whole walk (every prefix scored), whatever the early exits skip:
+    memory-bound targets to compute-bound ones (up to 0.6 ms a token), batches of 4 to 32."""
     import random
 
     from workers.spec.length_policy import StepPricing
 
     rng = random.Random(seed)
-    cands = [Candidate(rng.uniform(0.05, 0.95), 8, "draft") for _ in range(16)]
-    passes = table(lambda n: 8e-3 + rng.uniform(0.05, 0.3) * 1e-3 * n)
-    plan = choose_lengths(cands, 16, 16, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
+    batch = rng.choice([4, 16, 32])
+    cands = [Candidate(rng.uniform(0.05, 0.95), 8, "draft") for _ in range(batch)]
+    slope_ms = rng.uniform(0.01, 0.6)
+    passes = table(lambda n: 8e-3 + slope_ms * 1e-3 * n * rng.uniform(0.9, 1.1))  # with a little noise
+    plan = choose_lengths(cands, batch, batch, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
 
     walk = sorted(((c.acceptance**j, -j, i) for i, c in enumerate(cands) for j in range(1, 9)), reverse=True)
-    lengths, best_lengths = [0] * 16, [0] * 16
+    lengths, best_lengths = [0] * batch, [0] * batch
     best = plan.goodput_plain * 1.02
     for _, neg_depth, i in walk:
         lengths[i] = -neg_depth
-        goodput = StepPricing(16, 16, passes, CHEAP_DRAFT, 1e-3).goodput(cands, lengths, [False] * 16)
+        goodput = StepPricing(batch, batch, passes, CHEAP_DRAFT, 1e-3).goodput(cands, lengths, [False] * batch)
         if goodput > best:
             best_lengths, best = list(lengths), goodput
     assert plan.lengths == best_lengths
+
+
+class CountingTable(PassCostTable):
+    num_estimates = 0
+
+    def estimate_s(self, num_tokens: int) -> float:
+        CountingTable.num_estimates += 1
+        return super().estimate_s(num_tokens)
+
+
+def test_a_batch_where_no_draft_token_can_pay_is_walked_a_token_or_two() -> None:
+    """32 sequences at acceptance 0.5 on a target whose every token costs 0.4 ms: the first draft token already
+    gains less per the least it costs than plain decoding delivers, so the walk ends there instead of scoring
+    dozens of prefixes that cannot win."""
+    target = CountingTable(max_tokens=512)
+    for n in target.grid:
+        target.observe(n, 4e-3 + 0.4e-3 * n)
+    CountingTable.num_estimates = 0
+    plan = choose_lengths(candidates(32, 0.5), 32, 32, 512, target, CHEAP_DRAFT)
+    assert plan.lengths == [0] * 32
+    assert CountingTable.num_estimates <= 4  # plain, then a prefix or two
 
 
 def test_the_rest_of_a_step_is_priced_into_both_sides() -> None:

@@ -72,3 +72,15 @@ def test_a_stalled_size_never_costs_more_than_the_smaller_passes_it_splits_into(
     assert table.estimate_s(8) == pytest.approx(3 * 0.89e-3)
     assert table.estimate_s(3) == pytest.approx(0.89e-3)  # the sizes that measured well keep their times
     assert table.seconds[table.grid.index(6)] == pytest.approx(67.83e-3)  # the raw point stays, to recover
+
+
+def test_the_least_a_token_adds_is_the_smallest_slope_from_there_on() -> None:
+    table = PassCostTable(max_tokens=64)
+    for n in table.grid:
+        table.observe(n, 10e-3 + (0.1e-3 * n if n <= 8 else 0.8e-3 + 0.5e-3 * (n - 8)))  # flat, then steep
+    assert table.min_slope_s(1) == pytest.approx(0.1e-3)
+    assert table.min_slope_s(8) == pytest.approx(0.5e-3)  # only the steep segments reach past 8
+    assert table.min_slope_s(1000) == pytest.approx(0.5e-3)  # the extrapolation's slope
+    flat = PassCostTable(max_tokens=64)
+    flat.observe(1, 1e-3)
+    assert flat.min_slope_s(1) == 0.0  # one point: nothing known of the slope
