@@ -50,7 +50,7 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     prompts = held_out_prompts(max(plan.num_bs1_prompts, 8))
     result = bench_spec((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load(), eagle_dir)
     columns = ["system", "batch", "tokens_per_s", "tau", "acceptance_rate", "chosen_draft_tokens_per_seq_step",
-               "match_vs_plain", "json_valid", "schema_valid"]
+               "vetoed_step_share", "match_vs_plain", "json_valid", "schema_valid"]
     typer.echo(format_table(result["rows"], columns))
     typer.echo("")
     for key, value in result["ratios"].items():

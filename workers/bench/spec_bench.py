@@ -223,11 +223,15 @@ class _Counters:
     chosen: tuple[int, int]
     drafted_per_position: list[int]
     accepted_per_position: list[int]
+    vetoed_planned: tuple[int, int]  # (steps the goodput guard vetoed, steps planned)
 
     @classmethod
     def of(cls, engine: Engine) -> "_Counters":
         counts = dataclasses.replace(engine.speculator.stats.counts)
-        return cls(counts, _chosen_totals(engine), list(counts.drafted_per_position), list(counts.accepted_per_position))
+        return cls(
+            counts, _chosen_totals(engine), list(counts.drafted_per_position), list(counts.accepted_per_position),
+            _vetoed_planned(engine),
+        )  # fmt: skip
 
     def row(self, engine: Engine, name: str, batch: int, tokens_per_s: float) -> dict[str, Any]:
         counts, before = engine.speculator.stats.counts, self.counts
@@ -239,7 +243,19 @@ class _Counters:
             "acceptance_rate": (counts.num_accepted - before.num_accepted) / drafted if drafted else 0.0,
             "acceptance_per_position": _per_position_since(counts, self.drafted_per_position, self.accepted_per_position),
             "chosen_draft_tokens_per_seq_step": _chosen_since(engine, self.chosen),
+            "vetoed_step_share": _share_since(_vetoed_planned(engine), self.vetoed_planned),
         }  # fmt: skip
+
+
+def _vetoed_planned(engine: Engine) -> tuple[int, int]:
+    """(steps the goodput guard vetoed, steps the speculator planned) so far (goodput_guard.py)."""
+    return engine.speculator.stats.num_vetoed_steps, sum(n for n, _ in engine.speculator.chosen_by_batch.values())
+
+
+def _share_since(now: tuple[int, int], before: tuple[int, int]) -> float:
+    """The share of the steps planned in this run that the guard vetoed."""
+    vetoed, planned = now[0] - before[0], now[1] - before[1]
+    return vetoed / planned if planned else 0.0
 
 
 def _chosen_totals(engine: Engine) -> tuple[int, int]:

@@ -5,9 +5,10 @@ alternate the variants' order."""
 from pathlib import Path
 
 from workers.bench.engine_bench import run_ours
-from workers.bench.spec_bench import round_orders, run_closed_loop
+from workers.bench.spec_bench import _Counters, round_orders, run_closed_loop
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.spec.goodput_guard import guard_key
 
 
 def test_closed_loop_keeps_the_concurrency_and_times_the_full_window(tiny_pair: tuple[Path, Path]) -> None:
@@ -41,3 +42,24 @@ def test_rounds_run_every_variant_once_in_alternating_order() -> None:
         # the first and last variant of the plan are timed in the same stretches of the run
         positions = {name: sum(order.index(name) for order in orders) for name in ("a", "b")}
         assert abs(positions["a"] - positions["b"]) <= 1
+
+
+def test_a_row_reports_the_share_of_planned_steps_the_guard_vetoed(tiny_pair: tuple[Path, Path]) -> None:
+    target, draft = tiny_pair
+    engine = Engine(
+        EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=8, num_threads=1, speculative_method="draft"),
+        target, draft,
+    )  # fmt: skip
+    prompts = [engine.tokenizer.encode(text, add_special_tokens=False) for text in ("def f(x):", "import os")]
+    before = _Counters.of(engine)
+    guard = engine.speculator.guard
+    key = guard_key(2, False, ("draft",))  # two decoding sequences, no prefill: a tenth of plain's rate
+    for _ in range(guard.min_samples):
+        guard.observe(key, True, 2, 1.0)
+        guard.observe(key, False, 2, 0.1)
+    guard.observe = lambda *step: None  # type: ignore[method-assign]  # the veto holds for this run
+    run_closed_loop(engine, prompts, concurrency=2, num_new=12, num_requests=2)
+    row = before.row(engine, "sd_draft_chain", 2, 1.0)
+    vetoed, planned = engine.speculator.stats.num_vetoed_steps, sum(n for n, _ in engine.speculator.chosen_by_batch.values())
+    assert vetoed == 11 and row["vetoed_step_share"] == vetoed / planned  # every decode step after the first token
+    assert row["chosen_draft_tokens_per_seq_step"] == 0.0
