@@ -22,6 +22,7 @@ from workers.models import packed_linear
 
 log = logging.getLogger(__name__)
 
+
 class PackingMode(StrEnum):
     AUTO = "auto"
     ON = "on"

@@ -152,8 +152,8 @@ class Speculator:
         methods = {seq.spec.method.value for seq in decodes if seq.spec is not None and seq.spec.is_active}
         if not methods:
             return {}
-        has_prefill = num_base_tokens > len(decodes)  # each decode is one token of the base; the rest is prompts
-        self._guard_key = guard_key(len(decodes), has_prefill, tuple(sorted(methods)))
+        num_prefill_tokens = max(0, num_base_tokens - len(decodes))  # each decode is one token of the base
+        self._guard_key = guard_key(len(decodes), num_prefill_tokens > 0, tuple(sorted(methods)))
         may_plan = self.guard.allows(self._guard_key)
         if not may_plan:
             self.stats.num_vetoed_steps += 1
@@ -197,7 +197,7 @@ class Speculator:
             speculative_step_s=self.step_overhead.speculative_step_s,
             speculative_seq_s=self.step_overhead.speculative_seq_s,
             plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
-            num_prefill_tokens=max(0, num_base_tokens - len(decodes)),  # each decode is one token of the base
+            num_prefill_tokens=num_prefill_tokens,
         )
         lengths = dict(fixed)
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])

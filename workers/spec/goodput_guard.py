@@ -114,20 +114,23 @@ class GoodputGuard:
     def is_vetoed(self, key: Key) -> bool:
         """Speculative steps of `key` delivered fewer tokens per second than plain ones, and by more than the
         steps' spread explains (confidence_z standard errors of the two mean step rates)."""
+        return self._vetoed_ratio(key) is not None
+
+    def _vetoed_ratio(self, key: Key) -> float | None:
+        """The key's ratio where it is vetoed (see is_vetoed); None where it is not."""
         ratio = self.ratio(key)
         if ratio is None or ratio >= 1.0:
-            return False
+            return None
         state = self._keys[key]
         spec, plain = state.speculative, state.plain
         margin = self.confidence_z * math.sqrt(spec.variance_of_mean + plain.variance_of_mean)
-        return plain.step_rate - spec.step_rate > margin
+        return ratio if plain.step_rate - spec.step_rate > margin else None
 
     def allows(self, key: Key) -> bool:
         """May this step of `key` speculate? Called once per planned step."""
-        if not self.is_vetoed(key):
+        ratio = self._vetoed_ratio(key)
+        if ratio is None:
             return True
-        ratio = self.ratio(key)
-        assert ratio is not None
         state = self._keys[key]
         state.steps_since_trial += 1
         if state.steps_since_trial >= self.interval(ratio):

@@ -71,7 +71,7 @@ class PassCostTable:
     def min_slope_s(self, num_tokens: int) -> float:
         """Seconds per token the estimate grows at least from num_tokens on: the smallest slope of the
         envelope's segments that reach past num_tokens, the extrapolation's included (0 where it is flat)."""
-        tokens, seconds = self._measured if not self._is_stale else self._envelope()
+        tokens, seconds = self._envelope()
         if len(tokens) < 2 or num_tokens < tokens[0]:  # below the first point the estimate is flat
             return 0.0
         slopes = [
