@@ -2,4 +2,5 @@
 
 from shared.cli.main import main
 
-main()
+if __name__ == "__main__":  # not when a spawned child (the worker's writer) imports it as __mp_main__
+    main()

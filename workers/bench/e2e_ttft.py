@@ -3,7 +3,7 @@
     queued:       created_at -> started_at (the job hash, both Redis's clock): until a worker's pull took it,
                   which happens at an engine step's boundary
     first_write:  started_at -> the job's first token event (its stream entry id is Redis's clock at the write):
-                  the engine step that prefilled it, then the worker's writer thread
+                  the engine step that prefilled it, then the worker's writer process
 The rest of a TTFT (the POST until its script ran, the SSE wake-up and delivery) is gateway and client time.
 """
 

@@ -5,7 +5,7 @@ drops it.
 
 Two halves, so the worker's loop does only the cheap one:
     writes_for(running, outputs)   loop thread: count tokens, snapshot what to write (plain JobWrite values)
-    queue(pipe, writes) / settle   writer thread: build the events and the script call; read the replies
+    queue(pipe, writes) / settle   writer process: build the events and the script call; read the replies
 `emit()` does both in one call and executes the pipeline (tests, and anything that writes in step).
 """
 
@@ -118,7 +118,7 @@ class Emitter:
     def failure(job_id: str, attempt: int, failure: JobFailure) -> JobWrite:
         return JobWrite(job_id=job_id, attempt=attempt, prompt_tokens=0, completion_tokens=0, failure=failure)
 
-    # -- writer thread ---------------------------------------------------------------------------------------
+    # -- writer process --------------------------------------------------------------------------------------
     def step_call(self, writes: list[JobWrite]) -> tuple[list[str], list[str | int], list[Call]]:
         """KEYS and ARGV of the STEP script for `writes`, and one Call per reply it will give."""
         call_keys: list[str] = []

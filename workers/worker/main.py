@@ -1,13 +1,14 @@
 """The worker process: one loop whose step reads like the data flow.
 
     step:  retire what was written -> drop lost/cancelled jobs -> pull what the engine can admit
-           -> engine.step() -> emit (hand the step's writes to the writer thread)
+           -> engine.step() -> emit (hand the step's writes to the writer process)
 
 Step N's writes (tokens, finishes, failures, webhook notices: ONE pipelined round trip, workers/worker/writer.py)
-go to Redis while step N+1 computes; a job is retired (its lease forgotten) only once its final write landed.
-The loop pulls only when the engine has room and jobs may be waiting (a pull left some, a job was queued since:
-keys.QUEUED_CHANNEL, or `reclaim_interval_s` passed), and only as many as the engine admits. Redis I/O stays
-here (queue_reader, emitter, writer, heartbeat); the engine never sees Redis. SIGTERM/SIGINT: stop pulling,
+go to Redis from a process of their own while step N+1 computes (a thread would share the loop's GIL); a job is
+retired (its lease forgotten) only once its final write landed. The loop pulls only when the engine has room
+and jobs may be waiting (a pull left some, a job was queued since: keys.QUEUED_CHANNEL, or `reclaim_interval_s`
+passed), and only as many as the engine admits. Redis I/O stays here (queue_reader, emitter, writer, heartbeat);
+the engine never sees Redis. SIGTERM/SIGINT: stop pulling,
 keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
 """
 
@@ -109,7 +110,7 @@ class Worker:
         }
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
-        self.writer = StepWriter(client, self.emitter, self.hooks)
+        self.writer = StepWriter(settings)  # a process of its own (workers/worker/writer_process.py)
         self.deadlines = Deadlines(settings.job_timeout_s)  # execution deadlines of held jobs
         self.costs = CostMeter(settings.price_per_worker_hour)  # engine seconds per held job
         self._timed_out: set[str] = set()  # jobs whose `timeout` failure is written, not yet landed
@@ -221,7 +222,7 @@ class Worker:
             self.shutdown()
 
     def _on_redis_error(self, exc: redis.RedisError) -> None:
-        """Redis is unreachable (here or on the writer thread): what was generated since the last write cannot be
+        """Redis is unreachable (here or in the writer process): what was generated since the last write cannot be
         recorded, so drop every held job (its KV is freed) and every write not sent yet; once Redis answers again
         its entry is reclaimed (by this worker or another) and resumed from the last token written. Then back
         off."""

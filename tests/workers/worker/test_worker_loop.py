@@ -1,6 +1,6 @@
 """The worker's loop over a real engine (tiny random model) and a real Redis: one round trip per step for all
 jobs, no pull while the engine is full, a cancel honoured within two steps, and a write that fails on the
-writer thread dropping the jobs, which resume from the last token written with nothing lost or repeated."""
+writer process dropping the jobs, which resume from the last token written with nothing lost or repeated."""
 
 import json
 import logging

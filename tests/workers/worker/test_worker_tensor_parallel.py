@@ -1,6 +1,7 @@
 """A `specfleet worker --tensor-parallel-size 2` process (rank 0 + one spawned rank) with a real Redis and gateway:
 a real SIGKILL of its rank takes the worker down (non-zero exit, no hang), its job goes back to the queue and
-another TP = 2 worker finishes it with the uninterrupted output; a SIGKILL of rank 0 leaves no orphan rank."""
+another TP = 2 worker finishes it with the uninterrupted output; a SIGKILL of rank 0 leaves no orphan rank and
+no orphan writer process."""
 
 import os
 import signal
@@ -51,6 +52,11 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def ranks_of(pid: int) -> list[int]:
+    """The worker's tensor-parallel ranks (its other child is its writer process)."""
+    return [p for p in children_of(pid) if b"workers.engine.tp_rank" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+
+
 def is_gone(pid: int) -> bool:
     try:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
@@ -68,8 +74,8 @@ def test_a_killed_rank_takes_the_worker_down_and_its_job_is_finished_elsewhere(
     second: subprocess.Popen[bytes] | None = None
     try:
         wait_ready(rclient, "tp-a")
-        ranks = children_of(first.pid)
-        assert len(ranks) == 1  # rank 1; rank 0 is the worker itself
+        ranks = ranks_of(first.pid)
+        assert len(ranks) == 1 and len(children_of(first.pid)) == 2  # rank 1 (rank 0 is the worker), the writer
         with FleetClient(gateway.url) as fleet:
             job_id = fleet.submit(LONG)["id"]
             wait_until(lambda: fleet.get(job_id)["usage"]["completion_tokens"] > 0, timeout_s=120,
@@ -85,11 +91,11 @@ def test_a_killed_rank_takes_the_worker_down_and_its_job_is_finished_elsewhere(
             reference = finished(fleet, fleet.submit(LONG)["id"])  # the same greedy job, uninterrupted
             assert job["output"]["token_ids"] == reference["output"]["token_ids"]
 
-        second_ranks = children_of(second.pid)
-        second.kill()  # rank 0 SIGKILLed: its rank sees the pipe close and exits by itself
+        second_children = children_of(second.pid)  # rank 1 and the writer process
+        second.kill()  # rank 0 SIGKILLed: its rank and its writer see their sockets close and exit by themselves
         second.wait(timeout=60)
-        wait_until(lambda: all(map(is_gone, second_ranks)), timeout_s=60, what="rank 1 to exit after rank 0")
-        assert second_ranks and all(map(is_gone, ranks))
+        wait_until(lambda: all(map(is_gone, second_children)), timeout_s=60, what="rank 1 and the writer to exit")
+        assert len(second_children) == 2 and all(map(is_gone, ranks))
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -1,6 +1,9 @@
-"""The writer thread: steps land in order, one round trip per batch of steps, and a failed write stops every
-later write of its epoch (no gap), while the next epoch writes again."""
+"""The writer process: steps land in order, one round trip per batch of steps, a failed write stops every
+later write of its epoch (no gap) while the next epoch writes again, and a writer process that dies reaches the
+loop as a Redis failure and is replaced."""
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,8 +13,7 @@ from shared import keys
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
-from workers.worker.emitter import Emitter, JobWrite, Running
-from workers.worker.job_hooks import JobHooks
+from workers.worker.emitter import JobWrite, Running
 from workers.worker.queue_reader import QueueReader
 from workers.worker.writer import Report, StepWrite, StepWriter
 
@@ -37,7 +39,7 @@ def _streamed(client: redis.Redis, job_id: str) -> list[str]:
 
 def test_steps_land_in_order_and_finish_once_landed(rclient: redis.Redis, settings: ServiceSettings) -> None:
     running = _take(rclient, settings, 3)
-    writer = StepWriter(rclient, Emitter(rclient, settings), JobHooks(rclient, settings))
+    writer = StepWriter(settings)
     writer.start()
     try:
         num_steps = 40
@@ -59,7 +61,7 @@ def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> 
     server = RedisServer(tmp_path / "redis").start()
     settings = ServiceSettings(redis_url=server.url, **FAST_TIMINGS)  # type: ignore[arg-type]
     client = redis.Redis.from_url(server.url, decode_responses=True)
-    writer = StepWriter(client, Emitter(client, settings), JobHooks(client, settings))
+    writer = StepWriter(settings)
     writer.start()
     try:
         (job,) = _take(client, settings, 1).values()
@@ -83,10 +85,30 @@ def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> 
         server.stop()
 
 
+def test_a_dead_writer_process_fails_the_epoch_and_is_replaced(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    (job,) = _take(rclient, settings, 1).values()
+    writer = StepWriter(settings)
+    writer.start()
+    try:
+        writer.submit(StepWrite(0, [_tokens(job, 0)]))
+        assert writer.drain(30) == [Report([], [])]
+        assert writer._process is not None
+        os.kill(writer._process.pid, signal.SIGKILL)
+        writer._process.wait(30)
+        writer.submit(StepWrite(0, [_tokens(job, 1)]))  # its socket is closed: lost, as in a Redis outage
+        with pytest.raises(redis.ConnectionError, match="writer process exited"):
+            writer.drain(30)
+        writer.discard(0)  # what the loop does after a Redis failure: a new process takes the next epoch
+        writer.submit(StepWrite(1, [_tokens(job, 2)]))
+        assert writer.drain(30) == [Report([], [job.job_id])]  # Redis refuses the gap: token 1 never landed
+        assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "0"
+    finally:
+        writer.stop()
+
 
 def test_a_replayed_write_lands_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
     (job,) = _take(rclient, settings, 1).values()
-    writer = StepWriter(rclient, Emitter(rclient, settings), JobHooks(rclient, settings))
+    writer = StepWriter(settings)
     writer.start()
     try:
         write = _tokens(job, 7)
