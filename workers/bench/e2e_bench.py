@@ -3,7 +3,9 @@
 1. Redis ceilings: pipelined XADD, and the gateway's SUBMIT script (Redis's own cost of a job).
 2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
-   request mix straight into an in-process engine (same engine settings and torch thread count as the worker).
+   request mix straight into an in-process engine (same engine settings and torch thread count as the worker),
+   in `latency_rounds` interleaved rounds (fleet then engine, engine then fleet, ...): each system's figures
+   pool its rounds (tokens/s = all tokens over all seconds), so one noisy second moves neither side alone.
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
    The fleet's TTFT split by the times Redis recorded: `queued_ms_p50` (created -> started) and
    `first_write_ms_p50` (started -> first token written) on its rows (workers/bench/e2e_ttft.py).
@@ -38,7 +40,7 @@ from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
 from workers.bench.e2e_fleet import ROOT, BenchFleet
-from workers.bench.e2e_latency import request_mix, run_engine, run_fleet, summary
+from workers.bench.e2e_latency import Timings, request_mix, run_engine, run_fleet, summary
 from workers.bench.e2e_load import (
     hold_streams,
     raise_fd_limit,
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 class E2EBenchPlan:
     concurrencies: tuple[int, ...] = (1, 4, 16)
     requests_per_client: int = 4
+    latency_rounds: int = 3  # per concurrency, alternating which system runs first
     min_requests: int = 16  # per concurrency level (bs1 gets this many, one after another)
     max_tokens: int = 32
     num_submit_jobs: int = 10_000
@@ -77,24 +80,39 @@ class E2EBenchPlan:
         """For tests: every phase, a few requests each (no figure means anything at this size)."""
         return cls(concurrencies=(1, 2), requests_per_client=1, min_requests=2, max_tokens=4,
                    num_submit_jobs=40, num_submit_clients=4, num_ceiling_ops=64, num_sse_streams=8,
-                   sse_max_tokens=3, num_gateway_procs=1, max_num_seqs=4, mixed=MixedPlan.tiny())
+                   sse_max_tokens=3, latency_rounds=1, num_gateway_procs=1, max_num_seqs=4, mixed=MixedPlan.tiny())
 
 
 def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
-    """Per concurrency: fleet, engine, then the fleet again with speculation off (the cost phase's baseline)."""
+    """Per concurrency: fleet and engine in interleaved rounds (the same minutes of machine noise), then the
+    fleet again with speculation off (the cost phase's baseline)."""
     rows = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
-        fleet_t = asyncio.run(run_fleet(fleet.endpoint, bodies, c))  # fleet first, engine right after:
-        engine_t = run_engine(engine, bodies, c)  # the same minute of machine noise
+        fleet_t, engine_t = _interleaved(fleet, engine, bodies, c, plan.latency_rounds)
         for system, t in (("fleet", fleet_t), ("engine", engine_t)):
-            rows.append({"phase": "latency", "system": system, "concurrency": c, **summary(t)})
+            rows.append({"phase": "latency", "system": system, "concurrency": c, "rounds": plan.latency_rounds,
+                         **summary(t)})  # fmt: skip
         rows[-2].update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
         log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
                  rows[-1]["ttft_ms_p50"])
         rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
         rows.append(cost_row(fleet.redis_url, plain_run(fleet.endpoint, bodies, c), c, False, price))
     return rows
+
+
+def _interleaved(
+    fleet: BenchFleet, engine: Any, bodies: list[dict[str, Any]], concurrency: int, num_rounds: int
+) -> tuple[Timings, Timings]:
+    """(fleet, engine) timings of `num_rounds` rounds each, the first system alternating round by round."""
+    fleet_t, engine_t = Timings(), Timings()
+    for i in range(num_rounds):
+        for system in ("fleet", "engine") if i % 2 == 0 else ("engine", "fleet"):
+            if system == "fleet":
+                fleet_t.merge(asyncio.run(run_fleet(fleet.endpoint, bodies, concurrency)))
+            else:
+                engine_t.merge(run_engine(engine, bodies, concurrency))
+    return fleet_t, engine_t
 
 
 def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:

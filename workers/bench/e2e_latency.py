@@ -39,6 +39,14 @@ class Timings:
     elapsed_s: float = 0.0
     job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
 
+    def merge(self, other: "Timings") -> None:
+        """Add another run of the same system (a latency round): tokens/s becomes all tokens over all time."""
+        self.ttft_s += other.ttft_s
+        self.tpot_s += other.tpot_s
+        self.num_tokens += other.num_tokens
+        self.elapsed_s += other.elapsed_s
+        self.job_ids += other.job_ids
+
     def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int) -> None:
         self.ttft_s.append(first_s - start_s)
         if num_tokens > 1:

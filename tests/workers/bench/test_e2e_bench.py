@@ -38,7 +38,7 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert {(r["system"], r["concurrency"]) for r in latency} == {
         (s, c) for s in ("fleet", "engine") for c in plan.concurrencies
     }
-    assert all(r["num_requests"] == max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
+    assert all(r["num_requests"] == plan.latency_rounds * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
                for r in latency)
     assert doc["ratios"]["sse_streams"] == plan.num_sse_streams
     assert doc["ratios"]["sse_lost_tokens"] == 0  # every stream carried its job's tokens, in order
