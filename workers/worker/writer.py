@@ -61,6 +61,9 @@ class StepWriter:
                 pass_fds=[theirs.fileno()],
                 cwd=ROOT,
             )
+        except OSError:
+            ours.close()
+            raise
         finally:
             theirs.close()  # the process holds its own copy: its exit reads as EOF here
         self._conn, self._process = Channel(ours), process
@@ -94,7 +97,9 @@ class StepWriter:
     def submit(self, step: StepWrite) -> None:
         if step.is_empty:
             return
-        assert self._conn is not None, "start() the writer first"
+        if self._conn is None or self._is_dead:  # not started, or not restarted yet: the write is lost
+            self._on_dead()
+            return
         while self.num_unsettled >= self.max_pending and self._error is None:
             self._receive(None)
         if self._error is not None:  # the loop drops this epoch's jobs at its next take_reports()
@@ -137,13 +142,18 @@ class StepWriter:
             self._error = None
         if self._is_dead:
             self.stop()
+            try:
+                self.start()
+            except (OSError, RuntimeError) as exc:  # the loop backs off and discards again on the next failure
+                log.error("could not restart the writer process: %s", exc)
+                return
             self._is_dead = False
-            self.start()
 
     # -- answers ----------------------------------------------------------------------------------------------
     def _receive(self, timeout_s: float | None) -> None:
         """Take every answer the process sent, waiting up to `timeout_s` (None: no limit) for the first."""
-        assert self._conn is not None
+        if self._conn is None:
+            return
         try:
             ready = self._conn.poll(timeout_s)
             while ready:
@@ -166,7 +176,8 @@ class StepWriter:
     def _on_dead(self) -> None:
         """The process exited unasked: what it held may not have landed; the loop treats it as a Redis failure."""
         exitcode = self._process.poll() if self._process is not None else None
-        log.warning("the writer process exited (code %s) with %d steps unwritten", exitcode, self.num_unsettled)
+        if not self._is_dead:
+            log.warning("the writer process exited (code %s) with %d steps unwritten", exitcode, self.num_unsettled)
         self._error = redis.ConnectionError(f"the writer process exited (code {exitcode})")
         self._error_epoch = self._last_epoch
         self.num_unsettled = 0

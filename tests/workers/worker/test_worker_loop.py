@@ -1,11 +1,15 @@
 """The worker's loop over a real engine (tiny random model) and a real Redis: one round trip per step for all
-jobs, no pull while the engine is full, a cancel honoured within two steps, and a write that fails on the
-writer process dropping the jobs, which resume from the last token written with nothing lost or repeated."""
+jobs, no pull while the engine is full, a cancel honoured within two steps, and a write that fails in the
+writer process (or a writer process killed) dropping the jobs, which resume from the last token written with
+nothing lost or repeated."""
 
 import json
 import logging
+import os
+import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -129,10 +133,49 @@ def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
         client.close()
         server.stop()
     assert any("writing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    _assert_whole_once(records, streams, max_tokens)
+    assert not thread.is_alive()
+
+
+def test_a_killed_writer_process_drops_the_jobs_and_they_resume_exactly(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    max_tokens = 300
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    thread = threading.Thread(target=worker.run, name="worker")
+    thread.start()
+    caplog.set_level(logging.WARNING, logger="workers.worker")
+    try:
+        jobs = [submit_job(rclient, settings, max_tokens=max_tokens, **JOB) for _ in range(2)]
+        wait_until(
+            lambda: all(int(rclient.hget(keys.job_hash(j), "completion_tokens") or 0) > 0 for j in jobs),
+            interval_s=0.002,
+            what="first tokens",
+        )
+        first_writer = worker.writer._process
+        assert first_writer is not None
+        os.kill(first_writer.pid, signal.SIGKILL)
+        wait_until(lambda: worker.writer._process not in (None, first_writer), what="a new writer process")
+        wait_until(
+            lambda: all(rclient.hget(keys.job_hash(j), "status") == "succeeded" for j in jobs),
+            timeout_s=60,
+            what="the jobs to be reclaimed, resumed and finished",
+        )
+        records = [rclient.hgetall(keys.job_hash(j)) for j in jobs]
+        streams = [rclient.xrange(keys.job_events(j)) for j in jobs]
+    finally:
+        worker.request_stop(grace_s=0)
+        thread.join(timeout=30)
+    assert any("writer process exited" in r.getMessage() for r in caplog.records)
+    _assert_whole_once(records, streams, max_tokens)
+    assert first_writer.poll() is not None and not thread.is_alive()
+
+
+def _assert_whole_once(records: list[dict[str, str]], streams: list[list[Any]], max_tokens: int) -> None:
+    """Each job finished on a later attempt with all its tokens, streamed once each, in order."""
     for job, events in zip(records, streams, strict=True):
         token_ids = [int(t) for t in job["token_ids"].split(",")]
         assert len(token_ids) == max_tokens and job["completion_tokens"] == str(max_tokens)
         assert int(job["attempt"]) >= 2
         streamed = [t for _, e in events if e["type"] == "token" for t in json.loads(e["data"])["token_ids"]]
         assert streamed == token_ids
-    assert not thread.is_alive()
