@@ -163,6 +163,9 @@ class Speculator:
             spec = seq.spec
             if spec is None or not spec.is_active:
                 continue
+            is_fixed = (seq.params.seed is not None and not seq.params.is_greedy) or not self.cfg.is_adaptive
+            if not (is_fixed or may_plan):  # vetoed: the common case at large batches, kept cheap
+                continue
             useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
             if useful <= 0:  # the step's own token is the last one: nothing to draft
                 continue
@@ -170,11 +173,9 @@ class Speculator:
             tree_size = self.cfg.tree_size if is_tree_seq and useful >= self.cfg.tree_size else 0
             # a lookahead of tree_size or more means a tree (see _propose_with_draft): chains stay shorter
             chain_max = min(self.adaptive.k_max, useful, self.cfg.tree_size - 1 if is_tree_seq else useful)
-            if (seq.params.seed is not None and not seq.params.is_greedy) or not self.cfg.is_adaptive:
+            if is_fixed:
                 nominal = self.adaptive.k_max if not self.cfg.is_adaptive else spec.controller.k
                 fixed[seq.request_id] = tree_size or min(nominal, chain_max)
-                continue
-            if not may_plan:
                 continue
             proposer = spec.method.value if spec.method.value in self.proposer_costs else None
             chosen.append((seq, Candidate(
@@ -187,6 +188,11 @@ class Speculator:
                 tree_level_acceptance=spec.controller.tree_level_acceptance,
             )))  # fmt: skip
         num_fixed = sum(fixed.values())
+        tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
+        tally[0] += 1
+        tally[1] += num_fixed
+        if not chosen:
+            return fixed
         plan = choose_lengths(
             [c for _, c in chosen],
             num_sure_tokens=len(decodes),
@@ -200,9 +206,7 @@ class Speculator:
             num_prefill_tokens=num_prefill_tokens,
         )
         lengths = dict(fixed)
-        tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
-        tally[0] += 1
-        tally[1] += num_fixed + sum(plan.lengths)
+        tally[1] += sum(plan.lengths)
         for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):
             if k:
                 lengths[seq.request_id] = k if is_tree else max(k, min(self.adaptive.k_min, c.max_k))
