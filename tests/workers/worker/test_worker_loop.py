@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +104,52 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
 def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
     tiny_target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    max_tokens = 300
     server = RedisServer(tmp_path / "redis").start()
     settings = ServiceSettings(redis_url=server.url, **FAST_TIMINGS)  # type: ignore[arg-type]
     client = redis.Redis.from_url(server.url, decode_responses=True)
     worker = _worker(client, settings, tiny_target, max_num_seqs=2)
+
+    def refuse_writes() -> None:
+        client.config_set("maxmemory", 1)  # Redis refuses every write: the writer's next step fails
+        wait_until(lambda: not worker.leases, what="the worker to drop its jobs")
+        client.config_set("maxmemory", 0)
+
+    try:
+        _interrupted_jobs_finish_whole(worker, client, settings, refuse_writes, caplog)
+    finally:
+        client.close()
+        server.stop()
+    assert any("writing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_killed_writer_process_drops_the_jobs_and_they_resume_exactly(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    killed: list[subprocess.Popen[bytes]] = []
+
+    def kill_the_writer() -> None:
+        process = worker.writer._process
+        assert process is not None
+        os.kill(process.pid, signal.SIGKILL)
+        killed.append(process)
+        wait_until(lambda: worker.writer._process not in (None, process), what="a new writer process")
+
+    _interrupted_jobs_finish_whole(worker, rclient, settings, kill_the_writer, caplog)
+    assert any("writer process exited" in r.getMessage() for r in caplog.records)
+    assert killed[0].poll() is not None
+
+
+def _interrupted_jobs_finish_whole(
+    worker: Worker,
+    client: redis.Redis,
+    settings: ServiceSettings,
+    interrupt: Callable[[], None],
+    caplog: pytest.LogCaptureFixture,
+    max_tokens: int = 300,
+) -> None:
+    """Run two jobs on `worker` (its loop on a thread), `interrupt` it once both have tokens written, then check
+    that both were resumed and finished with all their tokens, each streamed once, in order."""
     thread = threading.Thread(target=worker.run, name="worker")
     thread.start()
     caplog.set_level(logging.WARNING, logger="workers.worker")
@@ -117,9 +160,7 @@ def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
             interval_s=0.002,
             what="first tokens",
         )
-        client.config_set("maxmemory", 1)  # Redis refuses every write: the writer's next step fails
-        wait_until(lambda: not worker.leases, what="the worker to drop its jobs")
-        client.config_set("maxmemory", 0)
+        interrupt()
         wait_until(
             lambda: all(client.hget(keys.job_hash(j), "status") == "succeeded" for j in jobs),
             timeout_s=60,
@@ -130,48 +171,11 @@ def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
     finally:
         worker.request_stop(grace_s=0)
         thread.join(timeout=30)
-        client.close()
-        server.stop()
-    assert any("writing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
-    _assert_whole_once(records, streams, max_tokens)
     assert not thread.is_alive()
-
-
-def test_a_killed_writer_process_drops_the_jobs_and_they_resume_exactly(
-    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    max_tokens = 300
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
-    thread = threading.Thread(target=worker.run, name="worker")
-    thread.start()
-    caplog.set_level(logging.WARNING, logger="workers.worker")
-    try:
-        jobs = [submit_job(rclient, settings, max_tokens=max_tokens, **JOB) for _ in range(2)]
-        wait_until(
-            lambda: all(int(rclient.hget(keys.job_hash(j), "completion_tokens") or 0) > 0 for j in jobs),
-            interval_s=0.002,
-            what="first tokens",
-        )
-        first_writer = worker.writer._process
-        assert first_writer is not None
-        os.kill(first_writer.pid, signal.SIGKILL)
-        wait_until(lambda: worker.writer._process not in (None, first_writer), what="a new writer process")
-        wait_until(
-            lambda: all(rclient.hget(keys.job_hash(j), "status") == "succeeded" for j in jobs),
-            timeout_s=60,
-            what="the jobs to be reclaimed, resumed and finished",
-        )
-        records = [rclient.hgetall(keys.job_hash(j)) for j in jobs]
-        streams = [rclient.xrange(keys.job_events(j)) for j in jobs]
-    finally:
-        worker.request_stop(grace_s=0)
-        thread.join(timeout=30)
-    assert any("writer process exited" in r.getMessage() for r in caplog.records)
     _assert_whole_once(records, streams, max_tokens)
-    assert first_writer.poll() is not None and not thread.is_alive()
 
 
-def _assert_whole_once(records: list[dict[str, str]], streams: list[list[Any]], max_tokens: int) -> None:
+def _assert_whole_once(records: list[Any], streams: list[Any], max_tokens: int) -> None:
     """Each job finished on a later attempt with all its tokens, streamed once each, in order."""
     for job, events in zip(records, streams, strict=True):
         token_ids = [int(t) for t in job["token_ids"].split(",")]
