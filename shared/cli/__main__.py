@@ -2,5 +2,5 @@
 
 from shared.cli.main import main
 
-if __name__ == "__main__":  # not when a spawned child (the worker's writer) imports it as __mp_main__
+if __name__ == "__main__":  # importing it (a multiprocessing child's __mp_main__, a tool) runs nothing
     main()

@@ -8,8 +8,8 @@ go to Redis from a process of their own while step N+1 computes (a thread would 
 retired (its lease forgotten) only once its final write landed. The loop pulls only when the engine has room
 and jobs may be waiting (a pull left some, a job was queued since: keys.QUEUED_CHANNEL, or `reclaim_interval_s`
 passed), and only as many as the engine admits. Redis I/O stays here (queue_reader, emitter, writer, heartbeat);
-the engine never sees Redis. SIGTERM/SIGINT: stop pulling,
-keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
+the engine never sees Redis. SIGTERM/SIGINT: stop pulling, keep stepping held jobs for up to `shutdown_grace_s`,
+hand the rest back to the queue.
 """
 
 import logging
