@@ -31,6 +31,12 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def is_seeded_sampling(self) -> bool:
+        """Sampled from its own seed: its draws, and so its speculation lengths, must not depend on timing or on
+        other requests (workers/spec/adaptive.py)."""
+        return self.seed is not None and not self.is_greedy
+
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -123,8 +123,7 @@ class Speculator:
             ngram = NgramIndex(self.cfg.ngram_min_n, self.cfg.ngram_max_n)
             ngram.extend(prompt_ids)
         # a seeded sampling request's lengths come from its own draws alone: no pooled prior (adaptive.py)
-        is_seeded = params.seed is not None and not params.is_greedy
-        controller = SpecLengthController(self.adaptive, None if is_seeded else self._pool(method))
+        controller = SpecLengthController(self.adaptive, None if params.is_seeded_sampling else self._pool(method))
         if not self.cfg.is_adaptive:
             controller.k = self.cfg.num_speculative_tokens
         return SpecState(method=method, controller=controller, ngram=ngram)
@@ -163,7 +162,7 @@ class Speculator:
             spec = seq.spec
             if spec is None or not spec.is_active:
                 continue
-            is_fixed = (seq.params.seed is not None and not seq.params.is_greedy) or not self.cfg.is_adaptive
+            is_fixed = seq.params.is_seeded_sampling or not self.cfg.is_adaptive
             if not (is_fixed or may_plan):  # vetoed: the common case at large batches, kept cheap
                 continue
             useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
