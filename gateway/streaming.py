@@ -1,16 +1,18 @@
 """The token path on the gateway side: ONE pub/sub connection per process, fanned out to every follower.
 
 Per job followed in this process there is one feed: a pub/sub subscription (shared by the job's followers)
-and the job's events read so far (one list, shared). A follower (an SSE client, or a `Prefer: wait` submit)
-subscribes first, then asks the feed to catch up with the job's event stream, yields what it has not sent,
-and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wake-up or a pub/sub reconnect
-costs latency, never an event). When a wake-up reaches 500 followers of one job, ONE of them reads Redis:
-a catch-up is skipped when another one began after this follower's wake-up (so it already saw every event
-published before it). The event stream is the truth and pub/sub only says "look again": nothing is lost,
-repeated or reordered, whatever the timing of connects and reconnects. A follower that finds nothing new and the
-job ended reads the events once more before it ends the stream: the job may have run to its end between the
-two reads (all its events written after the first, its status read after them). One engine step wakes every job it wrote
-to: their reads go to Redis together, one pipelined write per loop turn (gateway/redis_batch.py).
+and the job's events held so far (one list, shared: a gapless run of the job's event stream). A follower (an
+SSE client, or a `Prefer: wait` submit) subscribes first, reads the job's event stream, yields what it has not
+sent, and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wake-up or a pub/sub
+reconnect costs latency, never an event). A wake-up carries its event and the id of the one before it
+(shared.lua.EventWake): when that is the feed's last event, the event is appended and no follower reads Redis.
+Any other wake-up (a bare one for a large event, one after a gap) marks the feed stale, and ONE of the followers
+it woke reads the stream: a read that began after a follower's wake-up saw every event published before it.
+The event stream is the truth: nothing is lost, repeated or reordered, whatever the timing of connects and
+reconnects. A follower that finds nothing new and the job ended reads the events once more before it ends the
+stream: the job may have run to its end between the two reads (all its events written after the first, its
+status read after them). Reads of one loop turn go to Redis together, one pipelined write
+(gateway/redis_batch.py).
 """
 
 import asyncio
@@ -29,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.redis_batch import CommandBatcher
 from shared import keys
 from shared.job_state import JobStatus
+from shared.lua import EventWake, parse_event_wake
 from shared.schemas import EventType
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,7 @@ class _Feed:
     subscribed: asyncio.Event = field(default_factory=asyncio.Event)  # SUBSCRIBE confirmed
     idle_since: float | None = None  # when its last follower left
     events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
-    num_reads_started: int = 0
+    is_stale: bool = True  # a wake-up came that `events` may not hold (nothing read yet, a bare or gapped wake-up)
     read_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -71,23 +74,38 @@ class _Feed:
         """The events read so far that come after the one with key `after_key`."""
         return self.events[bisect.bisect_right(self.events, after_key, key=lambda e: e.key) :]
 
-    async def catch_up(self, reads: CommandBatcher, job_id: str, num_reads_seen: int) -> None:
-        """Read the events not read yet, unless a read began after the caller's wake-up (it saw them all). The
-        reads of the feeds one wake-up round woke go to Redis as one pipelined write (gateway/redis_batch.py)."""
+    def take(self, wake: EventWake | None) -> None:
+        """A wake-up: append the event it carries when it follows the last one held (`events` stays a gapless run
+        of the stream), else mark the feed stale."""
+        if wake is None or not self.events or self.events[-1].id != wake.prev_id or self.is_complete:
+            self.is_stale = True
+            return
+        try:
+            event_type = EventType(wake.type)
+        except ValueError:  # a type this gateway does not know: the stream read says what to do with it
+            self.is_stale = True
+            return
+        self.events.append(Event(id=wake.id, type=event_type, data=wake.data, key=entry_key(wake.id)))
+
+    async def catch_up(self, reads: CommandBatcher, job_id: str, force: bool = False) -> None:
+        """Read the events not held yet, when a wake-up could not hand them over (or `force`). A read that began
+        after the caller's wake-up saw every event it announced, so the caller waits for it and reads nothing.
+        The reads of the feeds one wake-up round woke go to Redis as one pipelined write (redis_batch.py)."""
         async with self.read_lock:
-            if self.num_reads_started > num_reads_seen or self.is_complete:
+            if not (self.is_stale or force) or self.is_complete:
                 return
-            self.num_reads_started += 1
+            self.is_stale = False  # a wake-up from now on may announce an event this read misses
             while True:
                 after = self.events[-1].id if self.events else "0-0"
                 entries = cast(
                     list[tuple[str, dict[str, str]]],
                     await reads.call("XRANGE", keys.job_events(job_id), f"({after}", "+", "COUNT", READ_BATCH),
                 )
-                self.events.extend(
-                    Event(id=i, type=EventType(f["type"]), data=f["data"], key=entry_key(i))
-                    for i, f in entries
-                )
+                last_key = self.events[-1].key if self.events else (0, 0)
+                for entry_id, fields in entries:  # a wake-up may have appended some of them meanwhile
+                    key = entry_key(entry_id)
+                    if key > last_key:
+                        self.events.append(Event(entry_id, EventType(fields["type"]), fields["data"], key))
                 if len(entries) < READ_BATCH:
                     return
 
@@ -137,6 +155,7 @@ class EventHub:
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("pub/sub connection lost (%s); waking every follower to re-read", exc)
                 for feed in self._feeds.values():
+                    feed.is_stale = True
                     for waiter in feed.waiters:
                         waiter.set()
                 await asyncio.sleep(0.5)
@@ -154,6 +173,7 @@ class EventHub:
         if message["type"] == "subscribe":
             feed.subscribed.set()
         elif message["type"] == "message":
+            feed.take(parse_event_wake(str(message["data"])))
             for waiter in feed.waiters:
                 waiter.set()
 
@@ -199,13 +219,12 @@ class EventHub:
         check_finished = True  # on the first pass and after each tick: a resume after the final event ends
         async with self.watch(job_id) as (wake, feed):
             while True:
-                num_reads_seen = feed.num_reads_started
                 wake.clear()
-                await feed.catch_up(self.reads, job_id, num_reads_seen)
+                await feed.catch_up(self.reads, job_id, force=check_finished)
                 new = feed.events_after(after_key)
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     if not feed.is_complete:  # the job may have ended after the events were read: read them again
-                        await feed.catch_up(self.reads, job_id, feed.num_reads_started)
+                        await feed.catch_up(self.reads, job_id, force=True)
                         new = feed.events_after(after_key)
                     if not new:
                         return

@@ -15,7 +15,7 @@ CONSUMER_GROUP = "workers"  # the one consumer group on every queue stream
 
 JOB_PREFIX = f"{PREFIX}job:"  # + job id -> job hash
 EVENTS_SUFFIX = ":events"  # job hash key + suffix -> the job's event stream
-CHANNEL_PREFIX = f"{PREFIX}wake:"  # + job id -> pub/sub channel announcing a new event
+CHANNEL_PREFIX = f"{PREFIX}wake:"  # + job id -> pub/sub channel announcing each new event (and carrying it)
 
 DEAD_LETTER_STREAM = f"{PREFIX}jobs:dead"  # jobs that exceeded max_deliveries
 CANCEL_CHANNEL = f"{PREFIX}control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
@@ -42,7 +42,7 @@ def job_events(job_id: str) -> str:
 
 
 def job_channel(job_id: str) -> str:
-    """The pub/sub channel on which a new event of the job is announced (a wake-up, no payload)."""
+    """The pub/sub channel on which a new event of the job is announced (shared.lua.parse_event_wake)."""
     return CHANNEL_PREFIX + job_id
 
 

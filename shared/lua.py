@@ -13,6 +13,7 @@ model_version (of the worker that started it: settings.model_version).
 """
 
 import json
+from dataclasses import dataclass
 
 from shared import keys
 from shared.job_state import TERMINAL, JobStatus, sources_of
@@ -39,9 +40,20 @@ local function now()
   return string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
 end
 
+-- Append an event to the job's stream and announce it on the job's channel. The announcement carries the event
+-- and the id of the entry before it (`prev`, `id`, `type`, `data`, joined by newlines), so a gateway that has
+-- read up to `prev` appends it without reading the stream; an event over ctx.wake_max_bytes is announced as a
+-- bare '1' (read the stream).
 local function event(ctx, events, job_id, ev_type, ev_data)
+  local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
   local id = redis.call('XADD', events, 'MAXLEN', '~', ctx.maxlen, '*', 'type', ev_type, 'data', ev_data)
-  redis.call('PUBLISH', ctx.chprefix .. job_id, '1')
+  local wake = '1'
+  if #ev_data <= (tonumber(ctx.wake_max_bytes) or -1) then
+    local prev = ''
+    if last[1] then prev = last[1][1] end
+    wake = prev .. '\\n' .. id .. '\\n' .. ev_type .. '\\n' .. ev_data
+  end
+  redis.call('PUBLISH', ctx.chprefix .. job_id, wake)
   return id
 end
 
@@ -78,6 +90,28 @@ local ctx = cjson.decode(ARGV[1])
 )
 
 
+WAKE_MAX_BYTES = 4096  # an event whose data is longer is announced as a bare wake-up (the follower reads it)
+
+
+@dataclass(frozen=True)
+class EventWake:
+    """What a job channel's message says (PRELUDE's `event`): the event appended, and the id of the entry before
+    it in the job's stream ('' when it is the first)."""
+
+    prev_id: str
+    id: str
+    type: str
+    data: str
+
+
+def parse_event_wake(payload: str) -> EventWake | None:
+    """A job channel message -> the event it carries; None for a bare wake-up ('1': read the stream)."""
+    parts = payload.split("\n", 3)
+    if len(parts) != 4:
+        return None
+    return EventWake(*parts)
+
+
 def context(maxlen: int, ttl_s: int) -> str:
     """ARGV[1] of every script: the key prefixes from shared.keys, the event cap and the result TTL."""
     return json.dumps(
@@ -95,6 +129,7 @@ def context(maxlen: int, ttl_s: int) -> str:
             "rlprefix": keys.rate_limit_state(""),
             "inflightprefix": keys.inflight_jobs(""),
             "maxlen": str(maxlen),
+            "wake_max_bytes": WAKE_MAX_BYTES,
             "ttl": str(ttl_s),
         }
     )

@@ -1,11 +1,14 @@
-"""The one pub/sub connection: followers share a channel's subscription; idle channels are unsubscribed."""
+"""The one pub/sub connection: followers share a channel's subscription; idle channels are unsubscribed; an
+announced event reaches followers without a read of the stream, and a gap is filled by one."""
 
 import asyncio
+import time
 
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from gateway.streaming import EventHub
-from shared import keys
+from shared import keys, lua
 
 
 def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
@@ -60,3 +63,85 @@ def test_a_job_that_ends_between_the_reads_of_its_events_and_of_its_status_is_st
             await redis.aclose()
 
     assert asyncio.run(asyncio.wait_for(scenario(), 20)) == ["status", "token", "done"]
+
+
+# PRELUDE's `event` alone: append one event to a job's stream and announce it, as every job script does
+_EVENT = lua.PRELUDE + "return event(ctx, KEYS[1], ARGV[2], ARGV[3], ARGV[4])\n"
+
+
+def _append(redis: SyncRedis, job_id: str, ev_type: str, data: str) -> str:
+    ctx = lua.context(maxlen=1000, ttl_s=60)
+    return str(redis.eval(_EVENT, 1, keys.job_events(job_id), ctx, job_id, ev_type, data))
+
+
+def test_an_event_is_announced_with_itself_and_the_id_before_it(redis_url: str) -> None:
+    redis = SyncRedis.from_url(redis_url, decode_responses=True)
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.job_channel("j3"))
+    ids = [_append(redis, "j3", "token", '{"token_ids": [%d]}' % i) for i in range(3)]
+    big = "x" * (lua.WAKE_MAX_BYTES + 1)
+    ids.append(_append(redis, "j3", "done", '"' + big + '"'))
+    payloads = []
+    deadline_s = time.monotonic() + 10.0
+    while len(payloads) < 4 and time.monotonic() < deadline_s:  # None: nothing yet, or a subscribe confirmation
+        if (message := pubsub.get_message(timeout=1.0)) is not None:
+            payloads.append(message["data"])
+    wakes = [lua.parse_event_wake(p) for p in payloads]
+    assert wakes[:3] == [
+        lua.EventWake(prev_id=prev, id=ids[i], type="token", data='{"token_ids": [%d]}' % i)
+        for i, prev in enumerate(["", *ids[:2]])
+    ]
+    assert payloads[3] == "1" and wakes[3] is None  # too large to carry: a bare wake-up, the follower reads it
+    pubsub.close()
+    redis.close()
+
+
+def _xrange_calls(redis: SyncRedis) -> int:
+    return int(redis.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0))
+
+
+def test_followers_take_announced_events_without_reading_and_read_after_a_gap(redis_url: str) -> None:
+    """Two followers of one job: the events announced in order reach both with no XRANGE beyond each follower's
+    first read; an announcement whose previous id is not the feed's last (a gap: here an event appended without
+    one) makes one read that fills the gap, and the streams stay whole and in order."""
+    sync = SyncRedis.from_url(redis_url, decode_responses=True)
+    sync.hset(keys.job_hash("j4"), mapping={"id": "j4", "status": "running"})
+    first_id = _append(sync, "j4", "status", '{"status": "running"}')
+
+    async def follower(hub: EventHub, started: asyncio.Event) -> list[str]:
+        seen = []
+        async for event in hub.follow("j4"):
+            if event is not None:
+                seen.append(event.id)
+                started.set()
+        return seen
+
+    async def scenario() -> tuple[list[list[str]], list[str], int, int]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        hub = EventHub(redis, keepalive_s=30.0, linger_s=0.1)
+        await hub.start()
+        try:
+            started = [asyncio.Event(), asyncio.Event()]
+            tasks = [asyncio.create_task(follower(hub, s)) for s in started]
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 10)
+            ids = [first_id]
+            reads_before = _xrange_calls(sync)
+            for i in range(20):
+                ids.append(await asyncio.to_thread(_append, sync, "j4", "token", '{"token_ids": [%d]}' % i))
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)
+            reads_in_order = _xrange_calls(sync) - reads_before
+            ids.append(str(await redis.xadd(keys.job_events("j4"), {"type": "token", "data": '{"token_ids": [99]}'})))
+            ids.append(await asyncio.to_thread(_append, sync, "j4", "token", '{"token_ids": [100]}'))
+            ids.append(await asyncio.to_thread(_append, sync, "j4", "done", "{}"))
+            seen = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            return seen, ids, reads_in_order, _xrange_calls(sync) - reads_before
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    seen, ids, reads_in_order, reads_in_all = asyncio.run(scenario())
+    assert seen == [ids, ids]
+    assert reads_in_order == 0
+    assert 1 <= reads_in_all <= 2  # the gap's one read (a second follower may start its own after it)
+    sync.close()
