@@ -2,6 +2,7 @@
 announced event reaches followers without a read of the stream, and a gap is filled by one."""
 
 import asyncio
+import json
 import time
 
 from redis import Redis as SyncRedis
@@ -69,6 +70,10 @@ def test_a_job_that_ends_between_the_reads_of_its_events_and_of_its_status_is_st
 _EVENT = lua.PRELUDE + "return event(ctx, KEYS[1], ARGV[2], ARGV[3], ARGV[4])\n"
 
 
+def _token(token_id: int) -> str:
+    return json.dumps({"token_ids": [token_id]})
+
+
 def _append(redis: SyncRedis, job_id: str, ev_type: str, data: str) -> str:
     ctx = lua.context(maxlen=1000, ttl_s=60)
     return str(redis.eval(_EVENT, 1, keys.job_events(job_id), ctx, job_id, ev_type, data))
@@ -78,7 +83,7 @@ def test_an_event_is_announced_with_itself_and_the_id_before_it(redis_url: str) 
     redis = SyncRedis.from_url(redis_url, decode_responses=True)
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.job_channel("j3"))
-    ids = [_append(redis, "j3", "token", '{"token_ids": [%d]}' % i) for i in range(3)]
+    ids = [_append(redis, "j3", "token", _token(i)) for i in range(3)]
     big = "x" * (lua.WAKE_MAX_BYTES + 1)
     ids.append(_append(redis, "j3", "done", '"' + big + '"'))
     payloads = []
@@ -88,7 +93,7 @@ def test_an_event_is_announced_with_itself_and_the_id_before_it(redis_url: str) 
             payloads.append(message["data"])
     wakes = [lua.parse_event_wake(p) for p in payloads]
     assert wakes[:3] == [
-        lua.EventWake(prev_id=prev, id=ids[i], type="token", data='{"token_ids": [%d]}' % i)
+        lua.EventWake(prev_id=prev, id=ids[i], type="token", data=_token(i))
         for i, prev in enumerate(["", *ids[:2]])
     ]
     assert payloads[3] == "1" and wakes[3] is None  # too large to carry: a bare wake-up, the follower reads it
@@ -127,12 +132,12 @@ def test_followers_take_announced_events_without_reading_and_read_after_a_gap(re
             ids = [first_id]
             reads_before = _xrange_calls(sync)
             for i in range(20):
-                ids.append(await asyncio.to_thread(_append, sync, "j4", "token", '{"token_ids": [%d]}' % i))
+                ids.append(await asyncio.to_thread(_append, sync, "j4", "token", _token(i)))
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.2)
             reads_in_order = _xrange_calls(sync) - reads_before
-            ids.append(str(await redis.xadd(keys.job_events("j4"), {"type": "token", "data": '{"token_ids": [99]}'})))
-            ids.append(await asyncio.to_thread(_append, sync, "j4", "token", '{"token_ids": [100]}'))
+            ids.append(str(await redis.xadd(keys.job_events("j4"), {"type": "token", "data": _token(99)})))
+            ids.append(await asyncio.to_thread(_append, sync, "j4", "token", _token(100)))
             ids.append(await asyncio.to_thread(_append, sync, "j4", "done", "{}"))
             seen = await asyncio.wait_for(asyncio.gather(*tasks), 10)
             return seen, ids, reads_in_order, _xrange_calls(sync) - reads_before
