@@ -21,7 +21,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.compilation import compile_runner, point_cache_at
 from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
-from workers.engine.cost_probe import probe, probe_sizes
+from workers.engine.cost_probe import probe, probe_attention, probe_sizes
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
@@ -168,17 +168,21 @@ class Engine:
         costs, cfg = self.speculator, self.cfg
         num_cache_blocks = self.block_manager.num_blocks
         per_seq = 1 + cfg.num_speculative_tokens  # a verify pass: the last token + k drafts per sequence
+        limits = (cfg.block_size, num_cache_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         sizes = probe_sizes(cfg.max_num_batched_tokens)
+        costs.target_costs.attention = probe_attention(self.runner.forward, *limits)
         probe(self.runner.forward, cfg.block_size, num_cache_blocks, costs.target_costs, sizes, per_seq)
         self.runner.on_pass = costs.observe_target_pass
         draft_sizes = probe_sizes(min(cfg.max_num_seqs, cfg.max_num_batched_tokens))  # one token per sequence
         if draft_runner is not None:
             table = costs.proposer_costs[SpeculativeMethod.DRAFT.value]
+            table.attention = probe_attention(draft_runner.forward, *limits)
             probe(draft_runner.forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
             draft_runner.on_pass = costs.proposer_pass_observer(SpeculativeMethod.DRAFT)
         if costs.eagle is not None:
             head = costs.eagle.runner
             table = costs.proposer_costs[SpeculativeMethod.EAGLE.value]
+            table.attention = probe_attention(head.probe_forward, *limits)
             probe(head.probe_forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
             head.on_pass = costs.proposer_pass_observer(SpeculativeMethod.EAGLE)
 

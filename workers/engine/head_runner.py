@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import torch
 
-from workers.engine.model_runner import ForwardItem, ThreadPolicy, build_batch
+from workers.engine.model_runner import ForwardItem, ThreadPolicy, attention_work, build_batch
 from workers.models.eagle_head import EagleHead
 from workers.models.native_attention import NativeAttention
+from workers.spec.pass_costs import AttentionWork
 
 
 class HeadRunner:
@@ -23,8 +24,8 @@ class HeadRunner:
         dtype = head.fc.weight.dtype
         shape = head.kv_cache_shape(num_blocks, block_size)
         self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-        # called after every pass with (query tokens, seconds): the speculator's cost table for the head
-        self.on_pass: Callable[[int, float], None] | None = None
+        # called after every pass with (query tokens, seconds, attention work): the speculator's cost table for it
+        self.on_pass: Callable[[int, float, AttentionWork], None] | None = None
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
 
     def use_native(self, native: NativeAttention | None) -> None:
@@ -51,7 +52,7 @@ class HeadRunner:
             self.threads.apply(num_tokens)
         out = self.head(batch.input_ids, features, batch.positions, batch.meta, self.kv_cache, batch.logits_indices)
         if self.on_pass is not None:
-            self.on_pass(num_tokens, time.perf_counter() - start_s)
+            self.on_pass(num_tokens, time.perf_counter() - start_s, attention_work(items))
         return out
 
     def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits

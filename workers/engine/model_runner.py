@@ -17,6 +17,7 @@ from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,15 @@ class ForwardItem:
     positions: list[int] | None = None  # [n]; None = start_pos + i
     tree_start: int = 0  # first KV slot of the tree's nodes
     tree_mask: torch.Tensor | None = None  # [n, m] bool over tree slots tree_start .. tree_start + m; None = causal
+
+
+def attention_work(items: list[ForwardItem]) -> AttentionWork:
+    """The pass's attention over committed context, for its cost (workers/spec/pass_costs.py): each sequence's
+    query rows over the tokens before its first one."""
+    work = NO_ATTENTION
+    for item in items:
+        work += AttentionWork.of_rows(len(item.token_ids), item.start_pos)
+    return work
 
 
 @dataclass
@@ -239,8 +249,9 @@ class ModelRunner:
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
-        # called after every forward with (tokens in the pass, seconds it took): the speculator's cost tables
-        self.on_pass: Callable[[int, float], None] | None = None
+        # called after every forward with (tokens in the pass, seconds it took, its attention over committed
+        # context): the speculator's cost tables
+        self.on_pass: Callable[[int, float, AttentionWork], None] | None = None
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the model's dtype), or SDPA for None."""
@@ -280,7 +291,7 @@ class ModelRunner:
         num_tokens = batch.input_ids.shape[0]
         out = self._forward_batch(batch, num_tokens, with_features)
         if self.on_pass is not None:
-            self.on_pass(num_tokens, time.perf_counter() - start_s)
+            self.on_pass(num_tokens, time.perf_counter() - start_s, attention_work(items))
         return out
 
     def _forward_batch(

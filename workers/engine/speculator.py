@@ -28,7 +28,7 @@ from workers.spec.adaptive import AdaptiveConfig, PooledAcceptance, SpecLengthCo
 from workers.spec.goodput_guard import GoodputGuard, Key, guard_key
 from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
-from workers.spec.pass_costs import PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
 from workers.spec.state import SpecState, SpecStats
@@ -84,15 +84,15 @@ class Speculator:
         self._proposal_passes = ProposalPasses(self._add_pass_s)  # a proposer pass: its forward + its draw work
 
     # ---- what passes and steps cost (fed by the runners and the engine) ---------------------------
-    def observe_target_pass(self, num_tokens: int, seconds: float) -> None:
-        self.target_costs.observe(num_tokens, seconds)
+    def observe_target_pass(self, num_tokens: int, seconds: float, work: AttentionWork) -> None:
+        self.target_costs.observe(num_tokens, seconds, work)
         self._step_pass_s += seconds
 
-    def proposer_pass_observer(self, method: SpeculativeMethod) -> Callable[[int, float], None]:
+    def proposer_pass_observer(self, method: SpeculativeMethod) -> Callable[[int, float, AttentionWork], None]:
         table = self.proposer_costs[method.value]
 
-        def observe(num_tokens: int, seconds: float) -> None:
-            self._proposal_passes.observe(table, num_tokens, seconds)
+        def observe(num_tokens: int, seconds: float, work: AttentionWork) -> None:
+            self._proposal_passes.observe(table, num_tokens, seconds, work)
 
         return observe
 
@@ -185,6 +185,7 @@ class Speculator:
                 tree_size=tree_size,
                 tree_branching=self.cfg.tree_branching,
                 tree_level_acceptance=spec.controller.tree_level_acceptance,
+                num_context_tokens=seq.num_computed_tokens,
             )))  # fmt: skip
         num_fixed = sum(fixed.values())
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
@@ -203,6 +204,10 @@ class Speculator:
             speculative_seq_s=self.step_overhead.speculative_seq_s,
             plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
             num_prefill_tokens=num_prefill_tokens,
+            base_work=sum(  # each decode's row, and a fixed one's drafts, over its committed tokens
+                (AttentionWork.of_rows(1 + fixed.get(seq.request_id, 0), seq.num_computed_tokens) for seq in decodes),
+                NO_ATTENTION,
+            ),
         )
         lengths = dict(fixed)
         tally[1] += sum(plan.lengths)

@@ -4,8 +4,10 @@ Each decoding sequence that may speculate is a `Candidate` with its acceptance e
 token, see adaptive.SpecLengthController). A chain of k draft tokens emits, in expectation,
     1 + alpha + alpha^2 + ... + alpha^k   tokens   (the j-th draft token is kept with probability alpha^j)
 so the j-th draft token of sequence i is worth gain(i, j) = alpha_i^j tokens. The step costs
-    target(n_base + sum_i k_i)  +  sum over proposers m, depths j of  proposer_m(tokens of its j-th pass)
-where target() and proposer_m() are PassCostTables measured on this host (pass_costs.py): the proposer's
+    target(n_base + sum_i k_i, attention)  +  sum over proposers m, depths j of  proposer_m(its j-th pass)
+where target() and proposer_m() are PassCostTables measured on this host (pass_costs.py): a dense part by
+token count, plus attention over the committed context - each draft token of sequence i is one more query
+row over its c_i committed tokens, so a long sequence's drafts cost more than a short one's. The proposer's
 j-th pass carries one token per sequence drafting at least j tokens (its first pass also catches the
 proposer up on the tokens committed since it last ran). Proposers without a table (n-gram lookup) are free.
 A proposer pass is priced as the proposer runs it, its draws included (proposal_timing.py). Once any sequence
@@ -13,8 +15,10 @@ speculates, the step also costs the work outside the passes that speculating add
 measured by step_overhead.StepOverhead.
 
 The step's goodput is expected tokens per second: (num_sure_tokens + sum of gains) / cost. `choose_lengths`
-walks the draft tokens in order of decreasing gain - each sequence's chain grows one token at a time, the
-most likely token first - and keeps the prefix of that walk with the best goodput. The empty prefix is plain
+walks the draft tokens in order of decreasing gain per the least each can cost (the target's smallest slope
+from the base pass on, plus its row's attention: a deep sequence's tokens come after a short one's of the same
+gain) - each sequence's chain grows one token at a time, the most likely token first - and keeps the prefix of
+that walk with the best goodput. The empty prefix is plain
 decoding, so zero is chosen whenever speculation does not pay; speculation must beat it by `min_gain`, so
 measurement noise does not flip a batch between the two. Token trees (`tree_size`): a sequence whose chain
 came out non-empty gets its tree instead when the tree's estimate (below) gives the batch more goodput.
@@ -23,7 +27,7 @@ came out non-empty gets its tree instead when the tree's estimate (below) gives 
 from dataclasses import dataclass
 from functools import cached_property
 
-from workers.spec.pass_costs import PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable
 
 MIN_GAIN = 1.02  # speculation must promise 2 % more goodput than plain decoding (hysteresis, not tuning)
 
@@ -37,6 +41,7 @@ class Candidate:
     tree_size: int = 0  # > 0: it may propose a token tree of this many nodes instead of a chain
     tree_branching: int = 1
     tree_level_acceptance: float | None = None  # measured chance a tree step passes a level; None = from alpha
+    num_context_tokens: int = 0  # committed tokens its draft rows attend to (pass_costs.AttentionWork)
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,10 @@ class _StepCost:
     def __init__(self, step: "StepPricing") -> None:
         self.step = step
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in step.proposers}  # proposer -> [depth] tokens
+        self.pass_work: dict[str, list[AttentionWork]] = {name: [] for name in step.proposers}  # ... its attention
         self.pass_s: dict[str, list[float]] = {name: [] for name in step.proposers}  # proposer -> [depth] estimate
         self.num_extra_tokens = 0
+        self.extra_work = NO_ATTENTION  # the draft rows' attention in the target pass
         self.proposer_s = 0.0
         self.overhead_s = 0.0
         self.is_speculative = False
@@ -68,24 +75,30 @@ class _StepCost:
             self.overhead_s, self.is_speculative = self.step.speculative_step_s, True
         self.overhead_s += self.step.speculative_seq_s
 
-    def add(self, proposer: str | None, depth: int, num_tokens: int) -> None:
-        """One more draft token at `depth` (1-based); its proposer's pass at that depth gets num_tokens more."""
+    def add(self, proposer: str | None, depth: int, num_tokens: int, num_context_tokens: int = 0) -> None:
+        """One more draft token at `depth` (1-based), a row over num_context_tokens in the target pass; its
+        proposer's pass at that depth gets num_tokens more (rows of that sequence over the same context)."""
         self.num_extra_tokens += 1
+        self.extra_work += AttentionWork(0, num_context_tokens)  # its sequence's keys are read anyway
         if proposer is None:
             return
-        passes, pass_s = self.pass_tokens[proposer], self.pass_s[proposer]
+        passes, works, pass_s = self.pass_tokens[proposer], self.pass_work[proposer], self.pass_s[proposer]
         while len(passes) < depth:
             passes.append(0)
+            works.append(NO_ATTENTION)
             pass_s.append(0.0)
         passes[depth - 1] += num_tokens
-        seconds = self.step.proposers[proposer].estimate_s(passes[depth - 1])
+        if num_tokens:
+            works[depth - 1] += AttentionWork.of_rows(num_tokens, num_context_tokens)
+        seconds = self.step.proposers[proposer].estimate_s(passes[depth - 1], works[depth - 1])
         self.proposer_s += seconds - pass_s[depth - 1]
         pass_s[depth - 1] = seconds
 
     @property
     def seconds(self) -> float:
         step = self.step
-        passes_s = step.target.estimate_s(step.num_base_tokens + self.num_extra_tokens) + self.proposer_s
+        target_s = step.target.estimate_s(step.num_base_tokens + self.num_extra_tokens, step.base_work + self.extra_work)
+        passes_s = target_s + self.proposer_s
         return passes_s + self.overhead_s + step.plain_step_s - step.prefill_s
 
 
@@ -101,6 +114,7 @@ class StepPricing:
     plain_step_s: float = 0.0
     num_prefill_tokens: int = 0  # prefill chunks' tokens among num_base_tokens
     speculative_seq_s: float = 0.0
+    base_work: AttentionWork = NO_ATTENTION  # the base pass's decode rows over their sequences' context
 
     @cached_property
     def prefill_s(self) -> float:
@@ -108,7 +122,7 @@ class StepPricing:
         and drafts are judged against what the decodes alone take, not against a step the prefill made slow."""
         if not self.num_prefill_tokens:
             return 0.0
-        return self.target.estimate_s(self.num_base_tokens) - self.target.estimate_s(
+        return self.target.estimate_s(self.num_base_tokens) - self.target.estimate_s(  # the same attention in both
             self.num_base_tokens - self.num_prefill_tokens
         )
 
@@ -134,11 +148,11 @@ class StepPricing:
                 for depth, width in enumerate(levels, start=1):
                     fed = c.num_catch_up_tokens if depth == 1 else levels[depth - 2]
                     for node in range(width):
-                        cost.add(c.proposer, depth, fed if node == 0 else 0)
+                        cost.add(c.proposer, depth, fed if node == 0 else 0, c.num_context_tokens)
                 num_tokens += tree_gain(c.acceptance, c.tree_size, c.tree_branching, c.tree_level_acceptance)
             else:
                 for depth in range(1, k + 1):
-                    cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
+                    cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1, c.num_context_tokens)
                 num_tokens += chain_gain(c.acceptance, k)
         return num_tokens, cost.seconds
 
@@ -181,33 +195,40 @@ def choose_lengths(
     plain_step_s: float = 0.0,  # measured work outside the passes of any step of this batch (step_overhead.py)
     num_prefill_tokens: int = 0,  # prefill chunks' tokens among num_base_tokens (their pass share is left out)
     speculative_seq_s: float = 0.0,  # measured work outside the passes each speculating sequence adds
+    base_work: AttentionWork = NO_ATTENTION,  # attention of the base pass's decode rows (pass_costs.py)
 ) -> LengthPlan:
     no_plan = LengthPlan([0] * len(candidates), [False] * len(candidates), 0.0, 0.0)
     if not candidates or not target.is_measured:
         return no_plan
     step = StepPricing(
         num_sure_tokens, num_base_tokens, target, proposers, speculative_step_s, plain_step_s, num_prefill_tokens,
-        speculative_seq_s,
+        speculative_seq_s, base_work,
     )  # fmt: skip
     cost = step.cost()
     plain_s = cost.seconds
     plain = num_sure_tokens / plain_s
-    # every (gain, candidate, depth), best first; within a candidate the depths come in order (alpha^j falls)
+    marginal_s = target.min_slope_s(num_base_tokens)  # each draft token makes the target pass at least this dearer
+    least_s = [max(marginal_s + target.attention.s_per_pair * c.num_context_tokens, 1e-12) for c in candidates]
+    # every (gain per least cost, gain, candidate, depth), best first; a candidate's depths come in order (alpha^j falls)
     steps = sorted(
-        ((c.acceptance**j, -j, i) for i, c in enumerate(candidates) for j in range(1, c.max_k + 1) if c.acceptance > 0),
+        (
+            (c.acceptance**j / least_s[i], c.acceptance**j, -j, i)
+            for i, c in enumerate(candidates)
+            for j in range(1, c.max_k + 1)
+            if c.acceptance > 0
+        ),
         reverse=True,
     )
     lengths = [0] * len(candidates)
     best_lengths, best = list(lengths), plain * min_gain
     num_tokens = float(num_sure_tokens)
     walk = steps[:max_extra_tokens]
-    gains_left = sum(gain for gain, _, _ in walk)
-    marginal_s = target.min_slope_s(num_base_tokens)  # each draft token makes the target pass at least this dearer
-    for index, (gain, neg_depth, i) in enumerate(walk):
+    gains_left = sum(gain for _, gain, _, _ in walk)
+    for index, (_, gain, neg_depth, i) in enumerate(walk):
         c, depth = candidates[i], -neg_depth
         if depth == 1:
             cost.start_sequence()
-        cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1)
+        cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1, c.num_context_tokens)
         lengths[i] = depth
         num_tokens += gain
         gains_left -= gain
@@ -219,9 +240,9 @@ def choose_lengths(
         # added): once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
         if (num_tokens + gains_left) / seconds <= best:
             break
-        # nor once the next token's gain per the least it can cost is no better: every later token gains at
-        # most as much and costs at least marginal_s, so a longer prefix's goodput (a mediant) cannot pass best
-        if index + 1 < len(walk) and walk[index + 1][0] <= best * marginal_s:
+        # nor once the next token's gain per the least it can cost is no better: no later token gains more per
+        # the least it costs, so a longer prefix's goodput (a mediant) cannot pass best
+        if index + 1 < len(walk) and walk[index + 1][0] <= best:
             break
     if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
         return LengthPlan(best_lengths, [False] * len(candidates), plain, plain, plain_s)

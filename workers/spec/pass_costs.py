@@ -1,7 +1,16 @@
-"""What a forward pass costs on this host, as a function of the tokens in it: measured, never configured.
+"""What a forward pass costs on this host, as a function of the tokens in it and the context they attend to:
+measured, never configured.
 
-`PassCostTable` keeps a time in seconds at a grid of token counts (1, 2, 3, 4, 6, 8, 12, 16, ... 2048) and
-answers any count by linear interpolation between its two grid neighbours (past the grid's ends: the
+A pass's time is taken as a dense part that depends on its token count alone, plus attention over the
+sequences' committed context (`AttentionWork`): per committed key a sequence's rows read (`s_per_key`, K/V
+brought in once) and per query row times those keys (`s_per_pair`). The two rates come from a start-up probe of
+the same passes at two context lengths (workers/engine/cost_probe.py), so a table point measured while
+contexts were short is not read as the cost of the same pass over long ones: at 16 sequences on the demo
+target a decode pass took 5.8 ms over 32 committed tokens each and 9.7 ms over 512, and a verify of 4 rows each
+11.7 and 20.4 ms. Only the dense part is tabled; an estimate adds the attention of the pass asked about.
+
+`PassCostTable` keeps the dense time in seconds at a grid of token counts (1, 2, 3, 4, 6, 8, 12, 16, ... 2048)
+and answers any count by linear interpolation between its two grid neighbours (past the grid's ends: the
 nearest point, scaled by tokens above the grid). It is filled by timing real passes: the engine probes a few
 sizes at start-up (workers/engine/cost_probe.py) and then feeds it every pass it runs. Estimates read the
 table's lower envelope - a pass is never taken to cost more than a bigger one, nor more than the smaller
@@ -10,7 +19,7 @@ process held the core) cannot make a size look dear for good, even a size no ste
 looked dear (a head probed during a stall would otherwise never draft, and never be re-measured). An observation of n
 tokens that took t seconds corrects the two neighbours of n by the ratio of t to their estimate, each in
 proportion to its interpolation weight (an exponentially weighted average per point), so the table tracks
-the host as it is now: a noisy neighbour, a compiled path, longer contexts.
+the host as it is now: a noisy neighbour, a compiled path.
 
 Costs are only compared within one table and between tables of the same process, so what matters is that
 ratios hold - the absolute times drift with the host.
@@ -18,6 +27,41 @@ ratios hold - the absolute times drift with the host.
 
 import bisect
 from dataclasses import dataclass, field
+
+MIN_DENSE_SHARE = 0.25  # the attention taken out of an observed pass leaves at least this share of it
+PAIR_ROWS_CAP = 64  # a verify chain or tree (at most 63 nodes); a longer prefill chunk's rows attend as a block
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """The attention over committed context in one pass: keys = sum over its sequences of the committed tokens
+    they attend to; pairs = sum of query rows x those keys (rows past a chunk's first PAIR_ROWS_CAP are left to
+    the dense part, as the probe that measures the rates does not reach them)."""
+
+    num_keys: int = 0
+    num_pairs: int = 0
+
+    def __add__(self, other: "AttentionWork") -> "AttentionWork":
+        return AttentionWork(self.num_keys + other.num_keys, self.num_pairs + other.num_pairs)
+
+    @staticmethod
+    def of_rows(num_rows: int, num_context_tokens: int) -> "AttentionWork":
+        """One sequence's share: num_rows query rows over num_context_tokens committed tokens."""
+        return AttentionWork(num_context_tokens, min(num_rows, PAIR_ROWS_CAP) * num_context_tokens)
+
+
+NO_ATTENTION = AttentionWork()
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """Seconds per committed key a pass's sequences read, and per query row x key (cost_probe.py measures both)."""
+
+    s_per_key: float = 0.0
+    s_per_pair: float = 0.0
+
+    def seconds(self, work: AttentionWork) -> float:
+        return self.s_per_key * work.num_keys + self.s_per_pair * work.num_pairs
 
 
 def _grid(max_tokens: int) -> list[int]:
@@ -33,8 +77,9 @@ def _grid(max_tokens: int) -> list[int]:
 class PassCostTable:
     max_tokens: int = 2048  # the grid's last point; larger passes are extrapolated from it
     rate: float = 0.2  # weight of one observation at a grid point it falls on
+    attention: AttentionCost = AttentionCost()  # set by the start-up probe, before the first observation
     grid: list[int] = field(init=False)  # [G] token counts
-    seconds: list[float | None] = field(init=False)  # [G] estimated pass time; None = never measured
+    seconds: list[float | None] = field(init=False)  # [G] estimated dense pass time; None = never measured
     _measured: tuple[list[int], list[float]] = field(init=False, repr=False)  # the measured points, for estimate_s
     _is_stale: bool = field(init=False, repr=False)  # observed since _measured was made: remake it when read
 
@@ -50,10 +95,13 @@ class PassCostTable:
     def is_measured(self) -> bool:
         return any(s is not None for s in self.seconds)
 
-    def estimate_s(self, num_tokens: int) -> float:
-        """Seconds a pass of num_tokens takes (0 for none); needs at least one measured point."""
+    def estimate_s(self, num_tokens: int, work: AttentionWork = NO_ATTENTION) -> float:
+        """Seconds a pass of num_tokens with attention `work` takes (0 for none); needs one measured point."""
         if num_tokens <= 0:
             return 0.0
+        return self._dense_s(num_tokens) + self.attention.seconds(work)
+
+    def _dense_s(self, num_tokens: int) -> float:
         tokens, seconds = self._measured if not self._is_stale else self._envelope()  # the planner's hot path
         if not tokens:
             raise ValueError("no pass has been measured yet")
@@ -69,8 +117,9 @@ class PassCostTable:
         return s0 + (s1 - s0) * (num_tokens - g0) / (g1 - g0)
 
     def min_slope_s(self, num_tokens: int) -> float:
-        """Seconds per token the estimate grows at least from num_tokens on: the smallest slope of the
-        envelope's segments that reach past num_tokens, the extrapolation's included (0 where it is flat)."""
+        """Seconds per token the estimate grows at least from num_tokens on: the smallest slope of the dense
+        envelope's segments that reach past num_tokens, the extrapolation's included (0 where it is flat);
+        a token's attention only adds to it."""
         tokens, seconds = self._envelope()
         if len(tokens) < 2 or num_tokens < tokens[0]:  # below the first point the estimate is flat
             return 0.0
@@ -82,10 +131,11 @@ class PassCostTable:
         last = (seconds[-1] - seconds[-2]) / (tokens[-1] - tokens[-2])  # the slope past the last point
         return max(0.0, min(slopes + [last]))
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """One timed pass: a new grid point is set outright; measured ones move toward what it implies."""
+    def observe(self, num_tokens: int, seconds: float, work: AttentionWork = NO_ATTENTION) -> None:
+        """One timed pass: a new grid point is set outright; measured ones move toward what its dense part implies."""
         if num_tokens <= 0 or seconds <= 0.0:
             return
+        seconds = max(seconds - self.attention.seconds(work), MIN_DENSE_SHARE * seconds)
         neighbours = self._neighbours(num_tokens)
         known: list[tuple[int, float, float]] = []  # (grid index, weight, its time) of the measured neighbours
         for index, weight in neighbours:
@@ -127,5 +177,5 @@ class PassCostTable:
         return [(i - 1, 1.0 - w1), (i, w1)]
 
     def snapshot(self) -> dict[int, float]:
-        """token count -> estimated ms, for the measured grid points (logs, bench JSON)."""
+        """token count -> estimated ms of the dense part, for the measured grid points (logs, bench JSON)."""
         return {g: s * 1e3 for g, s in zip(*self._envelope(), strict=True)}

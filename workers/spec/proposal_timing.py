@@ -12,32 +12,34 @@ proposer runs it, and a longer chain pays for every pass it adds.
 
 from collections.abc import Callable
 
-from workers.spec.pass_costs import PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable
 
 
 class ProposalPasses:
     def __init__(self, on_settled: Callable[[float], None]) -> None:
         self.on_settled = on_settled  # called with each settled pass's seconds (the step's time in passes)
-        self._held: list[tuple[PassCostTable, int, float]] | None = None  # (table, tokens, forward seconds)
+        self._held: list[tuple[PassCostTable, int, float, AttentionWork]] | None = None  # (table, tokens, s, work)
 
     def begin(self) -> None:
         """A proposal starts: its passes are held until end()."""
         self._held = []
 
-    def observe(self, table: PassCostTable, num_tokens: int, seconds: float) -> None:
+    def observe(
+        self, table: PassCostTable, num_tokens: int, seconds: float, work: AttentionWork = NO_ATTENTION
+    ) -> None:
         """One proposer forward; outside a proposal (start-up probes) it goes to its table at once."""
         if self._held is None:
-            table.observe(num_tokens, seconds)
+            table.observe(num_tokens, seconds, work)
             self.on_settled(seconds)
             return
-        self._held.append((table, num_tokens, seconds))
+        self._held.append((table, num_tokens, seconds, work))
 
     def end(self, elapsed_s: float) -> None:
         """The proposal took elapsed_s in all: each held pass gets an equal share of what its forwards did not."""
         held, self._held = self._held or [], None
         if not held:
             return
-        share_s = max(0.0, elapsed_s - sum(seconds for _, _, seconds in held)) / len(held)
-        for table, num_tokens, seconds in held:
-            table.observe(num_tokens, seconds + share_s)
+        share_s = max(0.0, elapsed_s - sum(seconds for _, _, seconds, _ in held)) / len(held)
+        for table, num_tokens, seconds, work in held:
+            table.observe(num_tokens, seconds + share_s, work)
             self.on_settled(seconds + share_s)

@@ -3,7 +3,7 @@
 import pytest
 
 from workers.spec.length_policy import Candidate, chain_gain, choose_lengths, tree_gain, tree_shape
-from workers.spec.pass_costs import PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, AttentionCost, AttentionWork, PassCostTable
 
 
 def table(cost_s, max_tokens: int = 512) -> PassCostTable:
@@ -142,9 +142,9 @@ def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> 
 class CountingTable(PassCostTable):
     num_estimates = 0
 
-    def estimate_s(self, num_tokens: int) -> float:
+    def estimate_s(self, num_tokens: int, work: AttentionWork = NO_ATTENTION) -> float:
         CountingTable.num_estimates += 1
-        return super().estimate_s(num_tokens)
+        return super().estimate_s(num_tokens, work)
 
 
 def test_a_batch_where_no_draft_token_can_pay_is_walked_a_token_or_two() -> None:
@@ -182,3 +182,17 @@ def test_a_prefill_in_the_step_does_not_make_drafts_look_cheap() -> None:
     assert with_prefill.goodput_plain == pytest.approx(alone.goodput_plain)
     counted = choose_lengths(cands, 16, 16 + 300, 1024, MEMORY_BOUND, CHEAP_DRAFT)  # as if the prefill were decodes'
     assert counted.goodput_plain < alone.goodput_plain and sum(counted.lengths) > sum(alone.lengths)
+
+
+def test_a_long_sequences_drafts_cost_more_than_a_short_ones() -> None:
+    """Each draft token is a query row over its sequence's committed context (pass_costs.AttentionWork): on a
+    target whose rows cost 0.2 us per committed key, a sequence 20,000 tokens deep pays 4 ms a draft token and
+    one 10 tokens deep almost nothing, so at the same acceptance the short one drafts and the long one not."""
+    target = table(lambda n: 10e-3 + 0.1e-3 * n)
+    target.attention = AttentionCost(s_per_key=0.3e-6, s_per_pair=0.2e-6)
+    short, deep = (Candidate(0.7, 8, "draft", num_context_tokens=c) for c in (10, 20_000))
+    base = AttentionWork.of_rows(1, 10) + AttentionWork.of_rows(1, 20_000)
+    plan = choose_lengths([short, deep], 2, 2, 512, target, CHEAP_DRAFT, base_work=base)
+    assert plan.lengths[0] >= 3 and plan.lengths[1] == 0
+    blind = choose_lengths([short, deep], 2, 2, 512, table(lambda n: 10e-3 + 0.1e-3 * n), CHEAP_DRAFT)
+    assert blind.lengths[1] == blind.lengths[0] > 0  # a table without attention cannot tell them apart

@@ -1,8 +1,8 @@
-"""PassCostTable: measured pass times by token count, interpolated, tracking the host."""
+"""PassCostTable: measured pass times by token count and attention over context, interpolated, tracking the host."""
 
 import pytest
 
-from workers.spec.pass_costs import PassCostTable
+from workers.spec.pass_costs import PAIR_ROWS_CAP, AttentionCost, AttentionWork, PassCostTable
 
 
 def test_an_empty_table_refuses_to_guess() -> None:
@@ -84,3 +84,42 @@ def test_the_least_a_token_adds_is_the_smallest_slope_from_there_on() -> None:
     flat = PassCostTable(max_tokens=64)
     flat.observe(1, 1e-3)
     assert flat.min_slope_s(1) == 0.0  # one point: nothing known of the slope
+
+
+DEMO_LIKE = AttentionCost(s_per_key=0.3e-6, s_per_pair=0.2e-6)  # the demo target's rates at 16 sequences (bf16)
+
+
+def decode_work(num_seqs: int, rows: int, context: int) -> AttentionWork:
+    return AttentionWork(num_seqs * context, num_seqs * rows * context)
+
+
+def test_a_size_measured_over_short_contexts_is_not_read_as_its_cost_over_long_ones() -> None:
+    """What the table without context got wrong: the 24-token point, probed over 32-token contexts and seldom
+    run since, read 7.6 ms while 16-token passes over the contexts of the run took 8.6 ms, so its envelope priced
+    a 20-token verify no dearer than the plain 16-token pass (it took 9-10 ms). The dense part is what a point
+    keeps; an estimate adds the attention of the pass asked about."""
+    table = PassCostTable(max_tokens=64, attention=DEMO_LIKE)
+    dense_s = {16: 5.0e-3, 24: 6.0e-3}
+    table.observe(24, dense_s[24] + DEMO_LIKE.seconds(decode_work(16, 1, 32)), decode_work(16, 1, 32))  # start-up
+    for _ in range(50):  # the run: 16 sequences decoding over 300 committed tokens each
+        table.observe(16, dense_s[16] + DEMO_LIKE.seconds(decode_work(16, 1, 300)), decode_work(16, 1, 300))
+    long_plain = decode_work(16, 1, 300)
+    assert table.estimate_s(16, long_plain) == pytest.approx(dense_s[16] + DEMO_LIKE.seconds(long_plain))
+    verify = long_plain + AttentionWork(0, 4 * 300)  # 4 of the sequences add a draft row each
+    assert table.estimate_s(20, verify) > table.estimate_s(16, long_plain) + 4 * 0.1e-3
+    assert table.estimate_s(24, decode_work(16, 1, 32)) == pytest.approx(dense_s[24] + DEMO_LIKE.seconds(
+        decode_work(16, 1, 32)))  # the old context still reads as it was measured
+
+
+def test_attention_never_takes_more_than_most_of_a_pass_out_of_the_table() -> None:
+    """Rates from a probe that ran during a stall must not leave a point at nothing: a size that looks free
+    would cap every smaller one through the envelope."""
+    table = PassCostTable(max_tokens=64, attention=AttentionCost(s_per_key=1e-3))
+    table.observe(16, 0.010, AttentionWork(num_keys=1000))  # "1 s of attention" in a 10 ms pass
+    assert table.estimate_s(16) == pytest.approx(0.0025)  # a quarter of the pass is kept as its dense part
+
+
+def test_a_long_prefill_chunk_counts_its_first_rows_as_attention_and_the_rest_as_dense() -> None:
+    assert AttentionWork.of_rows(4, 100) == AttentionWork(100, 400)
+    assert AttentionWork.of_rows(512, 100) == AttentionWork(100, PAIR_ROWS_CAP * 100)
+    assert AttentionWork.of_rows(1, 7) + AttentionWork.of_rows(2, 5) == AttentionWork(12, 17)
