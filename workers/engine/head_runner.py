@@ -13,7 +13,7 @@ import torch
 from workers.engine.model_runner import ForwardItem, ThreadPolicy, attention_work, build_batch
 from workers.models.eagle_head import EagleHead
 from workers.models.native_attention import NativeAttention
-from workers.spec.pass_costs import AttentionWork
+from workers.spec.pass_costs import PassTiming
 
 
 class HeadRunner:
@@ -24,8 +24,9 @@ class HeadRunner:
         dtype = head.fc.weight.dtype
         shape = head.kv_cache_shape(num_blocks, block_size)
         self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-        # called after every pass with (query tokens, seconds, attention work): the speculator's cost table for it
-        self.on_pass: Callable[[int, float, AttentionWork], None] | None = None
+        # called after every pass with its timing: the speculator's cost table for the head
+        self.on_pass: Callable[[PassTiming], None] | None = None
+        self.shapes_run: set[tuple[int, int]] = set()  # (tokens, logits rows) of every pass run so far
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
 
     def use_native(self, native: NativeAttention | None) -> None:
@@ -51,8 +52,12 @@ class HeadRunner:
         if self.threads is not None:
             self.threads.apply(num_tokens)
         out = self.head(batch.input_ids, features, batch.positions, batch.meta, self.kv_cache, batch.logits_indices)
+        seconds = time.perf_counter() - start_s
+        shape = (num_tokens, batch.logits_indices.shape[0])
+        is_first = shape not in self.shapes_run
+        self.shapes_run.add(shape)
         if self.on_pass is not None:
-            self.on_pass(num_tokens, time.perf_counter() - start_s, attention_work(items))
+            self.on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
         return out
 
     def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits

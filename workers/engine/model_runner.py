@@ -17,7 +17,7 @@ from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
-from workers.spec.pass_costs import NO_ATTENTION, AttentionWork
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassTiming
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +249,9 @@ class ModelRunner:
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
-        # called after every forward with (tokens in the pass, seconds it took, its attention over committed
-        # context): the speculator's cost tables
-        self.on_pass: Callable[[int, float, AttentionWork], None] | None = None
+        # called after every forward with its timing: the speculator's cost tables
+        self.on_pass: Callable[[PassTiming], None] | None = None
+        self.shapes_run: set[tuple[int, int]] = set()  # (tokens, logits rows) of every pass run so far
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the model's dtype), or SDPA for None."""
@@ -290,8 +290,12 @@ class ModelRunner:
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
         num_tokens = batch.input_ids.shape[0]
         out = self._forward_batch(batch, num_tokens, with_features)
+        seconds = time.perf_counter() - start_s
+        shape = (num_tokens, batch.logits_indices.shape[0])
+        is_first = shape not in self.shapes_run
+        self.shapes_run.add(shape)
         if self.on_pass is not None:
-            self.on_pass(num_tokens, time.perf_counter() - start_s, attention_work(items))
+            self.on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
         return out
 
     def _forward_batch(

@@ -54,6 +54,19 @@ NO_ATTENTION = AttentionWork()
 
 
 @dataclass(frozen=True)
+class PassTiming:
+    """One timed forward of a runner, as it reports it to the cost tables."""
+
+    num_tokens: int
+    seconds: float
+    work: AttentionWork = NO_ATTENTION
+    # the runner never ran this shape (tokens, logits rows) before: `seconds` holds one-time set-up (oneDNN
+    # creates its matmul primitives per shape: ~4 ms a new token count on the demo target, against 8-9 ms a pass),
+    # not what the shape costs from then on
+    is_first_of_shape: bool = False
+
+
+@dataclass(frozen=True)
 class AttentionCost:
     """Seconds per committed key a pass's sequences read, and per query row x key (cost_probe.py measures both)."""
 

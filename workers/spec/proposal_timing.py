@@ -11,35 +11,38 @@ proposer runs it, and a longer chain pays for every pass it adds.
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 
-from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable
+from workers.spec.pass_costs import PassCostTable, PassTiming
 
 
 class ProposalPasses:
-    def __init__(self, on_settled: Callable[[float], None]) -> None:
-        self.on_settled = on_settled  # called with each settled pass's seconds (the step's time in passes)
-        self._held: list[tuple[PassCostTable, int, float, AttentionWork]] | None = None  # (table, tokens, s, work)
+    def __init__(self, on_settled: Callable[[PassTiming], None]) -> None:
+        self.on_settled = on_settled  # called with each settled pass (the step's time in passes)
+        self._held: list[tuple[PassCostTable, PassTiming]] | None = None
 
     def begin(self) -> None:
         """A proposal starts: its passes are held until end()."""
         self._held = []
 
-    def observe(
-        self, table: PassCostTable, num_tokens: int, seconds: float, work: AttentionWork = NO_ATTENTION
-    ) -> None:
-        """One proposer forward; outside a proposal (start-up probes) it goes to its table at once."""
+    def observe(self, table: PassCostTable, timing: PassTiming) -> None:
+        """One proposer forward; outside a proposal (start-up probes) it is settled at once."""
         if self._held is None:
-            table.observe(num_tokens, seconds, work)
-            self.on_settled(seconds)
+            self._settle(table, timing)
             return
-        self._held.append((table, num_tokens, seconds, work))
+        self._held.append((table, timing))
 
     def end(self, elapsed_s: float) -> None:
         """The proposal took elapsed_s in all: each held pass gets an equal share of what its forwards did not."""
         held, self._held = self._held or [], None
         if not held:
             return
-        share_s = max(0.0, elapsed_s - sum(seconds for _, _, seconds, _ in held)) / len(held)
-        for table, num_tokens, seconds, work in held:
-            table.observe(num_tokens, seconds + share_s, work)
-            self.on_settled(seconds + share_s)
+        share_s = max(0.0, elapsed_s - sum(timing.seconds for _, timing in held)) / len(held)
+        for table, timing in held:
+            self._settle(table, replace(timing, seconds=timing.seconds + share_s))
+
+    def _settle(self, table: PassCostTable, timing: PassTiming) -> None:
+        """A pass of a shape run before goes to its table; a first one's set-up is not what the shape costs."""
+        if not timing.is_first_of_shape:
+            table.observe(timing.num_tokens, timing.seconds, timing.work)
+        self.on_settled(timing)

@@ -7,8 +7,10 @@ import torch
 
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
+from workers.engine.model_runner import ForwardItem
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.goodput_guard import GoodputGuard, guard_key
+from workers.spec.pass_costs import PassTiming
 
 NUM_PROMPTS = 52
 
@@ -213,6 +215,34 @@ def test_the_engine_measures_pass_costs_at_start_and_keeps_them_current(spec_mod
     overhead = engine.speculator.step_overhead  # and every step measured its work outside the passes
     assert overhead.plain_per_seq_s is not None and overhead.plain_per_seq_s > 0  # the prefill steps at least
     assert overhead.speculative_step_s >= 0
+
+
+def test_a_runner_tells_its_first_pass_of_each_shape_and_the_tables_skip_it(spec_models) -> None:
+    """oneDNN sets up its matmuls anew for every new token count (~4 ms a pass on the demo target): a runner
+    flags its first pass of each (tokens, logits rows), the cost table does not learn from it, and a step that
+    ran one feeds neither the step overhead nor the goodput guard."""
+    engine = spec_engine(spec_models, costs=None)
+    runner, speculator = engine.runner, engine.speculator
+    timings: list[PassTiming] = []
+    runner.on_pass = lambda timing: (timings.append(timing), speculator.observe_target_pass(timing))
+    seven = [ForwardItem([1] * 7, 0, [0, 1], num_logits=7)]  # 7 tokens: no probe ran that shape
+    before = list(speculator.target_costs.seconds)
+    runner.forward(seven)
+    assert [t.is_first_of_shape for t in timings] == [True] and speculator.target_costs.seconds == before
+    runner.forward(seven)
+    runner.forward([ForwardItem([1] * 7, 0, [0, 1], num_logits=1)])  # the same tokens, another logits count
+    assert [t.is_first_of_shape for t in timings] == [True, False, True]
+    assert speculator.target_costs.seconds != before  # the second pass of the shape was learnt from
+    measured: list[str] = []  # what each step fed: the step overhead's and the guard's own observe, recorded
+    observe_overhead, observe_guard = speculator.step_overhead.observe, speculator.guard.observe
+    speculator.step_overhead.observe = lambda *a: (measured.append("overhead"), observe_overhead(*a))
+    speculator.guard.observe = lambda *a: (measured.append("guard"), observe_guard(*a))
+    for is_first in (True, False):
+        speculator.begin_step()
+        speculator._guard_key = guard_key(4, False, ("draft",))  # as a planned step of 4 decodes
+        speculator.observe_target_pass(PassTiming(9, 0.005, is_first_of_shape=is_first))
+        speculator.end_step(0.006, 4, 0, 4)
+    assert measured == ["overhead", "guard"]  # the second step only
 
 
 def veto(engine, num_decodes: int, method: str = "draft") -> None:
