@@ -28,7 +28,7 @@ from workers.spec.adaptive import AdaptiveConfig, PooledAcceptance, SpecLengthCo
 from workers.spec.goodput_guard import GoodputGuard, Key, guard_key
 from workers.spec.length_policy import Candidate, choose_lengths
 from workers.spec.ngram import NgramIndex
-from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable, PassTiming
+from workers.spec.pass_costs import AttentionWork, PassCostTable, PassTiming
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
 from workers.spec.state import SpecState, SpecStats
@@ -215,9 +215,9 @@ class Speculator:
             speculative_seq_s=self.step_overhead.speculative_seq_s,
             plain_step_s=(self.step_overhead.plain_per_seq_s or 0.0) * len(decodes),
             num_prefill_tokens=num_prefill_tokens,
-            base_work=sum(  # each decode's row, and a fixed one's drafts, over its committed tokens
-                (AttentionWork.of_rows(1 + fixed.get(seq.request_id, 0), seq.num_computed_tokens) for seq in decodes),
-                NO_ATTENTION,
+            base_work=AttentionWork(  # each decode's row, and a fixed one's drafts, over its committed tokens
+                sum(seq.num_computed_tokens for seq in decodes),
+                sum((1 + fixed.get(seq.request_id, 0)) * seq.num_computed_tokens for seq in decodes),
             ),
         )
         lengths = dict(fixed)

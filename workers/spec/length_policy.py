@@ -24,10 +24,11 @@ measurement noise does not flip a batch between the two. Token trees (`tree_size
 came out non-empty gets its tree instead when the tree's estimate (below) gives the batch more goodput.
 """
 
+import heapq
 from dataclasses import dataclass
 from functools import cached_property
 
-from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, PAIR_ROWS_CAP, AttentionWork, PassCostTable
 
 MIN_GAIN = 1.02  # speculation must promise 2 % more goodput than plain decoding (hysteresis, not tuning)
 
@@ -60,10 +61,11 @@ class _StepCost:
     def __init__(self, step: "StepPricing") -> None:
         self.step = step
         self.pass_tokens: dict[str, list[int]] = {name: [] for name in step.proposers}  # proposer -> [depth] tokens
-        self.pass_work: dict[str, list[AttentionWork]] = {name: [] for name in step.proposers}  # ... its attention
+        self.pass_keys: dict[str, list[int]] = {name: [] for name in step.proposers}  # ... their AttentionWork
+        self.pass_pairs: dict[str, list[int]] = {name: [] for name in step.proposers}
         self.pass_s: dict[str, list[float]] = {name: [] for name in step.proposers}  # proposer -> [depth] estimate
         self.num_extra_tokens = 0
-        self.extra_work = NO_ATTENTION  # the draft rows' attention in the target pass
+        self.num_extra_pairs = 0  # the draft rows' attention in the target pass (their sequences' keys are read anyway)
         self.proposer_s = 0.0
         self.overhead_s = 0.0
         self.is_speculative = False
@@ -79,25 +81,30 @@ class _StepCost:
         """One more draft token at `depth` (1-based), a row over num_context_tokens in the target pass; its
         proposer's pass at that depth gets num_tokens more (rows of that sequence over the same context)."""
         self.num_extra_tokens += 1
-        self.extra_work += AttentionWork(0, num_context_tokens)  # its sequence's keys are read anyway
+        self.num_extra_pairs += num_context_tokens
         if proposer is None:
             return
-        passes, works, pass_s = self.pass_tokens[proposer], self.pass_work[proposer], self.pass_s[proposer]
+        passes, pass_s = self.pass_tokens[proposer], self.pass_s[proposer]
+        keys, pairs = self.pass_keys[proposer], self.pass_pairs[proposer]
         while len(passes) < depth:
             passes.append(0)
-            works.append(NO_ATTENTION)
+            keys.append(0)
+            pairs.append(0)
             pass_s.append(0.0)
-        passes[depth - 1] += num_tokens
+        d = depth - 1
+        passes[d] += num_tokens
         if num_tokens:
-            works[depth - 1] += AttentionWork.of_rows(num_tokens, num_context_tokens)
-        seconds = self.step.proposers[proposer].estimate_s(passes[depth - 1], works[depth - 1])
+            keys[d] += num_context_tokens
+            pairs[d] += min(num_tokens, PAIR_ROWS_CAP) * num_context_tokens
+        seconds = self.step.proposers[proposer].estimate_s(passes[d], AttentionWork(keys[d], pairs[d]))
         self.proposer_s += seconds - pass_s[depth - 1]
         pass_s[depth - 1] = seconds
 
     @property
     def seconds(self) -> float:
         step = self.step
-        target_s = step.target.estimate_s(step.num_base_tokens + self.num_extra_tokens, step.base_work + self.extra_work)
+        work = AttentionWork(step.base_work.num_keys, step.base_work.num_pairs + self.num_extra_pairs)
+        target_s = step.target.estimate_s(step.num_base_tokens + self.num_extra_tokens, work)
         passes_s = target_s + self.proposer_s
         return passes_s + self.overhead_s + step.plain_step_s - step.prefill_s
 
@@ -209,40 +216,29 @@ def choose_lengths(
     plain = num_sure_tokens / plain_s
     marginal_s = target.min_slope_s(num_base_tokens)  # each draft token makes the target pass at least this dearer
     least_s = [max(marginal_s + target.attention.s_per_pair * c.num_context_tokens, 1e-12) for c in candidates]
-    # every (gain per least cost, gain, candidate, depth), best first; a candidate's depths come in order (alpha^j falls)
-    steps = sorted(
-        (
-            (c.acceptance**j / least_s[i], c.acceptance**j, -j, i)
-            for i, c in enumerate(candidates)
-            for j in range(1, c.max_k + 1)
-            if c.acceptance > 0
-        ),
-        reverse=True,
-    )
+    walk = _Walk(candidates, least_s, max_extra_tokens)
     lengths = [0] * len(candidates)
     best_lengths, best = list(lengths), plain * min_gain
     num_tokens = float(num_sure_tokens)
-    walk = steps[:max_extra_tokens]
-    gains_left = sum(gain for _, gain, _, _ in walk)
-    for index, (_, gain, neg_depth, i) in enumerate(walk):
-        c, depth = candidates[i], -neg_depth
+    while (token := walk.next()) is not None:
+        gain, depth, i = token
+        c = candidates[i]
         if depth == 1:
             cost.start_sequence()
         cost.add(c.proposer, depth, c.num_catch_up_tokens if depth == 1 else 1, c.num_context_tokens)
         lengths[i] = depth
         num_tokens += gain
-        gains_left -= gain
         seconds = cost.seconds
         goodput = num_tokens / seconds
         if goodput > best:
             best_lengths, best = list(lengths), goodput
-        # a longer prefix adds at most gains_left tokens at no less cost (costs never fall as tokens are
-        # added): once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
-        if (num_tokens + gains_left) / seconds <= best:
+        # a longer prefix adds at most the gains left at no less cost (costs never fall as tokens are added):
+        # once even that cannot beat the best, the rest of the walk is skipped - the same plan, sooner
+        if (num_tokens + walk.gains_left) / seconds <= best:
             break
         # nor once the next token's gain per the least it can cost is no better: no later token gains more per
         # the least it costs, so a longer prefix's goodput (a mediant) cannot pass best
-        if index + 1 < len(walk) and walk[index + 1][0] <= best:
+        if walk.next_ratio() <= best:
             break
     if not any(best_lengths):  # plain decoding wins: no tree can be tried (a tree replaces a chain)
         return LengthPlan(best_lengths, [False] * len(candidates), plain, plain, plain_s)
@@ -250,6 +246,44 @@ def choose_lengths(
     chosen = [c.tree_size if tree else k for c, k, tree in zip(candidates, best_lengths, is_tree, strict=True)]
     num_tokens, seconds = step.tokens_and_seconds(candidates, chosen, is_tree)
     return LengthPlan(chosen, is_tree, plain, num_tokens / seconds, seconds)
+
+
+class _Walk:
+    """The draft tokens in order of decreasing gain per the least each can cost (ties: the larger gain, the
+    shallower depth, the later candidate), at most `max_tokens` of them, produced as they are walked: a
+    heap of each candidate's next depth, so a walk that stops after a few tokens never orders the rest."""
+
+    def __init__(self, candidates: list[Candidate], least_s: list[float], max_tokens: int) -> None:
+        self.candidates = candidates
+        self.least_s = least_s
+        self.num_left = max_tokens
+        self.heap: list[tuple[float, float, int, int]] = []  # (-gain / least_s, -gain, depth, -candidate)
+        self.gains_left = 0.0  # every gain not walked yet (an upper bound on what the walk can still add)
+        for i, c in enumerate(candidates):
+            if c.acceptance > 0 and c.max_k > 0:
+                self._push(i, 1)
+                a = c.acceptance
+                self.gains_left += c.max_k if a >= 1.0 else a * (1.0 - a**c.max_k) / (1.0 - a)
+
+    def _push(self, i: int, depth: int) -> None:
+        gain = self.candidates[i].acceptance**depth
+        heapq.heappush(self.heap, (-gain / self.least_s[i], -gain, depth, -i))
+
+    def next(self) -> tuple[float, int, int] | None:
+        """(gain, depth, candidate) of the next draft token, or None when the walk is over."""
+        if self.num_left <= 0 or not self.heap:
+            return None
+        _, neg_gain, depth, neg_i = heapq.heappop(self.heap)
+        i = -neg_i
+        if depth < self.candidates[i].max_k:
+            self._push(i, depth + 1)
+        self.num_left -= 1
+        self.gains_left -= -neg_gain
+        return -neg_gain, depth, i
+
+    def next_ratio(self) -> float:
+        """Gain per least cost of the token next() would give (0 when there is none)."""
+        return -self.heap[0][0] if self.heap and self.num_left > 0 else 0.0
 
 
 def _upgrade_to_trees(

@@ -113,27 +113,40 @@ def test_the_work_speculation_adds_outside_the_passes_counts() -> None:
     assert all(k >= 3 for k in charged_once.lengths)  # a step's charge, not one per speculating sequence
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_the_walk_stops_early_only_where_no_longer_prefix_can_win(seed: int) -> None:
-    """The plan equals the best prefix of the whole walk (every prefix scored), whatever the early exits skip:
-    memory-bound targets to compute-bound ones (up to 0.6 ms a token), batches of 4 to 32."""
+    """The plan equals the best prefix of the whole walk (every prefix scored, in the walk's order), whatever
+    the early exits skip: memory-bound targets to compute-bound ones (up to 0.6 ms a token), batches of 4 to 32,
+    with and without attention over contexts of up to 3,000 tokens."""
     import random
 
     from workers.spec.length_policy import StepPricing
 
     rng = random.Random(seed)
     batch = rng.choice([4, 16, 32])
-    cands = [Candidate(rng.uniform(0.05, 0.95), 8, "draft") for _ in range(batch)]
+    with_attention = seed % 2 == 1
+    cands = [
+        Candidate(rng.uniform(0.05, 0.95), 8, "draft", num_context_tokens=rng.randrange(3000) if with_attention else 0)
+        for _ in range(batch)
+    ]
     slope_ms = rng.uniform(0.01, 0.6)
     passes = table(lambda n: 8e-3 + slope_ms * 1e-3 * n * rng.uniform(0.9, 1.1))  # with a little noise
-    plan = choose_lengths(cands, batch, batch, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3)
+    if with_attention:
+        passes.attention = AttentionCost(s_per_key=rng.uniform(0, 0.5e-6), s_per_pair=rng.uniform(0, 0.5e-6))
+    base = AttentionWork(sum(c.num_context_tokens for c in cands), sum(c.num_context_tokens for c in cands))
+    plan = choose_lengths(cands, batch, batch, 512, passes, CHEAP_DRAFT, speculative_step_s=1e-3, base_work=base)
 
-    walk = sorted(((c.acceptance**j, -j, i) for i, c in enumerate(cands) for j in range(1, 9)), reverse=True)
+    least_s = [max(passes.min_slope_s(batch) + passes.attention.s_per_pair * c.num_context_tokens, 1e-12) for c in cands]
+    walk = sorted(
+        ((c.acceptance**j / least_s[i], c.acceptance**j, -j, i) for i, c in enumerate(cands) for j in range(1, 9)),
+        reverse=True,
+    )
     lengths, best_lengths = [0] * batch, [0] * batch
     best = plan.goodput_plain * 1.02
-    for _, neg_depth, i in walk:
+    pricing = StepPricing(batch, batch, passes, CHEAP_DRAFT, 1e-3, base_work=base)
+    for _, _, neg_depth, i in walk:
         lengths[i] = -neg_depth
-        goodput = StepPricing(batch, batch, passes, CHEAP_DRAFT, 1e-3).goodput(cands, lengths, [False] * batch)
+        goodput = pricing.goodput(cands, lengths, [False] * batch)
         if goodput > best:
             best_lengths, best = list(lengths), goodput
     assert plan.lengths == best_lengths
