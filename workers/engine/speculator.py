@@ -31,6 +31,7 @@ from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import AttentionWork, PassCostTable, PassTiming
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
+from workers.spec.replan import Replan
 from workers.spec.state import SpecState, SpecStats
 from workers.spec.step_overhead import StepOverhead
 from workers.spec.verify_batch import VerifyEntry, verify_batch
@@ -79,6 +80,7 @@ class Speculator:
         self.step_overhead = StepOverhead()  # a step's work outside its passes, measured (step_overhead.py)
         self.pooled_acceptance: dict[SpeculativeMethod, PooledAcceptance] = {}  # method -> its sequences' acceptance
         self.guard = GoodputGuard()  # speculation vetoed where it realised less than plain steps (goodput_guard.py)
+        self.replan = Replan()  # a batch whose plans keep drafting nothing is planned less often (replan.py)
         self._guard_key: Key | None = None  # the current step's key, once it was planned
         self._step_pass_s = 0.0  # the current step's passes so far
         self._step_ran_new_shape = False  # one of them was a runner's first of its shape (PassTiming)
@@ -167,6 +169,9 @@ class Speculator:
         may_plan = self.guard.allows(self._guard_key)
         if not may_plan:
             self.stats.num_vetoed_steps += 1
+        elif not self.replan.is_due(self._guard_key):  # its plans came out empty of late (replan.py)
+            may_plan = False
+            self.stats.num_unplanned_steps += 1
         fixed: dict[str, int] = {}
         chosen: list[tuple[Sequence, Candidate]] = []
         for seq in decodes:
@@ -220,6 +225,7 @@ class Speculator:
                 sum((1 + fixed.get(seq.request_id, 0)) * seq.num_computed_tokens for seq in decodes),
             ),
         )
+        self.replan.record(self._guard_key, is_empty=not any(plan.lengths))
         lengths = dict(fixed)
         tally[1] += sum(plan.lengths)
         for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):

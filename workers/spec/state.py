@@ -168,6 +168,7 @@ class SpecStats:
     accepted_length_histogram: dict[int, int] = field(default_factory=dict)  # accepted per seq-step -> count
     num_fallbacks: int = 0
     num_vetoed_steps: int = 0  # steps decoded plainly because speculation delivered less there (goodput_guard.py)
+    num_unplanned_steps: int = 0  # steps decoded plainly because their batch's plans drafted nothing of late (replan.py)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0  # target forward + verification, in steps that carried draft tokens
     methods: dict[SpeculativeMethod, MethodStats] = field(default_factory=dict)  # method -> its own figures

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import workers.engine.speculator as speculator_module
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
 from workers.engine.model_runner import ForwardItem
@@ -243,6 +244,29 @@ def test_a_runner_tells_its_first_pass_of_each_shape_and_the_tables_skip_it(spec
         speculator.observe_target_pass(PassTiming(9, 0.005, is_first_of_shape=is_first))
         speculator.end_step(0.006, 4, 0, 4)
     assert measured == ["overhead", "guard"]  # the second step only
+
+
+def test_a_batch_whose_plans_draft_nothing_is_planned_less_often_and_decodes_the_same(spec_models, plain_reference) -> None:
+    """A draft as dear as the target: every plan drafts nothing, so after a few empty plans the engine plans that
+    batch every 2, 4, 8, 16 steps (replan.py); the skipped steps decode plainly and the tokens are the plain ones."""
+    engine = spec_engine(spec_models, costs=(lambda n: 1e-3, lambda n: 1e-3))  # a draft pass costs a target pass
+    planned = []
+    choose = speculator_module.choose_lengths
+
+    def counting_choose(*args, **kwargs):
+        planned.append(1)
+        return choose(*args, **kwargs)
+
+    speculator_module.choose_lengths = counting_choose
+    try:
+        out = run_all(engine, {"0": (make_prompts()[0], greedy(24))})
+    finally:
+        speculator_module.choose_lengths = choose
+    assert tokens(out["0"]) == plain_reference["0"]  # 24 tokens: a prefill step, then 23 decode steps
+    stats = engine.speculator.stats
+    assert stats.counts.num_drafted == 0
+    assert len(planned) <= 4 + 3  # the streak of 4, then plans 2, 4 and 8 steps apart
+    assert stats.num_unplanned_steps >= 23 - len(planned) - 1  # the rest were not planned (the last has no room)
 
 
 def veto(engine, num_decodes: int, method: str = "draft") -> None:

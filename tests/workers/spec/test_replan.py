@@ -1,0 +1,40 @@
+"""A batch whose plans keep drafting nothing is planned less often, and planned every step again once one drafts."""
+
+from workers.spec.goodput_guard import guard_key
+from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, Replan
+
+KEY = guard_key(16, False, ("draft",))
+OTHER = guard_key(1, False, ("draft",))
+
+
+def planned_steps(replan: Replan, key: tuple, num_steps: int, drafts: bool = False) -> list[int]:
+    """The steps (0-based) on which `key` was planned, each plan drafting `drafts`."""
+    steps = []
+    for step in range(num_steps):
+        if replan.is_due(key):
+            steps.append(step)
+            replan.record(key, is_empty=not drafts)
+    return steps
+
+
+def test_empty_plans_space_the_next_ones_out_up_to_a_limit() -> None:
+    replan = Replan()
+    steps = planned_steps(replan, KEY, 100)
+    assert steps[:EMPTY_STREAK] == list(range(EMPTY_STREAK))  # every step until the streak
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    assert gaps[EMPTY_STREAK - 1 : EMPTY_STREAK + 3] == [2, 4, 8, 16]
+    assert max(gaps) == MAX_INTERVAL and gaps[-1] == MAX_INTERVAL
+    assert planned_steps(replan, OTHER, 4) == [0, 1, 2, 3]  # each batch key has its own streak
+
+
+def test_a_plan_that_drafts_resets_the_streak() -> None:
+    replan = Replan()
+    planned_steps(replan, KEY, 60)  # spaced out to MAX_INTERVAL
+    while not replan.is_due(KEY):
+        pass
+    replan.record(KEY, is_empty=False)  # speculation pays again
+    assert planned_steps(replan, KEY, 6, drafts=True) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_batch_that_drafts_is_planned_every_step() -> None:
+    assert planned_steps(Replan(), KEY, 50, drafts=True) == list(range(50))
