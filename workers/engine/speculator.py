@@ -159,8 +159,9 @@ class Speculator:
         A seeded sampling request keeps its own nominal k (see adaptive.py) so its draws do not depend on
         timing; with is_adaptive off every sequence takes num_speculative_tokens (or its tree); the rest are
         chosen together, from measured costs, to maximise the step's expected tokens per second - unless the
-        guard vetoes this batch's key, where speculative steps delivered less than plain ones (goodput_guard.py):
-        then only those seeded or fixed requests draft."""
+        guard vetoes this batch's key, where speculative steps delivered less than plain ones (goodput_guard.py),
+        or the key's plans drafted nothing of late and the next is not due yet (replan.py): then only those
+        seeded or fixed requests draft."""
         methods = {seq.spec.method.value for seq in decodes if seq.spec is not None and seq.spec.is_active}
         if not methods:
             return {}
