@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from workers.engine.model_runner import ForwardItem, ThreadPolicy, attention_work, build_batch
+from workers.engine.model_runner import ForwardItem, ThreadPolicy, build_batch, report_pass
 from workers.models.eagle_head import EagleHead
 from workers.models.native_attention import NativeAttention
 from workers.spec.pass_costs import PassTiming
@@ -52,12 +52,7 @@ class HeadRunner:
         if self.threads is not None:
             self.threads.apply(num_tokens)
         out = self.head(batch.input_ids, features, batch.positions, batch.meta, self.kv_cache, batch.logits_indices)
-        seconds = time.perf_counter() - start_s
-        shape = (num_tokens, batch.logits_indices.shape[0])
-        is_first = shape not in self.shapes_run
-        self.shapes_run.add(shape)
-        if self.on_pass is not None:
-            self.on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
+        report_pass(self.shapes_run, self.on_pass, items, batch, time.perf_counter() - start_s)
         return out
 
     def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits

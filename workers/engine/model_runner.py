@@ -17,7 +17,7 @@ from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
-from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassTiming
+from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,36 @@ class ForwardItem:
     tree_mask: torch.Tensor | None = None  # [n, m] bool over tree slots tree_start .. tree_start + m; None = causal
 
 
-def attention_work(items: list[ForwardItem]) -> AttentionWork:
-    """The pass's attention over committed context, for its cost (workers/spec/pass_costs.py): each sequence's
-    query rows over the tokens before its first one."""
-    work = NO_ATTENTION
-    for item in items:
-        work += AttentionWork.of_rows(len(item.token_ids), item.start_pos)
-    return work
-
-
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [S] long: flat rows whose logits are returned, in item order
+
+
+def attention_work(items: list[ForwardItem]) -> AttentionWork:
+    """The pass's attention over committed context, for its cost (workers/spec/pass_costs.py): each sequence's
+    query rows over the tokens before its first one (AttentionWork.of_rows, summed)."""
+    return AttentionWork(
+        sum(item.start_pos for item in items),
+        sum(num_pairs(len(item.token_ids), item.start_pos) for item in items),
+    )
+
+
+def report_pass(
+    shapes_run: set[tuple[int, int]],  # (tokens, logits rows) of every pass the runner ran before; this one is added
+    on_pass: Callable[[PassTiming], None] | None,
+    items: list[ForwardItem],
+    batch: ForwardBatch,
+    seconds: float,
+) -> None:
+    """Record a runner's pass and hand its timing to `on_pass`: is it the runner's first of its shape."""
+    shape = (batch.input_ids.shape[0], batch.logits_indices.shape[0])
+    is_first = shape not in shapes_run
+    shapes_run.add(shape)
+    if on_pass is not None:
+        on_pass(PassTiming(shape[0], seconds, attention_work(items), is_first))
 
 
 def build_batch(
@@ -290,12 +305,7 @@ class ModelRunner:
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
         num_tokens = batch.input_ids.shape[0]
         out = self._forward_batch(batch, num_tokens, with_features)
-        seconds = time.perf_counter() - start_s
-        shape = (num_tokens, batch.logits_indices.shape[0])
-        is_first = shape not in self.shapes_run
-        self.shapes_run.add(shape)
-        if self.on_pass is not None:
-            self.on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
+        report_pass(self.shapes_run, self.on_pass, items, batch, time.perf_counter() - start_s)
         return out
 
     def _forward_batch(

@@ -28,7 +28,7 @@ import heapq
 from dataclasses import dataclass
 from functools import cached_property
 
-from workers.spec.pass_costs import NO_ATTENTION, PAIR_ROWS_CAP, AttentionWork, PassCostTable
+from workers.spec.pass_costs import NO_ATTENTION, AttentionWork, PassCostTable, num_pairs
 
 MIN_GAIN = 1.02  # speculation must promise 2 % more goodput than plain decoding (hysteresis, not tuning)
 
@@ -95,7 +95,7 @@ class _StepCost:
         passes[d] += num_tokens
         if num_tokens:
             keys[d] += num_context_tokens
-            pairs[d] += min(num_tokens, PAIR_ROWS_CAP) * num_context_tokens
+            pairs[d] += num_pairs(num_tokens, num_context_tokens)
         seconds = self.step.proposers[proposer].estimate_s(passes[d], AttentionWork(keys[d], pairs[d]))
         self.proposer_s += seconds - pass_s[depth - 1]
         pass_s[depth - 1] = seconds

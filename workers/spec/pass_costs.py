@@ -47,7 +47,12 @@ class AttentionWork:
     @staticmethod
     def of_rows(num_rows: int, num_context_tokens: int) -> "AttentionWork":
         """One sequence's share: num_rows query rows over num_context_tokens committed tokens."""
-        return AttentionWork(num_context_tokens, min(num_rows, PAIR_ROWS_CAP) * num_context_tokens)
+        return AttentionWork(num_context_tokens, num_pairs(num_rows, num_context_tokens))
+
+
+def num_pairs(num_rows: int, num_context_tokens: int) -> int:
+    """A sequence's query rows x committed keys, as AttentionWork counts them (up to PAIR_ROWS_CAP rows)."""
+    return min(num_rows, PAIR_ROWS_CAP) * num_context_tokens
 
 
 NO_ATTENTION = AttentionWork()
