@@ -18,12 +18,13 @@ import socket
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import redis
 
 from shared.settings import ServiceSettings
-from workers.worker.writer_process import READY, Channel, Discard, Report, Settled, StepWrite
+from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class StepWriter:
             raise ValueError("the worker's writer needs settings.redis_url")
         self.settings = settings
         self.max_pending = max_pending
-        self._conn: Channel | None = None
+        self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
         self._error: redis.RedisError | None = None
@@ -66,7 +67,7 @@ class StepWriter:
             raise
         finally:
             theirs.close()  # the process holds its own copy: its exit reads as EOF here
-        self._conn, self._process = Channel(ours), process
+        self._conn, self._process = Connection(ours.detach()), process
         self._conn.send(self.settings)
         try:
             is_ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == READY

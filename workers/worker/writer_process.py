@@ -14,19 +14,17 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
   ones still queued. A batch that fails makes its own epoch dead here at once, so no later write of a job
   lands after an earlier one that failed.
 - Start: `main(FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with the
-  loop (Channel: pickled messages, each framed by its length); it takes the settings from it, says READY.
+  loop (a multiprocessing Connection: pickled messages, each framed by its length); it takes the settings from
+  it, says READY.
 - Signals: SIGINT and SIGTERM are ignored; the process ends on the loop's `None` (a clean stop, after the last
   steps were written) or when its connection closes (the worker died: what was not written is resumed).
 - Logging: none here; warnings travel back in Settled and the loop logs them.
 """
 
 import pickle
-import select
 import signal
-import socket
-import struct
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection
 
 import redis
 from redis.exceptions import NoScriptError
@@ -37,42 +35,6 @@ from workers.worker.emitter import Emitter, JobWrite
 from workers.worker.job_hooks import JobHooks, Notice
 
 READY = "ready"  # the first message: connected, scripts registered
-_FRAME_HEADER = struct.Struct("!I")  # a message's length in bytes
-
-
-class Channel:
-    """Pickled messages over one end of a stream socket pair (private to the worker and its writer)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def send(self, message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.sock.sendall(_FRAME_HEADER.pack(len(data)) + data)
-
-    def recv(self) -> Any:
-        """The next message (blocks until it is whole); EOFError when the other end closed."""
-        (size,) = _FRAME_HEADER.unpack(self._read(_FRAME_HEADER.size))
-        return pickle.loads(self._read(size))
-
-    def poll(self, timeout_s: float | None) -> bool:
-        """Whether a message (or EOF) can be read, waiting up to `timeout_s` (None: no limit)."""
-        readable, _, _ = select.select([self.sock], [], [], timeout_s)
-        return bool(readable)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _read(self, size: int) -> bytearray:
-        buf = bytearray(size)
-        view = memoryview(buf)
-        done = 0
-        while done < size:
-            num_read = self.sock.recv_into(view[done:])
-            if num_read == 0:
-                raise EOFError("the other end closed")
-            done += num_read
-        return buf
 
 
 @dataclass
@@ -120,7 +82,7 @@ def main(fd: int) -> None:
     """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's loop decides when the writer stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn = Channel(socket.socket(fileno=fd))
+    conn = Connection(fd)
     settings: ServiceSettings = conn.recv()
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     writer = _Writer(client, Emitter(client, settings))
@@ -139,7 +101,7 @@ def main(fd: int) -> None:
         conn.close()
 
 
-def _next_batch(conn: Channel, writer: "_Writer") -> tuple[list[StepWrite], bool]:
+def _next_batch(conn: Connection, writer: "_Writer") -> tuple[list[StepWrite], bool]:
     """Block for one message, then take every message already sent behind it (one pipeline for all the
     steps); a Discard among them applies to the steps before it too."""
     try:
