@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.model_runner import ForwardItem
 from workers.engine.sampling_params import SamplingParams
 from workers.models.llama import LlamaModel
 from workers.models.threads import pinned_threads
@@ -127,20 +128,25 @@ def read_bandwidth_bytes_per_s(num_bytes: int, repeats: int = 15) -> float:
     return data.numel() * 4 / statistics.median(times)
 
 
-def draft_ms_per_token(runner: ModelRunner, num_tokens: int = 64) -> float:
-    """One sequence decoding `num_tokens` draft tokens one forward at a time (KV from position 64 on), in ms
-    per token. Run between benchmark runs only: it writes KV blocks no sequence holds then."""
-    block = runner.block_size
-    blocks = list(range(-(-(64 + num_tokens) // block)))
-    runner.forward([ForwardItem([1] * 64, 0, blocks, num_logits=1)])  # a context to attend to
+def ms_per_draft_token(forward: Callable[[list[ForwardItem]], object], block_size: int, num_tokens: int = 64) -> float:
+    """One sequence decoding `num_tokens` draft tokens one `forward` (a draft model's or a head's pass) at a
+    time (KV from position 64 on), in ms per token. Run between benchmark runs only: it writes KV blocks no
+    sequence holds then."""
+    blocks = list(range(-(-(64 + num_tokens) // block_size)))
+    forward([ForwardItem([1] * 64, 0, blocks, num_logits=1)])  # a context to attend to
     start = time.perf_counter()
     for pos in range(64, 64 + num_tokens):
-        runner.forward([ForwardItem([1], pos, blocks, num_logits=1)])
+        forward([ForwardItem([1], pos, blocks, num_logits=1)])
     return (time.perf_counter() - start) * 1e3 / num_tokens
 
 
 def bench_engine(
-    target_dir: Path, prompts_text: list[str], plan: EngineBenchPlan, cfg: EngineConfig, draft_dir: Path | None = None
+    target_dir: Path,
+    prompts_text: list[str],
+    plan: EngineBenchPlan,
+    cfg: EngineConfig,
+    draft_dir: Path | None = None,
+    eagle_dir: Path | None = None,  # the target's EAGLE head: its pass cost, eager and compiled, is measured too
 ) -> dict[str, Any]:
     import transformers
 
@@ -149,7 +155,7 @@ def bench_engine(
     start_up_s: dict[str, float] = {}
     for variant, mode in (("eager", CompileMode.OFF), ("auto", CompileMode.AUTO)):
         start_s = time.perf_counter()
-        engines[variant] = Engine(dataclasses.replace(plain, compile=mode), target_dir, draft_dir)
+        engines[variant] = Engine(dataclasses.replace(plain, compile=mode), target_dir, draft_dir, eagle_dir)
         start_up_s[variant] = time.perf_counter() - start_s
     engine = engines["auto"]
     dtype = engine.runner.model.embed.weight.dtype
@@ -204,16 +210,21 @@ def bench_engine(
     ratios["decode_vs_bandwidth_bound_bs1"] = ours_bs1["auto"] / bound_tps
     bound = {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bandwidth / 1e9,
              "bound_tokens_per_s": bound_tps, "decode_tokens_per_s": ours_bs1["auto"]}
-    compile_info = {
+    compile_info: dict[str, Any] = {
         "start_up_s": start_up_s,
         "stats": {m: dataclasses.asdict(st) for m, st in engine.compile_stats.items()},
     }
-    if engine.speculator.draft is not None:
-        draft_ms = {}
-        for _ in range(2):  # interleaved, twice; the second pair counts
-            for variant, e in engines.items():
-                assert e.speculator.draft is not None
-                draft_ms[variant] = draft_ms_per_token(e.speculator.draft.runner)
-        compile_info["draft_ms_per_token"] = draft_ms
+    for _ in range(2):  # the proposers' cost per draft token, eager and `auto`, interleaved; the second pair counts
+        for variant, e in engines.items():
+            if e.speculator.draft is not None:
+                runner = e.speculator.draft.runner
+                compile_info.setdefault("draft_ms_per_token", {})[variant] = ms_per_draft_token(
+                    runner.forward, runner.block_size
+                )
+            if e.speculator.eagle is not None:
+                head = e.speculator.eagle.runner
+                compile_info.setdefault("eagle_ms_per_token", {})[variant] = ms_per_draft_token(
+                    head.probe_forward, head.block_size
+                )
     return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch."), "bandwidth_bound": bound,
             "compile": compile_info}

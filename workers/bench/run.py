@@ -9,12 +9,13 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
     from workers.bench.engine_bench import EngineBenchPlan, bench_engine
     from workers.demo.build import ensure_demo_pair
     from workers.demo.corpus import held_out_prompts
+    from workers.demo.eagle_build import ensure_demo_head
     from workers.engine.config import EngineConfig
 
     plan = EngineBenchPlan.quick() if quick else EngineBenchPlan()
     pair = ensure_demo_pair()
     result = bench_engine(pair.target_dir, held_out_prompts(max(plan.num_bs1_prompts, 8)), plan, EngineConfig.load(),
-                          pair.draft_dir)
+                          pair.draft_dir, ensure_demo_head(pair))
     typer.echo(format_table(result["rows"], ["system", "concurrency", "tokens_per_s", "greedy_match_vs_hf"]))
     typer.echo("")
     bound, compiled = result["bandwidth_bound"], result["compile"]
@@ -25,8 +26,10 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
     for model, st in compiled["stats"].items():
         typer.echo(f"{model}: compiled {st['is_compiled']} in {st['compile_time_s']:.1f} s; eager ms "
                    f"{st['eager_ms']}, compiled ms {st['compiled_ms']}, failures {st['num_failures']}")
-    if "draft_ms_per_token" in compiled:
-        typer.echo("draft ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in compiled["draft_ms_per_token"].items()))
+    for proposer in ("draft", "eagle"):
+        if f"{proposer}_ms_per_token" in compiled:
+            per_token = compiled[f"{proposer}_ms_per_token"]
+            typer.echo(f"{proposer} ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in per_token.items()))
     typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.2f}")

@@ -1,7 +1,7 @@
 """Start-up compilation of a runner's dense path (`EngineConfig.compile`), and the decision to use it.
 
-At engine start-up, for the target and the draft alike: build the model's CompiledModel
-(workers/models/compiled.py), compile each of its shape buckets by running one forward of each (compile_stats.Bucket: one token, the
+At engine start-up, for the target, the draft and the EAGLE head alike: build the runner's compiled dense path
+(workers/models/compiled.py: CompiledModel, CompiledHead), compile each of its shape buckets by running one forward of each (compile_stats.Bucket: one token, the
 batch-1 decode step and every draft token; small passes on one thread; larger passes on every thread, warmed
 at 16 decoding sequences), so no request ever waits for a compilation: afterwards a forward that would
 recompile runs eager instead (ModelRunner.forward). Then, per bucket:
@@ -16,18 +16,43 @@ worker exports it). Compiled artifacts (inductor's FX-graph and AOT caches) go t
 reuses them instead of recompiling.
 """
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileMode, CompileStats
 from workers.engine.interleaved import time_interleaved
-from workers.engine.model_runner import ForwardItem, ModelRunner
-from workers.models.compiled import CompiledModel
+from workers.engine.model_runner import ForwardItem, ThreadPolicy
+
+C = TypeVar("C", bound="_Compiled")
+
+
+class _Compiled(Protocol):
+    def compiling(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+class Compilable(Protocol[C]):
+    """What compile_runner needs of a runner (ModelRunner, HeadRunner)."""
+
+    block_size: int
+    threads: ThreadPolicy | None
+    compiled: C | None
+    compile_stats: CompileStats
+
+    @property
+    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def bucket_of(self, num_tokens: int) -> Bucket: ...
+
+    def new_compiled(self) -> C: ...
+
+    def forward_with(self, items: list[ForwardItem], compiled: C | None) -> torch.Tensor: ...
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +67,7 @@ def point_cache_at(cache_dir: Path) -> None:
     os.environ[INDUCTOR_CACHE_ENV] = str(cache_dir)
 
 
-def warm_passes(runner: ModelRunner) -> dict[Bucket, list[ForwardItem]]:
+def warm_passes(runner: Compilable) -> dict[Bucket, list[ForwardItem]]:
     """One decode pass per bucket the runner's thread policy uses: 1 sequence, 2, and the larger of 16 and
     the smallest multi-thread pass. Start-up only: their K/V writes land in blocks no sequence owns yet."""
     num_blocks = runner.kv_caches[0][0].shape[0]
@@ -55,7 +80,7 @@ def warm_passes(runner: ModelRunner) -> dict[Bucket, list[ForwardItem]]:
     return passes
 
 
-def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> CompileStats:
+def compile_runner(runner: Compilable[C], mode: CompileMode, name: str) -> CompileStats:
     """Compile `runner`'s dense path and decide, per bucket, whether to use it (see the module's docstring).
     Never raises for a compilation failure: the runner then stays eager."""
     stats = CompileStats()
@@ -65,7 +90,7 @@ def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> Compile
     start_s = time.perf_counter()
     passes = warm_passes(runner)
     try:
-        compiled = CompiledModel(runner.model, runner.kv_caches)
+        compiled = runner.new_compiled()
         with compiled.compiling():
             for items in passes.values():
                 runner.forward_with(items, compiled)
@@ -90,6 +115,6 @@ def compile_runner(runner: ModelRunner, mode: CompileMode, name: str) -> Compile
     return stats
 
 
-def _eager_or_compiled(runner: ModelRunner, compiled: CompiledModel, items: list[ForwardItem]) -> Callable[[bool], torch.Tensor]:
+def _eager_or_compiled(runner: Compilable[C], compiled: C, items: list[ForwardItem]) -> Callable[[bool], torch.Tensor]:
     """One forward of `items`: compiled for True, eager for False."""
     return lambda is_compiled: runner.forward_with(items, compiled if is_compiled else None)

@@ -1,7 +1,17 @@
 """What a runner compiled and uses, per shape bucket (set at start-up by workers/engine/compilation.py)."""
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C")  # a compiled dense path (workers/models/compiled.py)
+R = TypeVar("R")
 
 
 class CompileMode(StrEnum):
@@ -43,3 +53,20 @@ class CompileStats:
         """A compilation or a compiled forward raised: every bucket runs eager from now on."""
         self.num_failures += 1
         self.is_compiled = {b.value: False for b in Bucket}
+
+
+def run_compiled_or_eager(
+    stats: CompileStats, bucket: Bucket, compiled: C | None, run: Callable[[C | None], R], what: str
+) -> R:
+    """`run(compiled)` where `stats` says this bucket is compiled, else `run(None)` (eager). A compiled run that
+    raises (or would recompile: start-up compiled every bucket) is logged and counted, every bucket runs eager
+    from then on, and this one reruns eager (a pass rewrites the same K/V slots)."""
+    if compiled is None or not stats.uses_compiled(bucket):
+        return run(None)
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return run(compiled)
+    except Exception:
+        log.exception("compiled %s failed: this model runs eager from now on", what)
+        stats.record_failure()
+        return run(None)

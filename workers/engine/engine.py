@@ -98,7 +98,7 @@ class Engine:
         eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
-        self.compile_stats = self._compile(draft_proposer.runner if draft_proposer is not None else None)
+        self.compile_stats = self._compile(draft_proposer, eagle)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
@@ -153,13 +153,16 @@ class Engine:
             stats["eagle"] = pack_model(head.head, lambda: head.probe_forward(one_token), mode, "eagle")
         return stats
 
-    def _compile(self, draft_runner: ModelRunner | None) -> dict[str, CompileStats]:
-        """Compile the target's and the draft's dense paths now, before any request (cfg.compile)."""
+    def _compile(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, CompileStats]:
+        """Compile the target's, the draft's and the EAGLE head's dense paths now, before any request
+        (cfg.compile)."""
         if self.cfg.compile is not CompileMode.OFF:
             point_cache_at(self.compile_cache_dir)
         stats = {"target": compile_runner(self.runner, self.cfg.compile, "target")}
-        if draft_runner is not None:
-            stats["draft"] = compile_runner(draft_runner, self.cfg.compile, "draft")
+        if draft is not None:
+            stats["draft"] = compile_runner(draft.runner, self.cfg.compile, "draft")
+        if eagle is not None:
+            stats["eagle"] = compile_runner(eagle.runner, self.cfg.compile, "eagle")
         return stats
 
     def _measure_costs(self, draft_runner: ModelRunner | None) -> None:

@@ -2,7 +2,8 @@
 
 The head's cache has the target's block ids (BlockManager): row t of a sequence lives in the slot of
 position t of its block table. Inputs are ForwardItems like the target's, plus one feature row per query
-token, flat in the same order.
+token, flat in the same order. Its dense path compiles at start-up like a model's (workers/engine/compilation.py:
+`new_compiled`, `forward_with`, the same shape buckets), and runs compiled where compile_stats says so.
 """
 
 import time
@@ -10,8 +11,11 @@ from collections.abc import Callable
 
 import torch
 
-from workers.engine.model_runner import ForwardItem, ThreadPolicy, build_batch, report_pass
+from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
+from workers.engine.model_runner import ForwardBatch, ForwardItem, ThreadPolicy, build_batch, report_pass
+from workers.models.compiled import CompiledHead
 from workers.models.eagle_head import EagleHead
+from workers.models.llama import eager_attend
 from workers.models.native_attention import NativeAttention
 from workers.spec.pass_costs import PassTiming
 
@@ -28,6 +32,13 @@ class HeadRunner:
         self.on_pass: Callable[[PassTiming], None] | None = None
         self.shapes_run: set[tuple[int, int]] = set()  # (tokens, logits rows) of every pass run so far
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
+        self.compiled: CompiledHead | None = None
+        self.compile_stats = CompileStats()
+
+    @property
+    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The one layer's (k, v) cache, as a model runner's per-layer list."""
+        return [self.kv_cache]
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the head's dtype), or SDPA for None."""
@@ -38,25 +49,56 @@ class HeadRunner:
         cfg = head.cfg
         return 2 * block_size * cfg.num_kv_heads * cfg.head_dim * head.fc.weight.element_size()
 
-    @torch.inference_mode()
     def forward(
         self,
         items: list[ForwardItem],
         features: torch.Tensor,  # [T, hidden]: one row per query token, items back to back
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of the same rows)
+        """One pass: compiled where compile_stats says so, else eager (run_compiled_or_eager)."""
         start_s = time.perf_counter()
         batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
         num_tokens = batch.input_ids.shape[0]
         if features.shape[0] != num_tokens:
             raise ValueError(f"{features.shape[0]} feature rows for {num_tokens} query tokens")
-        if self.threads is not None:
-            self.threads.apply(num_tokens)
-        out = self.head(batch.input_ids, features, batch.positions, batch.meta, self.kv_cache, batch.logits_indices)
+        out = run_compiled_or_eager(
+            self.compile_stats, self.bucket_of(num_tokens), self.compiled,
+            lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
+        )
         report_pass(self.shapes_run, self.on_pass, items, batch, time.perf_counter() - start_s)
         return out
 
+    def bucket_of(self, num_tokens: int) -> Bucket:
+        return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
+
+    def new_compiled(self) -> CompiledHead:
+        """The head's dense path under torch.compile, not yet compiled (workers/engine/compilation.py)."""
+        return CompiledHead(self.head, self.kv_cache)
+
+    def forward_with(self, items: list[ForwardItem], compiled: CompiledHead | None) -> torch.Tensor:  # [S, V]
+        """A pass over zero features through `compiled` (it compiles a new shape bucket if needed), or eager
+        for None: start-up compilation and its timing."""
+        batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
+        return self._run(batch, self._zero_features(items), compiled)[0]
+
     def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits
         """A pass over zero features, for start-up timing (workers/engine/cost_probe.py, packing.py)."""
+        return self.forward(items, self._zero_features(items))[0]
+
+    def _zero_features(self, items: list[ForwardItem]) -> torch.Tensor:  # [T, hidden]
         num_tokens = sum(len(it.token_ids) for it in items)
-        zeros = torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype)  # [T, hidden]
-        return self.forward(items, zeros)[0]
+        return torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype)
+
+    @torch.inference_mode()
+    def _run(
+        self, batch: ForwardBatch, features: torch.Tensor, compiled: CompiledHead | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
+        if self.threads is not None:
+            self.threads.apply(batch.input_ids.shape[0])
+        head = self.head
+        if compiled is not None:
+            h = compiled.hidden(batch.input_ids, features, batch.positions, batch.meta)  # [T, hidden]
+        else:
+            attend = eager_attend(batch.meta, self.kv_cache[0], self.kv_cache[1], head.attn_scale)
+            h = head.hidden(batch.input_ids, features, batch.positions, attend)  # [T, hidden]
+        h = h.index_select(0, batch.logits_indices)  # [S, hidden]
+        return head.logits(h), h

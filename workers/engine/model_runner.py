@@ -5,21 +5,18 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from workers.engine.compile_stats import Bucket, CompileStats
+from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -311,18 +308,17 @@ class ModelRunner:
     def _forward_batch(
         self, batch: ForwardBatch, num_tokens: int, with_features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
-        if self.compiled is None or not self.compile_stats.uses_compiled(self.bucket_of(num_tokens)):
-            return self._run(batch, None, with_features)
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                return self._run(batch, self.compiled, with_features)
-        except Exception:
-            log.exception("compiled forward of %d tokens failed: this model runs eager from now on", num_tokens)
-            self.compile_stats.record_failure()
-            return self._run(batch, None, with_features)
+        return run_compiled_or_eager(
+            self.compile_stats, self.bucket_of(num_tokens), self.compiled,
+            lambda compiled: self._run(batch, compiled, with_features), f"forward of {num_tokens} tokens",
+        )
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
+
+    def new_compiled(self) -> CompiledModel:
+        """This runner's dense path under torch.compile, not yet compiled (workers/engine/compilation.py)."""
+        return CompiledModel(self.model, self.kv_caches)
 
     def forward_with(self, items: list[ForwardItem], compiled: CompiledModel | None) -> torch.Tensor:  # [S, V]
         """One forward through `compiled` (it compiles a new shape bucket if needed), or eager for None."""

@@ -4,8 +4,10 @@ One graph covers embedding -> every layer (norm -> qkv -> rotary; o-proj -> resi
 down) -> the last hidden state. Attention is one opaque custom op per layer (`specfleet::paged_attention`,
 as vLLM's piecewise compilation does): it writes the layer's new K/V into the paged cache and attends over
 it (attention.py: the native kernel or SDPA), reading the step's metadata from an `AttentionContext` the
-runner fills in before the call. So the graph's only inputs are the [T] token ids and positions: dynamo specialises T = 1 (batch-1
-decode, a draft token) and compiles one graph with a dynamic T for everything else. Two graphs per model.
+runner fills in before the call. So the graph's only inputs are the [T] token ids and positions: dynamo
+specialises T = 1 (batch-1 decode, a draft token) and compiles one graph with a dynamic T for everything else.
+Two graphs per model. An EAGLE head's dense path (fc over [feature, next-token embedding] -> its one layer)
+compiles the same way (CompiledHead), its [T, hidden] features a third input.
 
 With `freezing` (inductor's inference-only mode) the weights become constants of the graph and linear
 layers run oneDNN's prepacked kernels on CPU; the frozen copies live as long as the compiled module.
@@ -14,13 +16,14 @@ layers run oneDNN's prepacked kernels on CPU; the frozen copies live as long as 
 import contextlib
 import itertools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from workers.models.attention import AttentionMetadata, attend_paged
+from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel
 
 
@@ -92,16 +95,36 @@ class _DenseStack(nn.Module):
         return self.model.hidden_states(input_ids, positions, attends)
 
 
-class CompiledModel:
-    """A model's compiled dense path. Compilation is lazy (the first call of each shape bucket): call it
-    with the shapes you serve inside `compiling()` at start-up. `forward` raises whatever compilation or
-    the graph raises; the caller falls back to the eager model. Inference only: the weights are frozen
-    into the graphs, so they must not change afterwards."""
+class _HeadStack(nn.Module):
+    """EagleHead.hidden with the opaque op as its one layer's attention. The target's embedding and rotary
+    tables, which the head reads, are a submodule here, so freezing sees them as parameters too."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.model = model
-        self.context = AttentionContext(kv_caches, model.attn_scale)
-        self._stack = torch.compile(_DenseStack(model, _REGISTRY.add(self.context)), fullgraph=True)
+    def __init__(self, head: EagleHead, context_id: int) -> None:
+        super().__init__()
+        self.head = head
+        self.target = head.target
+        self.context_id = context_id
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        features: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T] long
+    ) -> torch.Tensor:  # [T, hidden]
+        op = torch.ops.specfleet.paged_attention
+        return self.head.hidden(input_ids, features, positions, lambda q, k, v: op(q, k, v, self.context_id, 0))
+
+
+class _CompiledStack:
+    """A stack module under torch.compile, its attention reading `context`. Compilation is lazy (the first
+    call of each shape bucket): call it with the shapes you serve inside `compiling()` at start-up. A call
+    raises whatever compilation or the graph raises; the caller falls back to the eager model. Inference only:
+    the weights are frozen into the graphs, so they must not change afterwards."""
+
+    def __init__(self, stack_of: Callable[[int], nn.Module], kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 scale: float) -> None:
+        self.context = AttentionContext(kv_caches, scale)
+        self._stack = torch.compile(stack_of(_REGISTRY.add(self.context)), fullgraph=True)
 
     @staticmethod
     @contextlib.contextmanager
@@ -114,14 +137,26 @@ class CompiledModel:
         ):
             yield
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T] long
-        positions: torch.Tensor,  # [T] long
-        meta: AttentionMetadata,
-        logits_indices: torch.Tensor,  # [S] long
-    ) -> torch.Tensor:  # [S, V] float32
-        return self.model.logits(self.hidden_states(input_ids, positions, meta), logits_indices)
+    def _call(self, meta: AttentionMetadata, *inputs: torch.Tensor) -> torch.Tensor:  # inputs [T, ...] -> [T, hidden]
+        # fresh tensors: dynamo guards on whether an input is a view (the decode batch's are rows of one
+        # tensor, a prefill's are not), and one graph per bucket must take both
+        inputs = tuple(x.clone() for x in inputs)
+        if inputs[0].shape[0] > 1:
+            for x in inputs:
+                torch._dynamo.mark_dynamic(x, 0)  # one graph for every T > 1, never one per size
+        self.context.meta = meta
+        try:
+            return self._stack(*inputs)
+        finally:
+            self.context.meta = None
+
+
+class CompiledModel(_CompiledStack):
+    """A model's compiled dense path (embedding -> every layer -> the last hidden state)."""
+
+    def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__(lambda context_id: _DenseStack(model, context_id), kv_caches, model.attn_scale)
+        self.model = model
 
     def hidden_states(
         self,
@@ -129,14 +164,22 @@ class CompiledModel:
         positions: torch.Tensor,  # [T] long
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]: the last layer's output, before the final norm
-        # fresh tensors: dynamo guards on whether an input is a view (the decode batch's are rows of one
-        # tensor, a prefill's are not), and one graph per bucket must take both
-        input_ids, positions = input_ids.clone(), positions.clone()
-        if input_ids.shape[0] > 1:
-            torch._dynamo.mark_dynamic(input_ids, 0)  # one graph for every T > 1, never one per size
-            torch._dynamo.mark_dynamic(positions, 0)
-        self.context.meta = meta
-        try:
-            return self._stack(input_ids, positions)  # [T, hidden]
-        finally:
-            self.context.meta = None
+        return self._call(meta, input_ids, positions)
+
+
+class CompiledHead(_CompiledStack):
+    """An EAGLE head's compiled dense path (fc over the feature and the next token's embedding -> its layer),
+    over the head's one-layer cache; the norm and LM head stay eager (EagleHead.logits), as the target's do."""
+
+    def __init__(self, head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+        super().__init__(lambda context_id: _HeadStack(head, context_id), [kv_cache], head.attn_scale)
+        self.head = head
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
+        features: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]: h_t
+        return self._call(meta, input_ids, features, positions)

@@ -21,9 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from workers.models.attention import AttentionMetadata
 from workers.models.config import ModelConfig
-from workers.models.llama import Attend, DecoderLayer, LlamaModel, eager_attend
+from workers.models.llama import Attend, DecoderLayer, LlamaModel
 from workers.models.packed_linear import Linear, linear
 
 HEAD_FORMAT = "specfleet-eagle-head-v1"
@@ -156,20 +155,6 @@ class EagleHead(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         target = self.target
         return linear(target.norm(h), target.lm_head).float()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T] long
-        features: torch.Tensor,  # [T, hidden]
-        positions: torch.Tensor,  # [T] long
-        meta: AttentionMetadata,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],  # (k, v) [num_blocks, block_size, KV, D]
-        logits_indices: torch.Tensor,  # [S] long
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
-        """The paged inference path (workers/engine/head_runner.py)."""
-        attend = eager_attend(meta, kv_cache[0], kv_cache[1], self.attn_scale)
-        h = self.hidden(input_ids, features, positions, attend).index_select(0, logits_indices)  # [S, hidden]
-        return self.logits(h), h
 
 
 def save_head(head: EagleHead, out_dir: Path) -> None:

@@ -1,6 +1,7 @@
 """Start-up compilation (workers/engine/compilation.py): a failure falls back to eager, counted and exported;
-a compiled forward that would recompile runs eager; `auto` measures both variants. Exactness of the compiled
-path against transformers and the eager path: tests/workers/models/test_exactness.py."""
+a compiled forward that would recompile runs eager; `auto` measures both variants; for a model's runner and an
+EAGLE head's alike. Exactness of the compiled path against transformers and the eager path:
+tests/workers/models/test_exactness.py (models), tests/workers/spec/test_engine_eagle.py (the head)."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,3 +80,36 @@ def test_auto_measures_each_bucket_and_a_recompile_runs_eager(
     logits = runner.forward(items)
     assert stats.num_failures == 1 and not any(stats.is_compiled.values())
     torch.testing.assert_close(logits, runner.forward_with(items, None), atol=0, rtol=0)  # the eager rerun
+
+
+def test_a_heads_dense_path_compiles_measures_and_falls_back_like_a_models(
+    eagle_models: dict[str, Path], compile_cache_dir: Path, one_thread: None
+) -> None:
+    """The EAGLE head's runner through the same start-up compilation: auto times each bucket, a compiled pass
+    matches the eager one (logits and h), and a pass that would recompile reruns eager, counted."""
+    from workers.engine.compilation import point_cache_at
+    from workers.engine.head_runner import HeadRunner
+    from workers.models.eagle_head import load_head
+
+    point_cache_at(compile_cache_dir)
+    target = load_model(eagle_models["target"], torch.float32)
+    runner = HeadRunner(load_head(eagle_models["copy_head"], target), num_blocks=32, block_size=4)
+    stats = compile_runner(runner, CompileMode.AUTO, "eagle")
+    assert stats.num_failures == 0 and stats.compile_time_s > 0 and runner.compiled is not None
+    assert set(stats.eager_ms) == set(stats.compiled_ms) == {Bucket.DECODE.value, Bucket.BATCH.value}
+    for bucket, eager_ms in stats.eager_ms.items():
+        assert stats.is_compiled[bucket] == (stats.compiled_ms[bucket] < eager_ms)
+
+    stats.is_compiled = {b.value: True for b in Bucket}
+    items = [ForwardItem([3, 4, 5], 0, [7], num_logits=3)]
+    features = torch.randn(3, target.cfg.hidden_size, generator=torch.Generator().manual_seed(0))  # [T, hidden]
+    logits, h = runner.forward(items, features)
+    stats.is_compiled = {b.value: False for b in Bucket}
+    eager_logits, eager_h = runner.forward(items, features)
+    torch.testing.assert_close(logits, eager_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(h, eager_h, atol=1e-5, rtol=0)
+    stats.is_compiled = {b.value: True for b in Bucket}
+    torch.set_num_threads(2)  # not what the graphs were compiled for: dynamo would recompile
+    logits, _ = runner.forward(items, features)
+    assert stats.num_failures == 1 and not any(stats.is_compiled.values())
+    torch.testing.assert_close(logits, runner.forward(items, features)[0], atol=0, rtol=0)  # the eager rerun

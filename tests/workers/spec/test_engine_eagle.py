@@ -106,6 +106,29 @@ def test_eagle_equals_plain_decoding_in_the_serving_dtypes(eagle_models, dtype) 
         assert {rid: tokens(o) for rid, o in outs.items()} == {rid: tokens(o) for rid, o in ref.items()}
 
 
+def test_compiled_eagle_equals_plain_decoding_and_is_exported(eagle_models, plain, compile_cache_dir) -> None:
+    """compile: on compiles the head's dense path beside the target's (workers/models/compiled.py: CompiledHead):
+    chains and trees through both graphs give plain decoding's tokens, and the head's buckets are exported."""
+    from prometheus_client import CollectorRegistry
+
+    from workers.worker.engine_metrics import EngineMetrics
+
+    engine = spec_engine(
+        eagle_models, draft=None, eagle="copy_head", speculative_method="eagle", tree_size=6, tree_branching=2,
+        compile="on", compile_cache_dir=str(compile_cache_dir),
+    )  # fmt: skip
+    outs = run_all(engine, requests(make_prompts()))
+    assert {rid: tokens(o) for rid, o in outs.items()} == plain
+    head = engine.compile_stats["eagle"]
+    assert all(head.is_compiled.values()) and head.num_failures == 0 and head.compile_time_s > 0
+    assert engine.speculator.stats.counts.num_accepted > 0
+    registry = CollectorRegistry()
+    EngineMetrics(registry).update(engine, [])
+    for bucket in head.is_compiled:
+        assert registry.get_sample_value("specfleet_engine_compiled", {"model": "eagle", "bucket": bucket}) == 1
+    assert registry.get_sample_value("specfleet_engine_compile_failures_total", {"model": "eagle"}) == 0
+
+
 @pytest.mark.parametrize("tree_size", [0, 5])
 def test_seeded_sampling_with_eagle_is_reproducible(eagle_models, tree_size) -> None:
     params = SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=77, ignore_eos=True)
