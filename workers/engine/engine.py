@@ -333,8 +333,12 @@ class Engine:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
         verified = {s.request_id: (e.proposal, v) for s, e, v in zip(sampling, entries, verdicts, strict=True)}
         outputs = self._postprocess(plan, verified, items, features, StepLogits(logits, items))
-        # the draft model and the head take in what this pass's prefill chunks computed (Speculator.prefill)
-        prefilled = [s.seq for s in plan.scheduled if s.num_new_tokens > 1 and s.request_id in self.sequences]
+        # the draft model and the head take in what this pass's prefill chunks computed, and the prompts they
+        # did not take in while speculation was off at this batch (Speculator.prefill)
+        prefilled = [
+            s.seq for s in plan.scheduled
+            if s.request_id in self.sequences and (s.num_new_tokens > 1 or self.speculator.lacks_intake(s.seq))
+        ]  # fmt: skip
         if prefilled:
             self.applier.apply_proposals(self.speculator.prefill(prefilled), self.sequences)
         num_tokens = sum(len(out.new_token_ids) for out in outputs)

@@ -82,6 +82,9 @@ class Speculator:
         self.guard = GoodputGuard()  # speculation vetoed where it realised less than plain steps (goodput_guard.py)
         self.replan = Replan()  # a batch whose plans keep drafting nothing is planned less often (replan.py)
         self._guard_key: Key | None = None  # the current step's key, once it was planned
+        # the decode steps of the last planned batch's size are vetoed or quiet (their plans draft nothing): prompts
+        # are not taken in by the proposers (prefill), whose intake would buy nothing at such a batch
+        self._is_intake_paused = False
         self._step_pass_s = 0.0  # the current step's passes so far
         self._step_ran_new_shape = False  # one of them was a runner's first of its shape (PassTiming)
         self._proposal_passes = ProposalPasses(self._add_pass)  # a proposer pass: its forward + its draw work
@@ -166,11 +169,11 @@ class Speculator:
         if not methods:
             return {}
         num_prefill_tokens = max(0, num_base_tokens - len(decodes))  # each decode is one token of the base
-        self._guard_key = guard_key(len(decodes), num_prefill_tokens > 0, tuple(sorted(methods)))
-        may_plan = self.guard.allows(self._guard_key)
+        key = self._guard_key = guard_key(len(decodes), num_prefill_tokens > 0, tuple(sorted(methods)))
+        may_plan = self.guard.allows(key)
         if not may_plan:
             self.stats.num_vetoed_steps += 1
-        elif not self.replan.is_due(self._guard_key):  # its plans came out empty of late (replan.py)
+        elif not self.replan.is_due(key):  # its plans came out empty of late (replan.py)
             may_plan = False
             self.stats.num_unplanned_steps += 1
         fixed: dict[str, int] = {}
@@ -179,7 +182,7 @@ class Speculator:
             spec = seq.spec
             if spec is None or not spec.is_active:
                 continue
-            is_fixed = seq.params.is_seeded_sampling or not self.cfg.is_adaptive
+            is_fixed = self._drafts_regardless(seq)
             if not (is_fixed or may_plan):  # vetoed: the common case at large batches, kept cheap
                 continue
             useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
@@ -204,6 +207,9 @@ class Speculator:
                 tree_level_acceptance=spec.controller.tree_level_acceptance,
                 num_context_tokens=seq.num_computed_tokens,
             )))  # fmt: skip
+        # speculation is off for the decode steps of a batch this size: prompts wait to be taken in (prefill)
+        decode_key = guard_key(len(decodes), False, key[2])
+        self._is_intake_paused = self.replan.is_quiet(decode_key) or self.guard.is_vetoed(decode_key)
         num_fixed = sum(fixed.values())
         tally = self.chosen_by_batch.setdefault(len(decodes), [0, 0])
         tally[0] += 1
@@ -226,7 +232,7 @@ class Speculator:
                 sum((1 + fixed.get(seq.request_id, 0)) * seq.num_computed_tokens for seq in decodes),
             ),
         )
-        self.replan.record(self._guard_key, is_empty=not any(plan.lengths))
+        self.replan.record(key, is_empty=not any(plan.lengths))
         lengths = dict(fixed)
         tally[1] += sum(plan.lengths)
         for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):
@@ -234,11 +240,18 @@ class Speculator:
                 lengths[seq.request_id] = k if is_tree else max(k, min(self.adaptive.k_min, c.max_k))
         return lengths
 
+    def _drafts_regardless(self, seq: Sequence) -> bool:
+        """Its lengths are fixed, not chosen from costs: a seeded sampling request (its draws must not depend on
+        timing), or every request when is_adaptive is off."""
+        return seq.params.is_seeded_sampling or not self.cfg.is_adaptive
+
     def _catch_up_cost_tokens(self, seq: Sequence, spec: SpecState) -> int:
         """Tokens a proposer's first pass is charged: those it has not seen, up to a step's worth (k_max + 1).
-        A longer backlog (steps it sat out; the prompt is taken in at prefill, see prefill) is paid whenever it
-        next drafts, so it must not weigh on this step alone: charged in full, it would keep a sequence from ever
-        drafting again."""
+        A longer backlog (steps it sat out) is paid whenever it next drafts, so it must not weigh on this step
+        alone: charged in full, it would keep a sequence from ever drafting again. A prompt the proposer never
+        took in (its intake was paused, see prefill) is charged in full: that is a pass over all of it."""
+        if spec.draft_num_computed == 0:
+            return len(seq)
         return max(1, min(len(seq) - spec.draft_num_computed, self.adaptive.k_max + 1))
 
     def propose(self, speculating: list[ScheduledSeq]) -> ProposeOutput:
@@ -275,11 +288,24 @@ class Speculator:
         self.stats.draft_time_s += elapsed_s
         self.stats.by_method(method).draft_time_s += elapsed_s
 
+    def lacks_intake(self, seq: Sequence) -> bool:
+        """A decoding sequence whose prompt its proposer has not taken in (prefill paused), to take in once the
+        batch's speculation is on again."""
+        spec = seq.spec
+        return not self._is_intake_paused and spec is not None and spec.is_active and spec.draft_num_computed == 0
+
     def prefill(self, prefilled: list[Sequence]) -> ProposeOutput:
         """After a step's target pass: the draft model and the head run over what its prefill chunks computed
-        (DraftProposer.prefill, EagleProposer.prefill), so a prompt is never a proposal's backlog - a backlog the
-        length policy could only charge a step's worth of (_catch_up_cost_tokens). Reads the sequences only."""
+        (DraftProposer.prefill, EagleProposer.prefill), so a prompt is never a proposal's backlog - a backlog
+        the length policy could only charge a step's worth of (_catch_up_cost_tokens). Not while decode steps of
+        the batch's size are vetoed or quiet (their plans draft nothing): there the intake buys nothing, and at
+        16 sequences on the demo pair it cost the draft model's SD ~2.5 % of plain decoding's speed. A prompt
+        not taken in is charged in full to a proposal before the intake resumes, and taken in with the next
+        prefill once it does (lacks_intake). Sequences that draft whatever the costs are always taken in.
+        Reads the sequences only."""
         out = ProposeOutput()
+        if self._is_intake_paused:
+            prefilled = [seq for seq in prefilled if self._drafts_regardless(seq)]
         for method, proposer, reason in (
             (SpeculativeMethod.DRAFT, self.draft, "draft_error"), (SpeculativeMethod.EAGLE, self.eagle, "head_error")
         ):  # fmt: skip

@@ -42,6 +42,11 @@ class Replan:
         streak.steps_since_plan += 1
         return streak.steps_since_plan >= self.interval(streak.num_empty)
 
+    def is_quiet(self, key: Key) -> bool:
+        """Have `key`'s plans drafted nothing EMPTY_STREAK times in a row (it is planned less often)?"""
+        streak = self._keys.get(key)
+        return streak is not None and streak.num_empty >= EMPTY_STREAK
+
     def record(self, key: Key, is_empty: bool) -> None:
         """A plan of `key` was made; is_empty: it drafted nothing."""
         streak = self._keys.setdefault(key, _Streak())

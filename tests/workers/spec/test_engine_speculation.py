@@ -7,7 +7,15 @@ import torch
 
 import workers.engine.speculator as speculator_module
 from shared.speculation import SpeculativeMethod
-from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
+from tests.workers.engine_runs import (
+    draft_like_a_cpu,
+    greedy,
+    pin_costs,
+    run_all,
+    spec_engine,
+    target_like_a_cpu,
+    tokens,
+)
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.goodput_guard import GoodputGuard, guard_key
@@ -267,6 +275,27 @@ def test_a_batch_whose_plans_draft_nothing_is_planned_less_often_and_decodes_the
     assert stats.counts.num_drafted == 0
     assert len(planned) <= 4 + 3  # the streak of 4, then plans 2, 4 and 8 steps apart
     assert stats.num_unplanned_steps >= 23 - len(planned) - 1  # the rest were not planned (the last has no room)
+
+
+def test_a_quiet_batch_takes_prompts_in_only_once_speculation_pays_again(spec_models, plain_reference) -> None:
+    """While a batch size's plans draft nothing (replan.is_quiet), the draft model does not take new prompts in
+    (Speculator.prefill); once its costs make speculation pay, the next plan drafts, the prompt is taken in,
+    the sequence drafts, and its tokens are the plain ones throughout."""
+    engine = spec_engine(spec_models, costs=(lambda n: 1e-3, lambda n: 1e-3))  # a draft pass costs a target pass
+    run_all(engine, {"0": (make_prompts()[0], greedy(24))})  # 23 empty plans: a batch of one is quiet
+    engine.add_request("1", make_prompts()[1], greedy(24 + 1))
+    outs = list(engine.step())  # the prefill
+    seq = engine.sequences["1"]
+    assert seq.spec is not None and seq.spec.draft_num_computed == 0  # not taken in
+    assert engine.speculator.stats.counts.num_drafted == 0
+    pin_costs(engine, target_like_a_cpu, draft_like_a_cpu)  # now a draft pass is cheap: speculation pays
+    taken_in_at = None
+    while engine.num_unfinished():
+        outs.extend(engine.step())
+        if taken_in_at is None and "1" in engine.sequences and seq.spec.draft_num_computed > 0:
+            taken_in_at = seq.num_output_tokens
+    assert tokens(outs) == plain_reference["1"]
+    assert taken_in_at is not None and engine.speculator.stats.counts.num_drafted > 0
 
 
 def veto(engine, num_decodes: int, method: str = "draft") -> None:

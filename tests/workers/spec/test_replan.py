@@ -38,3 +38,14 @@ def test_a_plan_that_drafts_resets_the_streak() -> None:
 
 def test_a_batch_that_drafts_is_planned_every_step() -> None:
     assert planned_steps(Replan(), KEY, 50, drafts=True) == list(range(50))
+
+
+def test_a_key_is_quiet_from_its_streak_of_empty_plans_until_one_drafts() -> None:
+    replan = Replan()
+    assert not replan.is_quiet(KEY)  # never planned
+    for num_empty in range(1, EMPTY_STREAK + 1):
+        replan.record(KEY, is_empty=True)
+        assert replan.is_quiet(KEY) == (num_empty >= EMPTY_STREAK)
+    assert not replan.is_quiet(OTHER)
+    replan.record(KEY, is_empty=False)
+    assert not replan.is_quiet(KEY)
