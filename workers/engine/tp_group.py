@@ -14,18 +14,18 @@ other rank and raises RankFailedError; the group is unusable from then on.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import os
-import socket
 import subprocess
-import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from workers.child_process import spawn_connected
 from workers.engine.errors import EngineError
 from workers.engine.model_runner import ForwardBatch
 from workers.engine.tp_batch import pack
@@ -54,13 +54,9 @@ class TensorParallelGroup:
         self.procs: list[subprocess.Popen[bytes]] = []  # rank r at index r - 1
         self.conns: list[Connection] = []
         for spec in specs:
-            ours, theirs = socket.socketpair()
-            # `python -m`, not multiprocessing: nothing of the caller's __main__ is re-imported in the rank
-            args = [sys.executable, "-m", "workers.engine.tp_rank", str(theirs.fileno()),
-                    json.dumps(dataclasses.asdict(spec))]
-            self.procs.append(subprocess.Popen(args, pass_fds=(theirs.fileno(),)))
-            theirs.close()  # only the child holds its end: a dead child reads as EOF / a broken pipe here
-            self.conns.append(Connection(ours.detach()))
+            proc, conn = spawn_connected(functools.partial(_rank_args, json.dumps(dataclasses.asdict(spec))))
+            self.procs.append(proc)
+            self.conns.append(conn)
 
     @classmethod
     def spawn(cls, target_dir: str, dtype: torch.dtype, world_size: int, max_len: int, num_threads: int,
@@ -175,6 +171,11 @@ class TensorParallelGroup:
         self.conns = []
         if self.error is None:
             self.error = RankFailedError("the tensor-parallel group was closed")
+
+
+def _rank_args(spec_json: str, fd: int) -> list[str]:
+    """The interpreter's arguments of a rank: its module, its end of the socket pair, its RankSpec."""
+    return ["-m", "workers.engine.tp_rank", str(fd), spec_json]
 
 
 def check_devices(world_size: int, device: torch.device) -> None:

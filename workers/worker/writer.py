@@ -14,16 +14,14 @@ written while step N+1 computes, with no Redis call and no other Python thread i
 """
 
 import logging
-import socket
 import subprocess
-import sys
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 import redis
 
 from shared.settings import ServiceSettings
+from workers.child_process import spawn_connected
 from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
@@ -31,7 +29,6 @@ log = logging.getLogger(__name__)
 MAX_PENDING_STEPS = 3  # steps written or waiting to be; submit() waits on a fourth
 START_TIMEOUT_S = 60.0  # for the writer process to import, connect and say it is ready
 STOP_TIMEOUT_S = 10.0  # for it to exit after the last step
-ROOT = Path(__file__).resolve().parents[2]  # the process imports the worker's code from here
 
 __all__ = ["Report", "StepWrite", "StepWriter"]
 
@@ -55,19 +52,9 @@ class StepWriter:
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the writer process and wait until it is connected (before the worker takes a job)."""
-        ours, theirs = socket.socketpair()
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", f"from workers.worker.writer_process import main; main({theirs.fileno()})"],
-                pass_fds=[theirs.fileno()],
-                cwd=ROOT,
-            )
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()  # the process holds its own copy: its exit reads as EOF here
-        self._conn, self._process = Connection(ours.detach()), process
+        self._process, self._conn = spawn_connected(
+            lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd})"]
+        )
         self._conn.send(self.settings)
         try:
             is_ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == READY
