@@ -63,3 +63,15 @@ def test_a_row_reports_the_share_of_planned_steps_the_guard_vetoed(tiny_pair: tu
     vetoed, planned = engine.speculator.stats.num_vetoed_steps, sum(n for n, _ in engine.speculator.chosen_by_batch.values())
     assert vetoed == 11 and row["vetoed_step_share"] == vetoed / planned  # every decode step after the first token
     assert row["chosen_draft_tokens_per_seq_step"] == 0.0
+
+
+def test_min_sd_vs_plain_names_the_slowest_row_with_its_rounds_standard_error() -> None:
+    from workers.bench.spec_bench import _min_sd_vs_plain
+
+    tps = {("plain", 1): 100.0, ("plain", 16): 1000.0, ("a", 1): 150.0, ("a", 16): 900.0, ("b", 1): 120.0,
+           ("b", 16): 980.0}  # fmt: skip
+    rounds = {("a", 16): [0.85, 0.95, 0.88, 0.92], ("a", 1): [1.5], ("b", 1): [1.2], ("b", 16): [0.98]}
+    figures = _min_sd_vs_plain(tps, rounds, ["a", "b"], (1, 16))
+    assert figures["min_sd_vs_plain"] == 0.9  # a at 16: 900 / 1000
+    assert abs(figures["min_sd_vs_plain_sem"] - 0.0222) < 1e-3  # stdev 0.0443 over 4 rounds, / sqrt(4)
+    assert _min_sd_vs_plain(tps, {**rounds, ("a", 16): [0.9]}, ["a", "b"], (1, 16))["min_sd_vs_plain_sem"] == 0.0
