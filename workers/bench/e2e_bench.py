@@ -204,6 +204,7 @@ def _fleet_phases(
                             draft_dir=str(draft_dir) if draft_dir else None,
                             num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
     engine = Engine(cfg, target_dir, draft_dir)
+    engine.warm_pass_shapes()  # as the fleet's worker did in its warm-up
     warm = request_mix(2, 4)
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
     run_engine(engine, warm, 1)

@@ -138,6 +138,7 @@ def bench_spec(
         engines[name] = Engine(cfg, target_dir, draft_dir, eagle_dir if name in EAGLE_VARIANTS else None)
         if not prompts:
             prompts = [engines[name].tokenizer.encode(t, add_special_tokens=False) for t in prompts_text]
+        engines[name].warm_pass_shapes()  # as a worker's warm-up does: oneDNN's per-shape set-up paid here
         run_ours(engines[name], prompts[:1], 8)  # warm-up
     engine = engines["plain"]
     dtype = engine.runner.model.embed.weight.dtype

@@ -59,6 +59,10 @@ class EngineConfig:
     # faster on this host; off by default: the first start compiles for tens of seconds (cached afterwards)
     compile: CompileMode = CompileMode.OFF
     compile_cache_dir: str | None = None  # compiled artifacts; None = $SPECFLEET_HOME/compile-cache
+    # Engine.warm_pass_shapes (the worker's warm-up, the benchmarks): every runner runs one pass of each token
+    # count up to this many, so oneDNN's per-shape set-up is paid before requests; None = max_num_seqs x (1 +
+    # num_speculative_tokens), at most max_num_batched_tokens; 0 = none
+    warm_pass_tokens: NonNegativeInt | None = None
     # paged attention (workers/models/attention.py): `native` = one kernel call per layer, built with the host's
     # C++ compiler at start-up (cached under compile_cache_dir; SDPA where it can't be built, and for token trees
     # and float16); `sdpa` = PyTorch ops only

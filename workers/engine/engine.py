@@ -10,6 +10,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_logits
 from workers.engine.head_runner import HeadRunner
 from workers.engine.logprobs import StepLogits, verify_rows, widen
-from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy
+from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
 from workers.engine.priority import PriorityPolicy
@@ -188,6 +189,33 @@ class Engine:
             table.attention = probe_attention(head.probe_forward, *limits)
             probe(head.probe_forward, cfg.block_size, num_cache_blocks, table, draft_sizes, 1)
             head.on_pass = costs.proposer_pass_observer(SpeculativeMethod.EAGLE)
+
+    def warm_pass_shapes(self) -> float:
+        """Run every runner (target, draft, head) once at each token count up to cfg.warm_pass_tokens, with as
+        many logits rows, so no request pays oneDNN's one-time set-up of a matmul shape (model_runner.ShapesRun):
+        ~3-4 ms a new count on the demo target and as much on its draft, whose catch-up passes take a new count
+        at almost every step where sequences rejoin drafting. Only while no sequence holds KV (its passes write
+        blocks 0..). The passes count as each runner's first of their shape, so no cost table learns from
+        them. Returns the seconds it took."""
+        if self.num_unfinished():
+            raise RuntimeError("warm_pass_shapes writes KV blocks no sequence may hold: run it before requests")
+        cfg = self.cfg
+        max_tokens = cfg.warm_pass_tokens
+        if max_tokens is None:
+            max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (1 + cfg.num_speculative_tokens))
+        max_tokens = min(max_tokens, self.block_manager.num_blocks * cfg.block_size)
+        start_s = time.perf_counter()
+        forwards: list[Callable[[list[ForwardItem]], object]] = [self.runner.forward]
+        if self.speculator.draft is not None:
+            forwards.append(self.speculator.draft.runner.forward)
+        if self.speculator.eagle is not None:
+            forwards.append(self.speculator.eagle.runner.probe_forward)
+        for forward in forwards:
+            for num_tokens in range(1, max_tokens + 1):
+                forward(warm_items(num_tokens, cfg.block_size))
+        seconds = time.perf_counter() - start_s
+        log.info("warmed pass shapes of 1..%d tokens in %.1f s", max_tokens, seconds)
+        return seconds
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

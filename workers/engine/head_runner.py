@@ -12,7 +12,14 @@ from collections.abc import Callable
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
-from workers.engine.model_runner import ForwardBatch, ForwardItem, ThreadPolicy, build_batch, report_pass
+from workers.engine.model_runner import (
+    ForwardBatch,
+    ForwardItem,
+    ShapesRun,
+    ThreadPolicy,
+    build_batch,
+    report_pass,
+)
 from workers.models.compiled import CompiledHead
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import eager_attend
@@ -30,7 +37,7 @@ class HeadRunner:
         self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
         # called after every pass with its timing: the speculator's cost table for the head
         self.on_pass: Callable[[PassTiming], None] | None = None
-        self.shapes_run: set[tuple[int, int]] = set()  # (tokens, logits rows) of every pass run so far
+        self.shapes_run = ShapesRun()  # the sizes of every pass run so far
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         self.compiled: CompiledHead | None = None
         self.compile_stats = CompileStats()

@@ -7,7 +7,7 @@ may see (mask: causal over the sequence's own keys, padding excluded).
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,19 +51,41 @@ def attention_work(items: list[ForwardItem]) -> AttentionWork:
     )
 
 
+@dataclass
+class ShapesRun:
+    """The pass sizes a runner ran so far. oneDNN sets a matmul up once per shape (~3-4 ms a new token count on
+    the demo target, as much on its one-layer draft as a pass takes), and keeps it in its primitive cache: the
+    dense layers' shape is the pass's token count, the LM head's its logits rows."""
+
+    tokens: set[int] = field(default_factory=set)
+    logits_rows: set[int] = field(default_factory=set)
+
+    def add(self, num_tokens: int, num_logits_rows: int) -> bool:
+        """Record a pass; True when either of its sizes is new (its time holds a one-time set-up)."""
+        is_new = num_tokens not in self.tokens or num_logits_rows not in self.logits_rows
+        self.tokens.add(num_tokens)
+        self.logits_rows.add(num_logits_rows)
+        return is_new
+
+
 def report_pass(
-    shapes_run: set[tuple[int, int]],  # (tokens, logits rows) of every pass the runner ran before; this one is added
+    shapes_run: ShapesRun,  # the sizes the runner ran before; this pass's are added
     on_pass: Callable[[PassTiming], None] | None,
     items: list[ForwardItem],
     batch: ForwardBatch,
     seconds: float,
 ) -> None:
     """Record a runner's pass and hand its timing to `on_pass`: is it the runner's first of its shape."""
-    shape = (batch.input_ids.shape[0], batch.logits_indices.shape[0])
-    is_first = shape not in shapes_run
-    shapes_run.add(shape)
+    num_tokens = batch.input_ids.shape[0]
+    is_first = shapes_run.add(num_tokens, batch.logits_indices.shape[0])
     if on_pass is not None:
-        on_pass(PassTiming(shape[0], seconds, attention_work(items), is_first))
+        on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
+
+
+def warm_items(num_tokens: int, block_size: int) -> list[ForwardItem]:
+    """One pass of `num_tokens` tokens with as many logits rows, into blocks 0..: for warming a runner's
+    shapes while no sequence holds a block (Engine.warm_pass_shapes)."""
+    return [ForwardItem([0] * num_tokens, 0, list(range(-(-num_tokens // block_size))), num_logits=num_tokens)]
 
 
 def build_batch(
@@ -263,7 +285,7 @@ class ModelRunner:
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         # called after every forward with its timing: the speculator's cost tables
         self.on_pass: Callable[[PassTiming], None] | None = None
-        self.shapes_run: set[tuple[int, int]] = set()  # (tokens, logits rows) of every pass run so far
+        self.shapes_run = ShapesRun()  # the sizes of every pass run so far
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the model's dtype), or SDPA for None."""

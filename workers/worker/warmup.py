@@ -1,7 +1,9 @@
 """Warm-up: before a worker says it is ready, run the engine over every path a first job would otherwise pay
 for cold (allocator growth, first-call dispatch, oneDNN primitive creation, inductor guards).
 
-Passes, through the engine's public API only (add_request / step), with prompts from the engine's tokenizer:
+First every runner's pass shapes (Engine.warm_pass_shapes: one pass of each token count up to
+`warm_pass_tokens`, so oneDNN's per-shape set-up is paid here, not by the steps of the first jobs). Then
+passes through the engine's public API only (add_request / step), with prompts from the engine's tokenizer:
 - prefill: one prompt longer than `max_num_batched_tokens` when the model allows it (chunked prefill), one short;
 - decode at batch 1, greedy and sampled (a seeded request: the rejection sampler's path), with the engine's
   default speculation (draft or n-gram), and one request with speculation off;
@@ -30,6 +32,7 @@ NEW_TOKENS = 8  # per warm-up request: enough decode steps for speculation to pr
 @dataclass
 class WarmupReport:
     duration_s: float = 0.0
+    shapes_s: float = 0.0  # of which warming the pass shapes (Engine.warm_pass_shapes)
     num_requests: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # concurrent requests of each pass
 
@@ -62,7 +65,7 @@ def warm_up(engine: Any) -> WarmupReport:
     sampled = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=0, ignore_eos=True)
     plain = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
                            speculative=SpeculativeMethod.NONE)
-    report = WarmupReport()
+    report = WarmupReport(shapes_s=engine.warm_pass_shapes())
     passes: list[tuple[str, list[tuple[list[int], SamplingParams]]]] = [
         ("prefill", [(_prompt(engine, cfg.max_num_batched_tokens + 16), greedy)]),
         ("greedy", [(_prompt(engine, 16), greedy)]),
@@ -78,6 +81,6 @@ def warm_up(engine: Any) -> WarmupReport:
         report.num_requests += len(requests)
         report.batch_sizes.append(len(requests))
     report.duration_s = time.perf_counter() - start_s
-    log.info("warm-up: %d requests (batches %s) in %.2f s", report.num_requests, report.batch_sizes,
-             report.duration_s)
+    log.info("warm-up: pass shapes in %.2f s, %d requests (batches %s), %.2f s in all", report.shapes_s,
+             report.num_requests, report.batch_sizes, report.duration_s)
     return report
