@@ -1,10 +1,11 @@
 """Start-up compilation of a runner's dense path (`EngineConfig.compile`), and the decision to use it.
 
 At engine start-up, for the target, the draft and the EAGLE head alike: build the runner's compiled dense path
-(workers/models/compiled.py: CompiledModel, CompiledHead), compile each of its shape buckets by running one forward of each (compile_stats.Bucket: one token, the
-batch-1 decode step and every draft token; small passes on one thread; larger passes on every thread, warmed
-at 16 decoding sequences), so no request ever waits for a compilation: afterwards a forward that would
-recompile runs eager instead (ModelRunner.forward). Then, per bucket:
+(workers/models/compiled.py: CompiledModel, CompiledHead), compile each of its shape buckets by running one
+forward of each (compile_stats.Bucket: one token, the batch-1 decode step and every draft token; small passes
+on one thread; larger passes on every thread, warmed at 16 decoding sequences), so no request ever waits for a
+compilation: afterwards a forward that would recompile runs eager instead (run_compiled_or_eager). Then, per
+bucket:
 
 - `on`: use the compiled graph;
 - `auto`: time eager and compiled forwards of that bucket, interleaved, on this host, now, and use the
@@ -30,6 +31,8 @@ from workers.engine.compile_stats import Bucket, CompileMode, CompileStats
 from workers.engine.interleaved import time_interleaved
 from workers.engine.model_runner import ForwardItem, ThreadPolicy
 
+log = logging.getLogger(__name__)
+
 C = TypeVar("C", bound="_Compiled")
 
 
@@ -54,7 +57,6 @@ class Compilable(Protocol[C]):
 
     def forward_with(self, items: list[ForwardItem], compiled: C | None) -> torch.Tensor: ...
 
-log = logging.getLogger(__name__)
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 BATCH_WARM_SEQS = 16  # the multi-thread bucket is compiled and timed at this many decoding sequences
