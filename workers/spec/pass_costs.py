@@ -100,6 +100,8 @@ class PassCostTable:
     seconds: list[float | None] = field(init=False)  # [G] estimated dense pass time; None = never measured
     _measured: tuple[list[int], list[float]] = field(init=False, repr=False)  # the measured points, for estimate_s
     _is_stale: bool = field(init=False, repr=False)  # observed since _measured was made: remake it when read
+    _observed_at: list[int] = field(init=False, repr=False)  # [G] the observation that last moved each point
+    _num_observed: int = field(init=False, repr=False)  # observations so far
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
@@ -108,6 +110,8 @@ class PassCostTable:
         self.seconds = [None] * len(self.grid)
         self._measured = ([], [])
         self._is_stale = False
+        self._observed_at = [0] * len(self.grid)
+        self._num_observed = 0
 
     @property
     def is_measured(self) -> bool:
@@ -161,23 +165,35 @@ class PassCostTable:
             if old is not None:
                 known.append((index, weight, old))
         raw_estimate = sum(w * old for _, w, old in known) / sum(w for _, w, _ in known) if known else 0.0
+        self._num_observed += 1
         for index, weight, old in known:  # the raw points, not the envelope: a stalled point must recover
             self.seconds[index] = old * (1.0 + self.rate * weight * (seconds / raw_estimate - 1.0))
+            self._observed_at[index] = self._num_observed
         for index, weight in neighbours:
             if self.seconds[index] is None and weight >= 0.5:  # unmeasured: learns from the nearer side only
                 scale = self.grid[index] / num_tokens if num_tokens > self.max_tokens else 1.0
                 self.seconds[index] = seconds * scale
+                self._observed_at[index] = self._num_observed
         self._is_stale = True  # every pass is observed (the draft's up to k a step): the envelope waits for a read
 
     def _envelope(self) -> tuple[list[int], list[float]]:
-        """The measured points' lower envelope (token counts, seconds), remade after observations."""
+        """The measured points' envelope (token counts, seconds), remade after observations. A pass never costs
+        more than a bigger one: where a smaller size measured dearer, the one measured more recently wins (a
+        stall made the smaller one dear; or the host slowed since the bigger one, last measured at start-up,
+        and not raised it would cap every size below it at what it cost then)."""
         if not self._is_stale:
             return self._measured
-        measured = [(g, s) for g, s in zip(self.grid, self.seconds, strict=True) if s is not None]
-        envelope = [s for _, s in measured]
-        for i in range(len(envelope) - 2, -1, -1):  # a pass never costs more than a bigger one (a stall did)
-            envelope[i] = min(envelope[i], envelope[i + 1])
-        tokens = [g for g, _ in measured]
+        measured = [(g, s, at) for g, s, at in zip(self.grid, self.seconds, self._observed_at, strict=True) if s is not None]
+        envelope = [s for _, s, _ in measured]
+        observed_at = [at for _, _, at in measured]
+        for i in range(len(envelope) - 2, -1, -1):  # capped by the bigger passes measured since it was
+            fresher = [envelope[j] for j in range(i + 1, len(envelope)) if observed_at[j] >= observed_at[i]]
+            envelope[i] = min([envelope[i], *fresher])
+        for i in range(1, len(envelope)):  # raised to a smaller pass measured since it was
+            if observed_at[i] < observed_at[i - 1]:
+                envelope[i] = max(envelope[i], envelope[i - 1])
+                observed_at[i] = observed_at[i - 1]  # it now stands for that measurement
+        tokens = [g for g, _, _ in measured]
         for i in range(1, len(envelope)):  # nor more than the smaller passes it could be split into
             envelope[i] = min([envelope[i]] + [-(-tokens[i] // tokens[j]) * envelope[j] for j in range(i)])
         self._measured, self._is_stale = (tokens, envelope), False

@@ -60,6 +60,23 @@ def test_one_stalled_measurement_does_not_make_a_size_look_dearer_than_a_bigger_
     assert table.seconds[table.grid.index(12)] == pytest.approx(0.012, rel=0.01)
 
 
+def test_a_size_measured_long_ago_neither_caps_the_sizes_measured_since_nor_undercuts_them() -> None:
+    """Seen on the demo draft at 16 sequences on a host that slowed down after start-up: its 32-token point, from
+    the start-up probe and never run again, held 0.93 ms and capped every size below it, which the run measured
+    at 1.4-2.5 ms: the policy priced a step's draft passes at 3.0 ms against 6.7 ms. Between two sizes the one
+    measured more recently decides."""
+    table = PassCostTable(max_tokens=64)
+    table.observe(8, 1.5e-3)
+    table.observe(32, 0.93e-3)  # the probe's last, at a quiet moment
+    assert table.estimate_s(8) == pytest.approx(0.93e-3)  # as measured then, a bigger pass bounds a smaller
+    for _ in range(30):  # the run: passes of 8 tokens, on a host twice as slow
+        table.observe(8, 2.0e-3)
+    assert table.estimate_s(8) == pytest.approx(2.0e-3, rel=0.01)  # the stale point caps it no more
+    assert table.estimate_s(32) >= table.estimate_s(16) >= table.estimate_s(8)  # raised to it: never cheaper
+    table.observe(32, 2.5e-3)  # measured again: a fresh point, its own time
+    assert table.estimate_s(32) == pytest.approx(table.seconds[table.grid.index(32)])
+
+
 def test_a_stalled_size_never_costs_more_than_the_smaller_passes_it_splits_into() -> None:
     """Seen on a worker whose start-up probe ran beside another busy process: an EAGLE head at 0.89 ms for 3
     tokens and 67.8 ms for 6. Read as is, the head's catch-up looked dear, it never drafted, and no pass of 6
