@@ -5,7 +5,7 @@ alternate the variants' order."""
 from pathlib import Path
 
 from workers.bench.engine_bench import run_ours
-from workers.bench.spec_bench import _Counters, round_orders, run_closed_loop
+from workers.bench.spec_bench import _Counters, round_orders, run_closed_loop, run_interleaved
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.spec.goodput_guard import guard_key
@@ -32,6 +32,40 @@ def test_closed_loop_keeps_the_concurrency_and_times_the_full_window(tiny_pair: 
     engine.step = step  # type: ignore[method-assign]
     for i, out in enumerate(outs):  # greedy: each output is what that prompt gives alone
         assert out == run_ours(engine, [prompts[i % len(prompts)]], 12)[1][0]
+
+
+def test_engines_run_together_step_in_turn_and_time_their_own_steps(tiny_pair: tuple[Path, Path]) -> None:
+    target, draft = tiny_pair
+    engines = {
+        name: Engine(EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=8, num_threads=1,
+                                  speculative_method=method), target, draft)
+        for name, method in (("plain", "none"), ("sd", "draft"))
+    }  # fmt: skip
+    prompts = [engines["plain"].tokenizer.encode(text, add_special_tokens=False) for text in ("def f(x):", "import os")]
+    stepped: list[tuple[str, int]] = []  # (engine, requests in flight) before each step
+    for name, engine in engines.items():
+        step = engine.step
+
+        def logged_step(name=name, step=step, engine=engine):  # type: ignore[no-untyped-def]
+            stepped.append((name, engine.num_unfinished()))
+            return step()
+
+        engine.step = logged_step  # type: ignore[method-assign]
+    results = run_interleaved(engines, prompts, concurrency=2, num_new=10, num_requests=4)
+
+    # one step each in turn to the end: the one through its requests first went on with fillers, dropped at the end
+    assert [name for name, _ in stepped] == ["plain", "sd"] * (len(stepped) // 2)
+    assert min(in_flight for _, in_flight in stepped) == 2  # the concurrency held in every step of both
+    for name, engine in engines.items():
+        assert engine.num_unfinished() == 0
+        num_tokens, seconds, outs = results[name]
+        assert [len(o) for o in outs] == [10] * 4 and 2 * 10 <= num_tokens < 4 * 10 and seconds > 0
+        del engine.step  # the instance's wrapper: back to the class's step
+        for i, out in enumerate(outs):  # greedy: each output is what that prompt gives alone
+            assert out == run_ours(engine, [prompts[i % len(prompts)]], 10)[1][0]
+    # batch 1 in turn: each engine's prompts one after another, every token timed
+    alone = run_interleaved(engines, prompts, concurrency=1, num_new=6, num_requests=2, time_to_the_end=True)
+    assert all(num_tokens == 12 and seconds > 0 for num_tokens, seconds, _ in alone.values())
 
 
 def test_rounds_run_every_variant_once_in_alternating_order() -> None:
@@ -68,10 +102,9 @@ def test_a_row_reports_the_share_of_planned_steps_the_guard_vetoed(tiny_pair: tu
 def test_min_sd_vs_plain_names_the_slowest_row_with_its_rounds_standard_error() -> None:
     from workers.bench.spec_bench import _min_sd_vs_plain
 
-    tps = {("plain", 1): 100.0, ("plain", 16): 1000.0, ("a", 1): 150.0, ("a", 16): 900.0, ("b", 1): 120.0,
-           ("b", 16): 980.0}  # fmt: skip
+    vs_plain = {("plain", 1): 1.0, ("plain", 16): 1.0, ("a", 1): 1.5, ("a", 16): 0.9, ("b", 1): 1.2, ("b", 16): 0.98}
     rounds = {("a", 16): [0.85, 0.95, 0.88, 0.92], ("a", 1): [1.5], ("b", 1): [1.2], ("b", 16): [0.98]}
-    figures = _min_sd_vs_plain(tps, rounds, ["a", "b"], (1, 16))
-    assert figures["min_sd_vs_plain"] == 0.9  # a at 16: 900 / 1000
+    figures = _min_sd_vs_plain(vs_plain, rounds, ["a", "b"], (1, 16))
+    assert figures["min_sd_vs_plain"] == 0.9  # a at 16
     assert abs(figures["min_sd_vs_plain_sem"] - 0.0222) < 1e-3  # stdev 0.0443 over 4 rounds, / sqrt(4)
-    assert _min_sd_vs_plain(tps, {**rounds, ("a", 16): [0.9]}, ["a", "b"], (1, 16))["min_sd_vs_plain_sem"] == 0.0
+    assert _min_sd_vs_plain(vs_plain, {**rounds, ("a", 16): [0.9]}, ["a", "b"], (1, 16))["min_sd_vs_plain_sem"] == 0.0
