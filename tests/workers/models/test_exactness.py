@@ -140,4 +140,7 @@ def test_compiled_logits_match_eager_chunked(compiled_engine: tuple[str, Engine]
     for start, end in [(0, 5), (5, 16), (16, 17), (17, 18), (18, 24)]:
         item = [ForwardItem(prompt[start:end], start, blocks, num_logits=end - start)]
         compiled = runner.forward(item)
-        torch.testing.assert_close(compiled, runner.forward_with(item, None), atol=1e-5, rtol=0)
+        # float32's default tolerances (atol 1e-5 plus rtol 1.3e-6 of the value): a compiled kernel may sum in
+        # another order than eager's, by a host's own choice of kernels (on an AMX host: 1.1e-5 off a logit of 2.5
+        # in 2 of 5,632 logits, qwen2 layout); the tokens themselves are held identical above
+        torch.testing.assert_close(compiled, runner.forward_with(item, None))
