@@ -45,7 +45,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sd_eagle_tree": {"speculative_method": SpeculativeMethod.EAGLE},  # tree_size from the plan
 }
 EAGLE_VARIANTS = ("sd_eagle_chain", "sd_eagle_tree")
-CLOSED_LOOP_WAVES = 2  # batch B > 1, per round: 2 B requests through B slots (run_closed_loop)
+CLOSED_LOOP_WAVES = 2  # batch B > 1, per round: 2 B requests through B slots (run_interleaved)
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,8 @@ class SpecBenchPlan:
 
 
 def round_orders(names: list[str], num_rounds: int) -> list[list[str]]:
-    """Every variant once a round: in order, then in reverse order, and so on (A B C, C B A, A B C, ...). Ours
-    step in that order within a round, and transformers' runs come after ours or before them by turns, so
-    neither stepping first nor running first favours one variant over the rounds."""
+    """Every variant once a round: in order, then in reverse order, and so on (A B C, C B A, A B C, ...), so no
+    variant always runs first or last in its batch size's rounds (ours each beside plain decoding)."""
     return [names if r % 2 == 0 else names[::-1] for r in range(num_rounds)]
 
 
