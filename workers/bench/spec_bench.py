@@ -87,13 +87,6 @@ def _measure_together(
     return run_interleaved(engines, prompts, batch, num_new, CLOSED_LOOP_WAVES * batch)
 
 
-def run_closed_loop(
-    engine: Engine, prompts: list[list[int]], concurrency: int, num_new: int, num_requests: int
-) -> tuple[int, float, list[list[int]]]:
-    """One engine's closed loop (run_interleaved's, alone)."""
-    return run_interleaved({"one": engine}, prompts, concurrency, num_new, num_requests)["one"]
-
-
 class _Loop:
     """One engine's closed loop: `concurrency` requests in flight, each finished one replaced by the next prompt
     (cycled), num_requests in all. It times its own steps (and the submits they bring), until its last submit
@@ -127,7 +120,8 @@ class _Loop:
         self.num_fillers += 1
 
     def step(self) -> None:
-        start = time.perf_counter()
+        """One engine step; timed if the window was open when it began (the step that closes it counts)."""
+        start, was_timed = time.perf_counter(), self.is_timed
         for out in self.engine.step():
             is_filler = out.request_id.startswith("f")
             if not is_filler:
@@ -140,14 +134,12 @@ class _Loop:
             if self.num_submitted < self.num_requests:
                 self.submit()
                 if self.num_submitted == self.num_requests and not self.time_to_the_end:
-                    self.is_timed = False
-                    self.seconds += time.perf_counter() - start
+                    self.is_timed = False  # the last submit: every slot was busy until now
             elif self.keep_busy:
                 self._submit_filler()
-        if self.time_to_the_end and self.is_done and self.is_timed:
+        if self.time_to_the_end and self.is_done:
             self.is_timed = False
-            self.seconds += time.perf_counter() - start
-        if self.is_timed:
+        if was_timed:
             self.seconds += time.perf_counter() - start
 
     def stop_fillers(self) -> None:

@@ -5,7 +5,7 @@ alternate the variants' order."""
 from pathlib import Path
 
 from workers.bench.engine_bench import run_ours
-from workers.bench.spec_bench import _Counters, round_orders, run_closed_loop, run_interleaved
+from workers.bench.spec_bench import _Counters, round_orders, run_interleaved
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.spec.goodput_guard import guard_key
@@ -24,7 +24,7 @@ def test_closed_loop_keeps_the_concurrency_and_times_the_full_window(tiny_pair: 
         return step()
 
     engine.step = counting_step  # type: ignore[method-assign]
-    num_tokens, seconds, outs = run_closed_loop(engine, prompts, concurrency=2, num_new=12, num_requests=5)
+    num_tokens, seconds, outs = run_interleaved({"one": engine}, prompts, concurrency=2, num_new=12, num_requests=5)["one"]
 
     assert max(in_flight) == 2 and in_flight[0] == 2  # never more than the concurrency, full from the start
     assert [len(o) for o in outs] == [12] * 5  # every request ran to its end
@@ -92,7 +92,7 @@ def test_a_row_reports_the_share_of_planned_steps_the_guard_vetoed(tiny_pair: tu
         guard.observe(key, True, 2, 1.0)
         guard.observe(key, False, 2, 0.1)
     guard.observe = lambda *step: None  # type: ignore[method-assign]  # the veto holds for this run
-    run_closed_loop(engine, prompts, concurrency=2, num_new=12, num_requests=2)
+    run_interleaved({"one": engine}, prompts, concurrency=2, num_new=12, num_requests=2)
     row = before.row(engine, "sd_draft_chain", 2, 1.0)
     vetoed, planned = engine.speculator.stats.num_vetoed_steps, sum(n for n, _ in engine.speculator.chosen_by_batch.values())
     assert vetoed == 11 and row["vetoed_step_share"] == vetoed / planned  # every decode step after the first token
