@@ -99,6 +99,9 @@ def train_eagle(
     learning_rate: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine decay).")] = 3e-3,
     ttt_steps: Annotated[int, typer.Option(help="Training-time test: passes on the head's own features.")] = 1,
     num_threads: Annotated[int, typer.Option(help="torch threads (the result depends on it).")] = 1,
+    draft_vocab_size: Annotated[
+        int, typer.Option(help="Draft only the target's N most frequent output tokens (EAGLE-3); 0 = every token.")
+    ] = 0,
 ) -> None:
     """Train an EAGLE draft head for TARGET on its own greedy continuations of CORPUS (deterministic)."""
     from workers.eagle_train.train import EagleRecipe
@@ -114,15 +117,16 @@ def train_eagle(
         recipe = EagleRecipe(
             num_sequences=num_sequences, prompt_len=prompt_len, gen_len=gen_len, num_steps=steps,
             batch_size=batch_size, learning_rate=learning_rate, ttt_steps=ttt_steps, seed=seed,
-            num_threads=num_threads,
+            num_threads=num_threads, draft_vocab_size=draft_vocab_size,
         )  # fmt: skip
         record = run_training(target, [corpus.read_text(encoding="utf-8")], out, recipe)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     typer.echo(f"head: {out}")
-    for key in ("num_trainable_params", "data_time_s", "train_time_s", "last_step"):
-        typer.echo(f"{key}: {record[key]}")
+    for key in ("num_trainable_params", "data_time_s", "train_time_s", "last_step", "draft_vocab_coverage"):
+        if key in record:
+            typer.echo(f"{key}: {record[key]}")
 
 
 def register(app: typer.Typer) -> None:

@@ -48,8 +48,14 @@ def compile_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def eagle_models(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A ONE-layer tiny target (its own checkpoint, the tiny pair's tokenizer); a draft agreeing with it
     (perturbed copy); EAGLE heads for it: copy_head agrees most of the time (workers/demo/tiny.py),
-    random_head hardly ever."""
-    from workers.demo.tiny import make_copy_head, make_perturbed_copy, make_random_head, make_tiny_model
+    random_head hardly ever; vocab_head is copy_head drafting only the even token ids (a draft vocabulary)."""
+    from workers.demo.tiny import (
+        TINY_VOCAB,
+        make_copy_head,
+        make_perturbed_copy,
+        make_random_head,
+        make_tiny_model,
+    )
 
     root = tmp_path_factory.mktemp("eagle-models")
     target = make_tiny_model(root / "target", num_layers=1, seed=3, tokenizer_from=tiny_pair[0])
@@ -57,6 +63,7 @@ def eagle_models(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPath
         "target": target,
         "close_draft": make_perturbed_copy(target, root / "close", noise_std=0.005),
         "copy_head": make_copy_head(target, root / "copy-head"),
+        "vocab_head": make_copy_head(target, root / "vocab-head", draft_vocab=list(range(0, TINY_VOCAB, 2))),
         "random_head": make_random_head(target, root / "random-head"),
     }
 

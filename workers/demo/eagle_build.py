@@ -48,13 +48,16 @@ class DemoHeadRecipe:
 
 # demo-v3-eagle-v2: 2x v1's data and steps (1,024 continuations, 300 steps), ~2.5 min on 2 cores next to the
 # pair's ~5 min (the first-run build stays under 8 min); 3x (1,536, 450) took 4 min for the same tau (DEMO_PAIR.md).
-# Without the training-time test: at v1's budget it measured better (tau 3.46 vs 3.21 at k = 4, 150 steps each)
+# Without the training-time test: at v1's budget it measured better (tau 3.46 vs 3.21 at k = 4, 150 steps each).
+# demo-v3-eagle-v3: v2's training, drafting the target's 1,024 most frequent output tokens of 4,096 (EAGLE-3's
+# draft vocabulary): the LM head's product reads a quarter of its rows in every head pass
 DEMO_HEAD_RECIPE = DemoHeadRecipe(
-    name="demo-v3-eagle-v2",
+    name="demo-v3-eagle-v3",
     pair_name=DEMO_RECIPE.name,
     head=EagleRecipe(
         num_sequences=1024, prompt_len=32, gen_len=64, gen_batch_size=256, num_steps=300, batch_size=16,
-        learning_rate=3e-3, warmup_steps=10, feature_weight=0.5, ttt_steps=0, seed=0, num_threads=1,
+        learning_rate=3e-3, warmup_steps=10, feature_weight=0.5, ttt_steps=0, draft_vocab_size=1024, seed=0,
+        num_threads=1,
     ),
 )  # fmt: skip
 

@@ -148,10 +148,11 @@ def make_random_head(target_dir: Path, out_dir: Path, seed: int = 0, std: float 
     return out_dir
 
 
-def make_copy_head(target_dir: Path, out_dir: Path) -> Path:
+def make_copy_head(target_dir: Path, out_dir: Path, draft_vocab: list[int] | None = None) -> Path:
     """For a ONE-layer target: a head that nearly is the target. fc passes the next token's embedding through
     and the head's layer is the target's layer, so head row t computes the target's row t + 1 except that it
-    never sees token 0: its drafts agree with the target most of the time (deep acceptance in tests)."""
+    never sees token 0: its drafts agree with the target most of the time (deep acceptance in tests).
+    `draft_vocab`: the only target token ids it drafts (ascending), or every token for None."""
     import torch
 
     from workers.models.eagle_head import EagleHead, HeadConfig, save_head
@@ -160,11 +161,16 @@ def make_copy_head(target_dir: Path, out_dir: Path) -> Path:
     target = load_model(target_dir, torch.float32)
     if target.cfg.num_layers != 1:
         raise ValueError(f"a copy head needs a one-layer target, not {target.cfg.num_layers} layers")
-    head = EagleHead(HeadConfig.for_target(target.cfg, {"recipe": "copy of the target's layer"}), target)
+    cfg = HeadConfig.for_target(
+        target.cfg, {"recipe": "copy of the target's layer"}, draft_vocab_size=len(draft_vocab or [])
+    )
+    head = EagleHead(cfg, target)
     hidden = target.cfg.hidden_size
     with torch.no_grad():
         head.fc.weight.copy_(torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1))  # [H, 2H]
         head.fc.bias.zero_()
         head.layer.load_state_dict(target.layers[0].state_dict())
+    if draft_vocab is not None:
+        head.set_draft_vocab(torch.tensor(draft_vocab))
     save_head(head, out_dir)
     return out_dir

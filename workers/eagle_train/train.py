@@ -8,6 +8,10 @@ distribution at t + 1 (softmax of its logits, computed from f_{t+1} through the 
 extra passes): the head reads its own previous pass's outputs as features (row t gets h_{t-1}), so it
 learns to draft from its own guesses as it does past the first token; pass i weighs `ttt_decay`**i.
 
+The draft vocabulary (`draft_vocab_size` > 0, EAGLE-3): the target's most frequent tokens among its own
+continuations (ties to the lower id), kept with the head; the head is trained over the whole vocabulary and
+drafts only those (workers/models/eagle_head.py).
+
 Deterministic for a fixed recipe: a fixed step count (never a time budget), seeded draws and init, pinned
 torch threads.
 """
@@ -51,14 +55,15 @@ class EagleRecipe:
     feature_weight: float = 0.5  # smooth-L1 feature regression next to the distribution loss
     ttt_steps: int = 1  # training-time test: extra passes on the head's own features
     ttt_decay: float = 0.7
+    draft_vocab_size: int = 0  # > 0: the head drafts only the target's this many most frequent output tokens
     seed: int = 0
     num_threads: int = 1  # one thread: on a shared 2-core host a 2nd thread mostly waits (NOTES-CPU)
 
     def __post_init__(self) -> None:
         if min(self.num_sequences, self.prompt_len, self.gen_len, self.num_steps, self.batch_size) < 1:
             raise ValueError(f"sizes and steps must be >= 1: {self}")
-        if self.ttt_steps < 0 or self.warmup_steps < 0:
-            raise ValueError(f"ttt_steps and warmup_steps must be >= 0: {self}")
+        if self.ttt_steps < 0 or self.warmup_steps < 0 or self.draft_vocab_size < 0:
+            raise ValueError(f"ttt_steps, warmup_steps and draft_vocab_size must be >= 0: {self}")
 
 
 def corpus_windows(token_ids: torch.Tensor, recipe: EagleRecipe) -> torch.Tensor:  # [N] -> [num_sequences, P]
@@ -84,6 +89,23 @@ def make_training_rows(
         if progress is not None:
             progress.update(batch_rows.shape[0])
     return torch.cat(rows), torch.cat(feats)
+
+
+def most_frequent_outputs(
+    rows: torch.Tensor,  # [N, L] long: prompt windows and the target's continuations
+    prompt_len: int,
+    vocab_size: int,
+    draft_vocab_size: int,
+) -> torch.Tensor:  # [draft_vocab_size] long, ascending
+    """The draft vocabulary: the `draft_vocab_size` tokens the target generated most often in `rows` (after each
+    row's prompt), ties and tokens it never generated in id order."""
+    if not 0 < draft_vocab_size <= vocab_size:
+        raise ValueError(
+            f"draft_vocab_size must be in [1, {vocab_size}] (the target's vocabulary), got {draft_vocab_size}"
+        )
+    counts = torch.bincount(rows[:, prompt_len:].reshape(-1), minlength=vocab_size)  # [V]
+    by_count = torch.argsort(-counts, stable=True)  # [V]: most generated first, equal counts by id
+    return by_count[:draft_vocab_size].sort().values
 
 
 def lr_factor(step: int, recipe: EagleRecipe) -> float:
@@ -169,6 +191,11 @@ def train_eagle(
     start_s = time.perf_counter()
     with pinned_threads(recipe.num_threads):
         target = load_model(target_dir, torch.float32)
+        if recipe.draft_vocab_size > target.cfg.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size {recipe.draft_vocab_size} is larger than the target's vocabulary "
+                f"({target.cfg.vocab_size})"
+            )
         tokenizer = load_tokenizer(target_dir)
         tokenizer.model_max_length = 2**62  # whole documents are encoded; windows are cut from them below
         eos = target.cfg.eos_token_ids[:1]
@@ -183,6 +210,11 @@ def train_eagle(
         with tqdm(total=recipe.num_steps, desc="eagle head", unit="step", file=sys.stderr,
                   disable=not show_progress, dynamic_ncols=True) as progress:  # fmt: skip
             head, figures = train_head(target, rows, feats, recipe, progress)
+        if recipe.draft_vocab_size:
+            draft_vocab = most_frequent_outputs(rows, recipe.prompt_len, target.cfg.vocab_size, recipe.draft_vocab_size)
+            head.cfg = dataclasses.replace(head.cfg, draft_vocab_size=recipe.draft_vocab_size)
+            head.set_draft_vocab(draft_vocab)
+            coverage = float(torch.isin(rows[:, recipe.prompt_len :], draft_vocab).float().mean())
     # config.json records what determines the bytes; timings go to training.json beside it
     recipe_record = {
         "recipe": dataclasses.asdict(recipe),
@@ -196,6 +228,8 @@ def train_eagle(
         "train_time_s": round(time.perf_counter() - start_s - data_time_s, 1),
         "last_step": {k: round(v, 4) for k, v in figures.items()},
     }
+    if recipe.draft_vocab_size:  # the share of the target's training continuations the head can draft
+        record["draft_vocab_coverage"] = round(coverage, 4)
     head.cfg = dataclasses.replace(head.cfg, training=recipe_record)
     save_head(head, out_dir)
     (out_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")

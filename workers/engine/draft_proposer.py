@@ -31,11 +31,17 @@ def draft_distributions(
 ) -> torch.Tensor:  # [n, V] float32
     """q per row: the request's sampling transform, the same as the target's (see row_distributions), over
     the tokens its grammar allows when it has one."""
-    if not torch.isfinite(logits).all():
-        raise DraftFailure("draft logits are not finite")
+    check_logits(logits)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     return row_distributions(logits, [s.params for s in seqs], greedy_rows)
+
+
+def check_logits(logits: torch.Tensor) -> None:  # [n, V]
+    """Raise DraftFailure for unusable proposer output: NaN or +inf anywhere, or a row with no finite logit.
+    -inf alone is a token the proposer never drafts (an EAGLE head's draft vocabulary, workers/models/eagle_head.py)."""
+    if not torch.isfinite(logits.amax(dim=-1)).all():  # amax carries NaN and +inf, and is -inf for an empty row
+        raise DraftFailure("draft logits are not finite")
 
 
 def append_draws(
@@ -63,11 +69,21 @@ def draw_chain_step(
     depth: int,  # j: the draft position this step fills
 ) -> None:
     """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
-    its grammar), advance the grammar, and end a chain whose grammar completes."""
+    its grammar), advance the grammar, and end a chain whose grammar completes, or whose grammar takes no token
+    the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j."""
+    check_logits(logits)
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
+    if allowed is not None:
+        draftable = (logits.masked_fill(~allowed, float("-inf")).amax(dim=-1) > float("-inf")).tolist()  # [A]
+        if not all(draftable):
+            for i, ok in zip(active, draftable, strict=True):
+                if not ok:
+                    ks[i] = depth
+            rows = [row for row, ok in enumerate(draftable) if ok]
+            logits, allowed, active = logits[rows], allowed[rows], [active[row] for row in rows]
+            if not active:
+                return
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
-        if not torch.isfinite(logits).all():
-            raise DraftFailure("draft logits are not finite")
         for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
             tokens[i].append(token)
     else:

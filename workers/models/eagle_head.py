@@ -6,8 +6,15 @@ cache, and its output h_t predicts the target's feature f_{t+1}, so norm + LM he
 token t + 2. Drafting further feeds h_t back as the feature of the next row (EAGLE-1). The embedding, final
 norm and LM head are the target's own, frozen; the head trains fc and its layer only.
 
+A draft vocabulary (EAGLE-3) restricts the head's logits to the target's `draft_vocab_size` most frequent output
+tokens: the LM head's product then reads only those rows (a copy of them, `draft_lm_head`), and every other
+token gets logit -inf, so the head never drafts it. Verification is unchanged: a drafted token is accepted
+against the target's own distribution, so the output stays the target's exactly; a token outside the draft
+vocabulary ends a chain where the target takes it (and a sampled one comes from the residual distribution).
+
 Checkpoint: a directory with `config.json` (HEAD_FORMAT, the target it was trained for, the feature layer
-ids, the layer's shape) and `model.safetensors` (fc.* and layer.* in this module's names). A head that does
+ids, the layer's shape, the draft vocabulary's size) and `model.safetensors` (fc.* and layer.* in this module's
+names, and `draft_vocab`, the target token ids of the draft vocabulary, where it has one). A head that does
 not match its target is refused at load (HeadMismatchError names what differs).
 """
 
@@ -27,6 +34,7 @@ from workers.models.packed_linear import Linear, linear
 
 HEAD_FORMAT = "specfleet-eagle-head-v1"
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_VOCAB_KEY = "draft_vocab"  # [draft_vocab_size] int64 target ids, ascending (absent: the whole vocabulary)
 
 
 class HeadMismatchError(ValueError):
@@ -46,10 +54,13 @@ class HeadConfig:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float
+    draft_vocab_size: int = 0  # tokens the head may draft (EAGLE-3); 0 = the target's whole vocabulary
     training: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe and figures, informative
 
     @classmethod
-    def for_target(cls, target: ModelConfig, training: dict[str, Any] | None = None) -> "HeadConfig":
+    def for_target(
+        cls, target: ModelConfig, training: dict[str, Any] | None = None, draft_vocab_size: int = 0
+    ) -> "HeadConfig":
         """A head shaped like one of the target's layers, reading its last layer (EAGLE-1)."""
         return cls(
             hidden_size=target.hidden_size,
@@ -61,6 +72,7 @@ class HeadConfig:
             head_dim=target.head_dim,
             intermediate_size=target.intermediate_size,
             rms_norm_eps=target.rms_norm_eps,
+            draft_vocab_size=draft_vocab_size,
             training=training or {},
         )
 
@@ -80,6 +92,8 @@ class HeadConfig:
                 f"feature_layer_ids: head {list(self.feature_layer_ids)}, supported [{target.num_layers - 1}] "
                 "(the target's last layer)"
             )
+        if not 0 <= self.draft_vocab_size <= target.vocab_size:
+            wrong.append(f"draft_vocab_size: head {self.draft_vocab_size}, target vocabulary {target.vocab_size}")
         if wrong:
             raise HeadMismatchError("EAGLE head does not match its target: " + "; ".join(wrong))
 
@@ -127,14 +141,47 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(self.layer_cfg)
         self.attn_scale = cfg.head_dim**-0.5
         self._target = [target]  # a list: the target's modules are shared, not this module's parameters
+        self.draft_vocab: torch.Tensor | None = None  # [Vd] long target token ids, ascending; None = all
+        self.draft_lm_head: Linear | None = None  # the target's LM head rows of draft_vocab (a copy)
 
     @property
     def target(self) -> LlamaModel:
         return self._target[0]
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """fc.* and layer.*: what a checkpoint holds (the target's parts are not saved)."""
-        return dict(self.state_dict())
+        """fc.* and layer.*: what a checkpoint holds (the target's parts, and the copy of its LM head rows that
+        a draft vocabulary reads, are not saved)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("draft_lm_head.")}
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft only `token_ids` ([Vd] distinct target ids, ascending), or every token for None. Raises
+        HeadMismatchError for ids the target does not have, repeated or unordered ids, or a count that differs
+        from the config's draft_vocab_size."""
+        if token_ids is None:
+            if self.cfg.draft_vocab_size:
+                raise HeadMismatchError(
+                    f"config.json names a draft vocabulary of {self.cfg.draft_vocab_size} tokens, "
+                    f"but the weights hold no {DRAFT_VOCAB_KEY!r}"
+                )
+            self.draft_vocab, self.draft_lm_head = None, None
+            return
+        ids = token_ids.to(torch.long)
+        vocab_size = self.cfg.vocab_size
+        if ids.dim() != 1 or ids.numel() != self.cfg.draft_vocab_size:
+            raise HeadMismatchError(
+                f"draft vocabulary: {list(ids.shape)} ids, "
+                f"config.json's draft_vocab_size is {self.cfg.draft_vocab_size}"
+            )
+        if ids.numel() == 0 or ids[0] < 0 or ids[-1] >= vocab_size or not bool((ids[1:] > ids[:-1]).all()):
+            raise HeadMismatchError(
+                f"draft vocabulary: ids must be distinct, ascending and in [0, {vocab_size}) (the target's)"
+            )
+        weight = self.target.lm_head.weight  # [V, hidden]
+        self.draft_lm_head = Linear(self.cfg.hidden_size, ids.numel(), bias=False, dtype=weight.dtype)
+        with torch.no_grad():
+            self.draft_lm_head.weight.copy_(weight[ids])  # [Vd, hidden]
+        self.draft_lm_head.requires_grad_(False)
+        self.draft_vocab = ids
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
@@ -153,14 +200,21 @@ class EagleHead(nn.Module):
         return self.layer(x, cos, sin, attend)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
+        """The target's norm and LM head over h; with a draft vocabulary, its rows only and -inf elsewhere."""
         target = self.target
-        return linear(target.norm(h), target.lm_head).float()
+        if self.draft_lm_head is None or self.draft_vocab is None:
+            return linear(target.norm(h), target.lm_head).float()
+        drafted = linear(target.norm(h), self.draft_lm_head).float()  # [S, Vd]
+        out = drafted.new_full((h.shape[0], self.cfg.vocab_size), float("-inf"))  # [S, V]
+        return out.index_copy_(1, self.draft_vocab, drafted)
 
 
 def save_head(head: EagleHead, out_dir: Path) -> None:
     """config.json + model.safetensors (float32) into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().contiguous() for k, v in head.trainable_state().items()}
+    if head.draft_vocab is not None:
+        state[DRAFT_VOCAB_KEY] = head.draft_vocab.contiguous()
     save_file(state, str(out_dir / WEIGHTS_FILE))
     (out_dir / "config.json").write_text(json.dumps(head.cfg.to_json(), indent=2, sort_keys=True) + "\n")
 
@@ -171,5 +225,9 @@ def load_head(head_dir: str | Path, target: LlamaModel) -> EagleHead:
     cfg = HeadConfig.from_dir(head_dir)
     cfg.check_target(target.cfg)
     head = EagleHead(cfg, target)
-    head.load_state_dict(load_file(str(head_dir / WEIGHTS_FILE)), strict=True)
-    return head.to(target.embed.weight.dtype).eval().requires_grad_(False)
+    state = load_file(str(head_dir / WEIGHTS_FILE))
+    draft_vocab = state.pop(DRAFT_VOCAB_KEY, None)
+    head.load_state_dict(state, strict=True)
+    head = head.to(target.embed.weight.dtype).eval().requires_grad_(False)
+    head.set_draft_vocab(draft_vocab)
+    return head

@@ -74,5 +74,5 @@ def test_the_engine_serves_the_micro_head_exactly(micro_pair: DemoPair, micro_he
 
 def test_demo_head_recipe_is_pinned() -> None:
     # Changing the recipe changes the head: bump DEMO_HEAD_RECIPE.name's version, then update this fingerprint.
-    assert DEMO_HEAD_RECIPE.name == "demo-v3-eagle-v2" and DEMO_HEAD_RECIPE.pair_name == "demo-v3"
-    assert DEMO_HEAD_RECIPE.fingerprint() == "7ac3802d81ca"
+    assert DEMO_HEAD_RECIPE.name == "demo-v3-eagle-v3" and DEMO_HEAD_RECIPE.pair_name == "demo-v3"
+    assert DEMO_HEAD_RECIPE.fingerprint() == "bf4da11c9ef1"

@@ -1,6 +1,7 @@
 """train-eagle on the tiny one-layer target: deterministic bytes, a head the engine loads and stays exact with,
 the CLI, and what the loss reads."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from tests.workers.engine_runs import greedy, run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_speculation import make_prompts
 from workers.demo.tiny import training_texts
 from workers.eagle_train.dense import features, greedy_continuations
-from workers.eagle_train.train import EagleRecipe, train_eagle
+from workers.eagle_train.train import EagleRecipe, most_frequent_outputs, train_eagle
 from workers.models.loader import load_model
 
 TINY_RECIPE = EagleRecipe(
@@ -51,6 +52,37 @@ def test_a_trained_head_serves_and_stays_exact(eagle_models, trained_twice) -> N
     assert engine.speculator.stats.counts.num_steps > 0
 
 
+def test_the_draft_vocabulary_is_the_most_generated_tokens() -> None:
+    rows = torch.tensor([[9, 9, 5, 5, 5, 7], [9, 9, 7, 3, 5, 1]])  # prompt_len 2: the 9s are prompt tokens
+    # generated: 5 x4, 7 x2, 3 and 1 once each (tie: the lower id first); never generated: by id
+    assert most_frequent_outputs(rows, 2, 10, 3).tolist() == [1, 5, 7]
+    assert most_frequent_outputs(rows, 2, 10, 5).tolist() == [0, 1, 3, 5, 7]
+    with pytest.raises(ValueError, match="draft_vocab_size must be in"):
+        most_frequent_outputs(rows, 2, 10, 11)
+
+
+def test_a_head_trained_with_a_draft_vocabulary_keeps_it_and_stays_exact(eagle_models, tmp_path) -> None:
+    recipe = EagleRecipe(**{**TINY_RECIPE.__dict__, "draft_vocab_size": 64})
+    for name in ("a", "b"):
+        record = train_eagle(eagle_models["target"], training_texts(), tmp_path / name, recipe, show_progress=False)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert 0 < record["draft_vocab_coverage"] <= 1
+    models = dict(eagle_models, trained=tmp_path / "a")
+    prompts = {str(i): (p, greedy(20)) for i, p in enumerate(make_prompts()[::5])}
+    plain = run_all(spec_engine(models, draft=None, speculative_method="none"), prompts)
+    engine = spec_engine(models, draft=None, eagle="trained", speculative_method="eagle", is_adaptive=False)
+    assert engine.speculator.eagle.runner.head.draft_vocab.numel() == 64
+    outs = run_all(engine, prompts)
+    assert {r: tokens(o) for r, o in outs.items()} == {r: tokens(o) for r, o in plain.items()}
+
+
+def test_a_draft_vocabulary_larger_than_the_target_is_refused_before_training(eagle_models, tmp_path) -> None:
+    recipe = EagleRecipe(**{**TINY_RECIPE.__dict__, "draft_vocab_size": 513})
+    with pytest.raises(ValueError, match="larger than the target's vocabulary \\(512\\)"):
+        train_eagle(eagle_models["target"], training_texts(), tmp_path / "h", recipe, show_progress=False)
+    assert not (tmp_path / "h").exists()
+
+
 def test_generation_keeps_the_features_a_full_pass_computes(eagle_models) -> None:
     """The features kept while generating equal a full causal pass over the finished rows."""
     model = load_model(eagle_models["target"], torch.float64)
@@ -66,10 +98,12 @@ def test_cli_train_eagle_writes_a_head(eagle_models, tmp_path) -> None:
     out = tmp_path / "head"
     args = ["models", "train-eagle", "--target", str(eagle_models["target"]), "--corpus", str(corpus),
             "--out", str(out), "--steps", "2", "--num-sequences", "8", "--prompt-len", "8", "--gen-len", "6",
-            "--batch-size", "4"]  # fmt: skip
+            "--batch-size", "4", "--draft-vocab-size", "32"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").is_file() and "num_trainable_params" in result.output
+    assert "draft_vocab_coverage" in result.output
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 32
 
 
 def test_cli_train_eagle_refuses_a_missing_corpus(eagle_models, tmp_path) -> None:

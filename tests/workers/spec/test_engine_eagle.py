@@ -24,6 +24,9 @@ EAGLE_CONFIGS = {
     "random-head-tree": dict(
         speculative_method="eagle", eagle="random_head", tree_size=5, is_adaptive=False,
     ),
+    # a draft vocabulary of the even ids: chains end at an odd token the target would take
+    "draft-vocab-chain": dict(speculative_method="eagle", eagle="vocab_head", is_adaptive=False),
+    "draft-vocab-tree": dict(speculative_method="eagle", eagle="vocab_head", tree_size=6, tree_branching=2),
 }
 
 
@@ -97,10 +100,9 @@ def test_eagle_survives_preemption_and_chunked_prefill(eagle_models, plain) -> N
 def test_eagle_equals_plain_decoding_in_the_serving_dtypes(eagle_models, dtype) -> None:
     prompts = make_prompts()[::4]
     ref = run_all(spec_engine(eagle_models, draft=None, speculative_method="none", dtype=dtype), requests(prompts))
-    for tree_size in (0, 5):
+    for head, tree_size in (("copy_head", 0), ("copy_head", 5), ("vocab_head", 0), ("vocab_head", 5)):
         engine = spec_engine(
-            eagle_models, draft=None, eagle="copy_head", speculative_method="eagle", dtype=dtype,
-            tree_size=tree_size,
+            eagle_models, draft=None, eagle=head, speculative_method="eagle", dtype=dtype, tree_size=tree_size,
         )  # fmt: skip
         outs = run_all(engine, requests(prompts))
         assert {rid: tokens(o) for rid, o in outs.items()} == {rid: tokens(o) for rid, o in ref.items()}
@@ -165,6 +167,8 @@ def test_eagle_without_a_head_is_refused_clearly(eagle_models) -> None:
         ("vocab_size", 1000, "vocab_size: head 1000"),
         ("target_num_layers", 7, "num_layers: head 7"),
         ("feature_layer_ids", [5], "feature_layer_ids: head \\[5\\]"),
+        ("draft_vocab_size", 4096, "draft_vocab_size: head 4096, target vocabulary 512"),
+        ("draft_vocab_size", 100, "names a draft vocabulary of 100 tokens, but the weights hold no 'draft_vocab'"),
     ],
 )
 def test_a_head_for_another_target_is_refused(eagle_models, tmp_path, field, value, message) -> None:
@@ -190,3 +194,36 @@ def test_a_failing_head_falls_back_without_losing_jobs(eagle_models, plain, tmp_
     assert {rid: tokens(o) for rid, o in outs.items()} == {str(i): plain[str(i)] for i in range(8)}
     assert engine.speculator.stats.num_fallbacks == 8
     assert all(o[-1].metrics["spec_fallback"] == 1.0 for o in outs.values())
+
+
+def test_a_draft_vocabulary_drafts_only_its_tokens(eagle_models) -> None:
+    """vocab_head's logits: copy_head's on the even ids (the same LM head rows), -inf on every odd id."""
+    import torch
+
+    engine = spec_engine(eagle_models, draft=None, eagle="vocab_head", speculative_method="eagle")
+    full = spec_engine(eagle_models, draft=None, eagle="copy_head", speculative_method="eagle")
+    head, full_head = engine.speculator.eagle.runner.head, full.speculator.eagle.runner.head
+    h = torch.randn(3, head.cfg.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    logits, reference = head.logits(h), full_head.logits(h)  # [3, V] each
+    assert head.draft_vocab is not None and head.draft_vocab.tolist() == list(range(0, head.cfg.vocab_size, 2))
+    assert torch.isneginf(logits[:, 1::2]).all()
+    torch.testing.assert_close(logits[:, 0::2], reference[:, 0::2])
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [([0, 2, 2, 4], "distinct, ascending"), ([4, 2, 6, 8], "distinct, ascending"), ([0, 2, 4, 600], "in \\[0, 512\\)")],
+)
+def test_a_bad_draft_vocabulary_is_refused(eagle_models, tmp_path, ids, message) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    head_dir = tmp_path / "head"
+    shutil.copytree(eagle_models["copy_head"], head_dir)
+    weights = load_file(str(head_dir / "model.safetensors"))
+    weights["draft_vocab"] = torch.tensor(ids)
+    save_file(weights, str(head_dir / "model.safetensors"))
+    config = json.loads((head_dir / "config.json").read_text())
+    (head_dir / "config.json").write_text(json.dumps(config | {"draft_vocab_size": len(ids)}))
+    with pytest.raises(HeadMismatchError, match=message):
+        spec_engine(dict(eagle_models, bad=head_dir), draft=None, eagle="bad", speculative_method="eagle")

@@ -42,6 +42,8 @@ METHODS = {
     "draft-tree-configured": dict(speculative_method="draft", tree_size=6, tree_branching=2),
     "ngram": dict(speculative_method="ngram", is_adaptive=False),
     "eagle-chain": dict(speculative_method="eagle", eagle="copy_head"),
+    # even ids only: where the grammar takes no even token, the chain ends (draw_chain_step)
+    "eagle-draft-vocab": dict(speculative_method="eagle", eagle="vocab_head", is_adaptive=False),
 }
 
 

@@ -78,13 +78,30 @@ def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[
 def test_eagle_sampling_follows_the_target_distribution(eagle_models: dict[str, Path], tree_size: int) -> None:
     """The same check with an EAGLE head proposing: a chain of 2 (rejection sampling against the head's q),
     or a 4-node tree (children drawn without replacement, recursive rejection sampling)."""
+    check_eagle_samples(eagle_models["target"], eagle_models["copy_head"], tree_size)
+
+
+@pytest.mark.parametrize("tree_size", [0, 4])
+def test_a_draft_vocabulary_keeps_sampling_exact(eagle_models: dict[str, Path], tree_size: int, tmp_path: Path) -> None:
+    """A head whose draft vocabulary lacks every other token t2 can be (by id, over every t1): its q is zero on
+    them, so only the residual distribution gives them, and the pairs must still follow the target."""
+    from workers.demo.tiny import TINY_VOCAB, make_copy_head
+
+    support = sorted({t2 for _, t2 in exact_joint(eagle_models["target"])})
+    lacking = set(support[::2])
+    vocab = [t for t in range(TINY_VOCAB) if t not in lacking]
+    head = make_copy_head(eagle_models["target"], tmp_path / "head", draft_vocab=vocab)
+    check_eagle_samples(eagle_models["target"], head, tree_size)
+
+
+def check_eagle_samples(target_dir: Path, head_dir: Path, tree_size: int) -> None:
     cfg = EngineConfig(
         dtype="float64", kv_cache_mb=64, block_size=4, max_num_seqs=128, speculative_method="eagle",
         is_adaptive=False, num_speculative_tokens=2, tree_size=tree_size,
     )  # fmt: skip
-    engine = Engine(cfg, eagle_models["target"], None, eagle_models["copy_head"])
+    engine = Engine(cfg, target_dir, None, head_dir)
     # a tree needs room for its 4 nodes after t1: 6 tokens; only (t1, t2) is compared
-    check_samples_follow_the_target(engine, eagle_models["target"], max_tokens=6 if tree_size else 3)
+    check_samples_follow_the_target(engine, target_dir, max_tokens=6 if tree_size else 3)
     counts = engine.speculator.stats.counts
     if tree_size:  # trees really were drafted: more nodes a step than a 2-token chain has
         assert counts.num_drafted > 2 * counts.num_steps
