@@ -33,6 +33,7 @@ from workers.bench.grammar_bench import bench_grammar
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.sampling_params import SamplingParams
+from workers.models.eagle_head import HeadConfig
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +318,11 @@ def bench_spec(
     )
     rows += json_rows
     ratios |= json_ratios
-    return {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+    result: dict[str, Any] = {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+    if eagle_dir is not None:  # which head ran: its draft vocabulary is part of its cost
+        head_cfg = HeadConfig.from_dir(eagle_dir)
+        result["eagle_head"] = {"name": eagle_dir.name, "draft_vocab_size": head_cfg.draft_vocab_size or head_cfg.vocab_size}
+    return result
 
 
 def _min_sd_vs_plain(
