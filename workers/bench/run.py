@@ -59,7 +59,10 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
     if json_path:
-        machine = machine_info(dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick, tree_size=plan.tree_size)
+        machine = machine_info(
+            dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick, tree_size=plan.tree_size,
+            eagle_head=result.get("eagle_head"),
+        )  # fmt: skip
         write_json(json_path, "spec", machine, result["rows"], result["ratios"])
     return 0
 
