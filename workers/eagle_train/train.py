@@ -218,7 +218,7 @@ def train_eagle(
     # config.json records what determines the bytes; timings go to training.json beside it
     recipe_record = {
         "recipe": dataclasses.asdict(recipe),
-        "num_trainable_params": sum(p.numel() for p in head.parameters()),
+        "num_trainable_params": sum(v.numel() for v in head.trainable_state().values()),  # not the LM head rows
         "num_corpus_tokens": int(token_ids.numel()),
         "torch": torch.__version__,
     }

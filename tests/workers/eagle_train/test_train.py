@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from shared.cli.main import app
@@ -67,6 +68,9 @@ def test_a_head_trained_with_a_draft_vocabulary_keeps_it_and_stays_exact(eagle_m
         record = train_eagle(eagle_models["target"], training_texts(), tmp_path / name, recipe, show_progress=False)
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert 0 < record["draft_vocab_coverage"] <= 1
+    saved = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert saved.pop("draft_vocab").shape == (64,)
+    assert record["num_trainable_params"] == sum(v.numel() for v in saved.values())  # fc and the layer only
     models = dict(eagle_models, trained=tmp_path / "a")
     prompts = {str(i): (p, greedy(20)) for i, p in enumerate(make_prompts()[::5])}
     plain = run_all(spec_engine(models, draft=None, speculative_method="none"), prompts)

@@ -212,7 +212,11 @@ def test_a_draft_vocabulary_drafts_only_its_tokens(eagle_models) -> None:
 
 @pytest.mark.parametrize(
     ("ids", "message"),
-    [([0, 2, 2, 4], "distinct, ascending"), ([4, 2, 6, 8], "distinct, ascending"), ([0, 2, 4, 600], "in \\[0, 512\\)")],
+    [
+        ([0, 2, 2, 4], "distinct, ascending"),
+        ([4, 2, 6, 8], "distinct, ascending"),
+        ([0, 2, 4, 600], "in \\[0, 512\\)"),
+    ],
 )
 def test_a_bad_draft_vocabulary_is_refused(eagle_models, tmp_path, ids, message) -> None:
     import torch

@@ -82,7 +82,9 @@ def test_eagle_sampling_follows_the_target_distribution(eagle_models: dict[str, 
 
 
 @pytest.mark.parametrize("tree_size", [0, 4])
-def test_a_draft_vocabulary_keeps_sampling_exact(eagle_models: dict[str, Path], tree_size: int, tmp_path: Path) -> None:
+def test_a_draft_vocabulary_keeps_sampling_exact(
+    eagle_models: dict[str, Path], tree_size: int, tmp_path: Path
+) -> None:
     """A head whose draft vocabulary lacks every other token t2 can be (by id, over every t1): its q is zero on
     them, so only the residual distribution gives them, and the pairs must still follow the target."""
     from workers.demo.tiny import TINY_VOCAB, make_copy_head
