@@ -27,13 +27,9 @@ def draft_distributions(
     logits: torch.Tensor,  # [n, V] draft logits
     seqs: list[Sequence],  # [n] the sequence of each row
     greedy_rows: GreedyRows,  # ONE_HOT for chains; SOFTMAX when the caller ranks candidates (greedy trees)
-    allowed: torch.Tensor | None = None,  # [n, V] bool: what each row's grammar takes (workers/engine/grammar.py)
 ) -> torch.Tensor:  # [n, V] float32
-    """q per row: the request's sampling transform, the same as the target's (see row_distributions), over
-    the tokens its grammar allows when it has one."""
+    """q per row: the request's sampling transform, the same as the target's (see row_distributions)."""
     check_logits(logits)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
     return row_distributions(logits, [s.params for s in seqs], greedy_rows)
 
 
@@ -73,21 +69,22 @@ def draw_chain_step(
     the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j."""
     check_logits(logits)
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
-    if allowed is not None:
-        draftable = (logits.masked_fill(~allowed, float("-inf")).amax(dim=-1) > float("-inf")).tolist()  # [A]
+    if allowed is not None:  # only the tokens each row's grammar takes (workers/engine/grammar.py)
+        logits = logits.masked_fill(~allowed, float("-inf"))  # [A, V]
+        draftable = (logits.amax(dim=-1) > float("-inf")).tolist()  # [A]
         if not all(draftable):
             for i, ok in zip(active, draftable, strict=True):
                 if not ok:
                     ks[i] = depth
             rows = [row for row, ok in enumerate(draftable) if ok]
-            logits, allowed, active = logits[rows], allowed[rows], [active[row] for row in rows]
+            logits, active = logits[rows], [active[row] for row in rows]
             if not active:
                 return
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
         for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
             tokens[i].append(token)
     else:
-        q = draft_distributions(logits, [seqs[i] for i in active], GreedyRows.ONE_HOT, allowed)  # [A, V]
+        q = row_distributions(logits, [seqs[i].params for i in active], GreedyRows.ONE_HOT)  # [A, V]
         append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
     for i in active:
         if not grammar.advance(i, tokens[i][-1]):
