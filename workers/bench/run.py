@@ -58,10 +58,16 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
+    packing = result["linear_packing"]
+    typer.echo("linear weights packed: " + "; ".join(
+        f"{name} " + " ".join(f"{model} {'yes' if on else 'no'}" for model, on in models.items())
+        for name, models in packing.items()))  # fmt: skip
+    if len({is_packed for models in packing.values() for is_packed in models.values()}) > 1:
+        typer.echo("(the engines' start-up packing decisions differ: their ratios include it)")
     if json_path:
         machine = machine_info(
             dtype=result["dtype"], new_tokens=plan.num_new_tokens, quick=quick, tree_size=plan.tree_size,
-            eagle_head=result.get("eagle_head"),
+            eagle_head=result.get("eagle_head"), linear_packing=packing,
         )  # fmt: skip
         write_json(json_path, "spec", machine, result["rows"], result["ratios"])
     return 0

@@ -319,6 +319,11 @@ def bench_spec(
     rows += json_rows
     ratios |= json_ratios
     result: dict[str, Any] = {"rows": rows, "ratios": ratios, "dtype": str(dtype).removeprefix("torch.")}
+    # each engine's start-up packing decision (linear_packing: auto): engines that decided differently differ by
+    # more than their speculation
+    result["linear_packing"] = {
+        name: {model: st.is_packed for model, st in engine.packing.items()} for name, engine in engines.items()
+    }
     if eagle_dir is not None:  # which head ran: its draft vocabulary is part of its cost
         head_cfg = HeadConfig.from_dir(eagle_dir)
         result["eagle_head"] = {"name": eagle_dir.name, "draft_vocab_size": head_cfg.draft_vocab_size or head_cfg.vocab_size}

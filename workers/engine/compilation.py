@@ -8,8 +8,9 @@ compilation: afterwards a forward that would recompile runs eager instead (run_c
 bucket:
 
 - `on`: use the compiled graph;
-- `auto`: time eager and compiled forwards of that bucket, interleaved, on this host, now, and use the
-  compiled graph only where its median was faster (no constant tuned to one host);
+- `auto`: time eager and compiled forwards of that bucket in pairs on this host, now (interleaved.py), and use
+  the compiled graph only where it was faster beyond noise (no constant tuned to one host); where the pairs
+  cannot tell the two apart, the bucket stays eager, the path with fewer moving parts;
 - `off`: nothing is compiled.
 
 A compilation that raises leaves the runner eager: logged, and counted in CompileStats.num_failures (the
@@ -28,7 +29,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileMode, CompileStats
-from workers.engine.interleaved import time_interleaved
+from workers.engine.interleaved import Verdict, time_interleaved
 from workers.engine.model_runner import ForwardItem, ThreadPolicy
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,10 @@ def compile_runner(runner: Compilable[C], mode: CompileMode, name: str) -> Compi
         if mode is CompileMode.ON:
             stats.is_compiled[bucket.value] = True
             continue
-        eager_ms, compiled_ms, _ = time_interleaved(_eager_or_compiled(runner, compiled, items))
-        stats.eager_ms[bucket.value], stats.compiled_ms[bucket.value] = eager_ms, compiled_ms
-        stats.is_compiled[bucket.value] = compiled_ms < eager_ms
+        comparison, _ = time_interleaved(_eager_or_compiled(runner, compiled, items))
+        stats.eager_ms[bucket.value], stats.compiled_ms[bucket.value] = comparison.base_ms, comparison.variant_ms
+        stats.verdicts[bucket.value] = comparison.verdict.value
+        stats.is_compiled[bucket.value] = comparison.verdict is Verdict.FASTER
     log.info(
         "%s model compiled in %.1f s; compiled buckets: %s (eager ms %s, compiled ms %s)", name,
         stats.compile_time_s, [b for b, on in stats.is_compiled.items() if on] or "none", stats.eager_ms,

@@ -44,6 +44,8 @@ class CompileStats:
     compile_time_s: float = 0.0  # building and warming every bucket at start-up
     eager_ms: dict[str, float] = field(default_factory=dict)  # bucket -> median forward ms (auto only)
     compiled_ms: dict[str, float] = field(default_factory=dict)  # bucket -> median forward ms (auto only)
+    # bucket -> the compiled forward against the eager one, over paired passes (auto only; interleaved.Verdict)
+    verdicts: dict[str, str] = field(default_factory=dict)
     num_failures: int = 0  # compilations or compiled forwards that raised and fell back to eager
 
     def uses_compiled(self, bucket: Bucket) -> bool:

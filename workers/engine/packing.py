@@ -1,10 +1,13 @@
 """Start-up decision to prepack a runner's linear weights (`EngineConfig.linear_packing`, see
 workers/models/packed_linear.py), for the target, the draft and an EAGLE head alike:
 
-- `auto`: for a bfloat16 model, time its one-token pass unpacked and packed, interleaved, on this host, now;
-  keep the packing where the packed pass was faster and returned the very same logits (the same oneDNN
-  kernel, so it should: a host where it does not keeps the unpacked path). float32 stays unpacked: there the
-  unpacked product is MKL's, whose rounding differs from oneDNN's, and packing measured no faster.
+- `auto`: for a bfloat16 model, time its one-token pass unpacked and packed in pairs on this host, now
+  (interleaved.py); keep the packing unless the unpacked pass was faster beyond noise, or the packed one
+  returned other logits (the same oneDNN kernel, so it should not: a host where it does keeps the unpacked
+  path). Where the pairs cannot tell the two apart, packing stays: it is the path oneDNN is built for, and a
+  start-up timing taken in a noisy second once unpacked a target that then ran 15 % slower for its whole life.
+  float32 stays unpacked: there the unpacked product is MKL's, whose rounding differs from oneDNN's, and packing
+  measured no faster.
 - `on`: pack every float32 or bfloat16 CPU linear, without measuring.
 - `off`: nothing is packed.
 """
@@ -17,7 +20,7 @@ from enum import StrEnum
 import torch
 from torch import nn
 
-from workers.engine.interleaved import time_interleaved
+from workers.engine.interleaved import Verdict, time_interleaved
 from workers.models import packed_linear
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class PackingStats:
     is_packed: bool = False
     reason: str = ""
     timed_ms: dict[str, float] = field(default_factory=dict)  # 'unpacked' | 'packed' -> median ms
+    num_timed_pairs: int = 0  # auto: the pairs of passes its verdict rests on
 
 
 def pack_model(
@@ -54,7 +58,7 @@ def pack_model(
     packed_linear.pack(layers)
     stats.is_packed, stats.reason = True, "on"
     if mode is PackingMode.AUTO:
-        stats.is_packed, stats.reason = _measure(layers, one_token_pass, stats.timed_ms)
+        stats.is_packed, stats.reason = _measure(layers, one_token_pass, stats)
         if not stats.is_packed:
             packed_linear.unpack(layers)
     log.info("%s model: linear weights %s (%s)", name, "prepacked" if stats.is_packed else "unpacked", stats.reason)
@@ -62,9 +66,9 @@ def pack_model(
 
 
 def _measure(
-    layers: list[packed_linear.Linear], one_token_pass: Callable[[], torch.Tensor], timed_ms: dict[str, float]
+    layers: list[packed_linear.Linear], one_token_pass: Callable[[], torch.Tensor], stats: PackingStats
 ) -> tuple[bool, str]:
-    """(keep the packing, why): interleaved medians, and the logits of both paths compared bit for bit."""
+    """(keep the packing, why): paired passes of both paths, and their logits compared bit for bit."""
     packed = [layer.packed for layer in layers]
 
     def run(is_packed: bool) -> torch.Tensor:
@@ -72,9 +76,15 @@ def _measure(
             layer.packed = weight if is_packed else None
         return one_token_pass()
 
-    timed_ms["unpacked"], timed_ms["packed"], logits = time_interleaved(run)  # ends packed
+    comparison, logits = time_interleaved(run)
+    for layer, weight in zip(layers, packed, strict=True):
+        layer.packed = weight
+    stats.timed_ms = {"unpacked": comparison.base_ms, "packed": comparison.variant_ms}
+    stats.num_timed_pairs = comparison.num_pairs
     if not torch.equal(logits[False], logits[True]):
         return False, "the packed product's bits differ on this host"
-    if timed_ms["packed"] >= timed_ms["unpacked"]:
-        return False, f"not faster here: {timed_ms['packed']:.2f} vs {timed_ms['unpacked']:.2f} ms a token"
-    return True, f"faster here: {timed_ms['packed']:.2f} vs {timed_ms['unpacked']:.2f} ms a token"
+    if comparison.verdict is Verdict.SLOWER:
+        return False, f"slower here: {comparison.describe()}"
+    if comparison.verdict is Verdict.SAME:
+        return True, f"no clear difference here, kept: {comparison.describe()}"
+    return True, f"faster here: {comparison.describe()}"

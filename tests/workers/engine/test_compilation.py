@@ -14,6 +14,7 @@ from workers.engine.compilation import compile_runner
 from workers.engine.compile_stats import Bucket, CompileMode
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.engine.interleaved import Verdict
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sampling_params import SamplingParams
 from workers.models.loader import load_model
@@ -69,8 +70,9 @@ def test_auto_measures_each_bucket_and_a_recompile_runs_eager(
     stats = compile_runner(runner, CompileMode.AUTO, "target")
     assert stats.num_failures == 0 and stats.compile_time_s > 0
     assert set(stats.eager_ms) == set(stats.compiled_ms) == {Bucket.DECODE.value, Bucket.BATCH.value}
-    for bucket, eager_ms in stats.eager_ms.items():  # auto uses the compiled graph exactly where it was faster
-        assert stats.is_compiled[bucket] == (stats.compiled_ms[bucket] < eager_ms)
+    assert set(stats.verdicts) == set(stats.eager_ms)
+    for bucket, verdict in stats.verdicts.items():  # auto uses the compiled graph exactly where it was faster
+        assert stats.is_compiled[bucket] == (verdict == Verdict.FASTER)
 
     stats.is_compiled = {b.value: True for b in Bucket}  # serve every bucket compiled, whatever auto measured
     items = [ForwardItem([3, 4, 5], 0, [7], num_logits=3)]
@@ -97,8 +99,8 @@ def test_a_heads_dense_path_compiles_measures_and_falls_back_like_a_models(
     stats = compile_runner(runner, CompileMode.AUTO, "eagle")
     assert stats.num_failures == 0 and stats.compile_time_s > 0 and runner.compiled is not None
     assert set(stats.eager_ms) == set(stats.compiled_ms) == {Bucket.DECODE.value, Bucket.BATCH.value}
-    for bucket, eager_ms in stats.eager_ms.items():
-        assert stats.is_compiled[bucket] == (stats.compiled_ms[bucket] < eager_ms)
+    for bucket, verdict in stats.verdicts.items():
+        assert stats.is_compiled[bucket] == (verdict == Verdict.FASTER)
 
     stats.is_compiled = {b.value: True for b in Bucket}
     items = [ForwardItem([3, 4, 5], 0, [7], num_logits=3)]

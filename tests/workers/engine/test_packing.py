@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from tests.workers.engine_runs import run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_eagle import requests
 from tests.workers.spec.test_engine_speculation import make_prompts
+from workers.engine.interleaved import MAX_PAIRS, MIN_PAIRS
 from workers.engine.packing import PackingMode
 from workers.worker.engine_metrics import EngineMetrics
 
@@ -49,8 +50,9 @@ def test_auto_measures_bfloat16_models_and_leaves_float32_alone(eagle_models) ->
     for name in MODELS:
         stats = bf16.packing[name]
         assert set(stats.timed_ms) == {"unpacked", "packed"} and all(ms > 0 for ms in stats.timed_ms.values())
-        assert stats.reason.startswith(("faster here", "not faster here", "the packed product's bits"))
-        assert stats.is_packed == stats.reason.startswith("faster here")
+        assert MIN_PAIRS <= stats.num_timed_pairs <= MAX_PAIRS
+        assert stats.reason.startswith(("faster here", "no clear difference", "slower here", "the packed product's"))
+        assert stats.is_packed == stats.reason.startswith(("faster here", "no clear difference"))
     fp32 = spec_engine(eagle_models, eagle="copy_head", dtype="float32", linear_packing=PackingMode.AUTO)
     assert packed_models(fp32) == dict.fromkeys(MODELS, False)
     assert all("bfloat16 models only" in stats.reason for stats in fp32.packing.values())
