@@ -5,7 +5,8 @@ workers/models/packed_linear.py), for the target, the draft and an EAGLE head al
   (interleaved.py); keep the packing unless the unpacked pass was faster beyond noise, or the packed one
   returned other logits (the same oneDNN kernel, so it should not: a host where it does keeps the unpacked
   path). Where the pairs cannot tell the two apart, packing stays: it is the path oneDNN is built for, and a
-  start-up timing taken in a noisy second once unpacked a target that then ran 15 % slower for its whole life.
+  start-up timing taken in a noisy second once unpacked a target whose steps then ran 4-11 % slower for its
+  whole life.
   float32 stays unpacked: there the unpacked product is MKL's, whose rounding differs from oneDNN's, and packing
   measured no faster.
 - `on`: pack every float32 or bfloat16 CPU linear, without measuring.
