@@ -44,6 +44,3 @@ def notice_fields(kind: NoticeKind, object_id: str, event: str) -> dict[str, str
 def outbox_xadd(partition: int) -> dict[str, object]:
     """The stream and cap of an XADD to the outbox of `partition` (the one of the job or batch it is about)."""
     return {"name": keys.outbox_stream(partition), "maxlen": keys.OUTBOX_MAXLEN, "approximate": True}
-
-
-OUTBOX_XADD = outbox_xadd(0)  # partition 0's, for the worker until it writes each job's own partition
