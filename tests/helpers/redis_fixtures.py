@@ -80,11 +80,16 @@ def tenant_keys(redis_url: str, num_partitions: int) -> list[tuple[ApiKey, str]]
 
 
 def submit_job(
-    client: redis.Redis, settings: ServiceSettings, idempotency_key: str | None = None, **request: object
+    client: redis.Redis,
+    settings: ServiceSettings,
+    idempotency_key: str | None = None,
+    partition: int = 0,
+    **request: object,
 ) -> str:
-    """Queue a job straight through the SUBMIT script (what POST /v1/jobs runs), without a gateway."""
+    """Queue a job straight through the SUBMIT script (what POST /v1/jobs runs), without a gateway, in
+    `partition` (shared/keys.py)."""
     body = JobRequest.model_validate({"prompt": "hello", **request})
-    keys_, args = submit_call(body, uuid.uuid4().hex, idempotency_key, settings)
+    keys_, args = submit_call(body, keys.mark(uuid.uuid4().hex, partition), idempotency_key, settings)
     result = client.register_script(lua.SUBMIT)(keys=keys_, args=args)
     assert result[0] in ("ok", "dup"), result
     return str(result[1])
