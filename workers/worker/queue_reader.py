@@ -2,11 +2,11 @@
 
 A PULL script call (shared/lua.py) reclaims entries of dead workers (XAUTOCLAIM, every `reclaim_interval_s`),
 then reads its streams one at a time in priority order (a multi-stream XREADGROUP would not honour priority)
-and starts each job atomically. A script touches one partition (shared/keys.py: one hash tag), so a pull with
-N partitions goes priority by priority, and within a priority partition by partition, one call each, starting
-at another partition each pull (fairness): every partition's interactive jobs before any default one. Once the
-engine's room is taken, the streams not visited yet are only looked at (one call per partition, n = 0,
-pipelined). When nothing is waiting, the worker blocks on a plain XREAD of every stream after the last ids the
+and starts each job atomically: with one partition, one call for all the streams. A script touches one
+partition (shared/keys.py: one hash tag), so a pull with N > 1 partitions goes priority by priority, and within
+a priority partition by partition, one call each, starting at another partition each pull (fairness): every
+partition's interactive jobs before any default one. Once the engine's room is taken, the streams not visited
+yet are only looked at (one call per partition, n = 0, pipelined). When nothing is waiting, the worker blocks on a plain XREAD of every stream after the last ids the
 scripts saw, so no job that arrives meanwhile is missed (on a Cluster, where one XREAD cannot span hash tags,
 partition by partition for a share of the block each).
 """
@@ -125,6 +125,8 @@ class QueueReader:
             self._last_reclaim_s = time.monotonic()
             reclaim_ms = str(int(self.settings.claim_timeout_s * 1000))
         order = [p for p in self.priority_order.order() if priorities is None or p in priorities]
+        if len(self.partitions) == 1:  # one call reads the streams in priority order (one round trip)
+            return self._record(*self._call(0, order, max_jobs, reclaim_ms))
         num = len(self.partitions)
         rotation = [self.partitions[(self._first_partition + i) % num] for i in range(num)]
         self._first_partition = (self._first_partition + 1) % num
@@ -141,6 +143,9 @@ class QueueReader:
                 waiting[priority] = waiting[priority] or left[priority]
         for priority, left_now in self._look(unvisited).items():
             waiting[priority] = waiting[priority] or left_now
+        return self._record(leases, waiting)
+
+    def _record(self, leases: list[Lease], waiting: dict[Priority, bool]) -> list[Lease]:
         self.waiting.update(waiting)
         self.priority_order.record([lease.priority for lease in leases], self.waiting)
         return leases
