@@ -175,3 +175,38 @@ def test_a_batch_of_every_partition_completes_through_celery(
         assert [tenant.fleet.list_batches()["data"][0]["id"]] == [batch_id]  # the tenant's own listing
     listed = {b["id"] for b in partitioned.admin.list_batches(limit=100)["data"]}
     assert set(batch_ids) <= listed  # the admin's listing is global
+
+
+def test_files_and_batch_output_files_live_in_their_tenant_partition(
+    partitioned: PartitionedFleet, tmp_path: Path
+) -> None:
+    line = {"custom_id": "only", "method": "POST", "url": "/v1/jobs", "body": {**SHORT, "max_tokens": 3}}
+    content = (json.dumps(line) + "\n").encode()
+    file_ids = []
+    for tenant in partitioned.tenants:
+        files = {"file": ("in.jsonl", content, "application/jsonl")}
+        created = tenant.fleet.http.post("/v1/files", files=files, data={"purpose": "batch"})
+        assert created.status_code == 200, created.text
+        file_id = created.json()["id"]
+        assert keys.partition_of(file_id) == tenant.partition
+        assert partitioned.client.exists(keys.file_hash(file_id), keys.file_content(file_id)) == 2
+        assert tenant.fleet.http.get(f"/v1/files/{file_id}/content").content == content
+        assert [f["id"] for f in tenant.fleet.http.get("/v1/files").json()["data"]] == [file_id]
+        file_ids.append(file_id)
+    assert set(file_ids) <= {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
+    last = partitioned.tenants[-1]
+    assert partitioned.tenants[0].fleet.http.get(f"/v1/files/{file_ids[-1]}").status_code == 404  # not its own
+    batch_id = last.fleet.submit_batch(_jsonl(tmp_path, [line]))["id"]
+    batch = wait_until(lambda: (b := last.fleet.get_batch(batch_id))["status"] == "completed" and b, timeout_s=120,
+                       interval_s=0.05, what="the batch to finish")  # fmt: skip
+    output = last.fleet.http.get(f"/v1/files/{batch['output_file_id']}/content")
+    assert output.status_code == 200 and json.loads(output.text)["custom_id"] == "only"
+    assert last.fleet.http.delete(f"/v1/files/{file_ids[-1]}").json()["deleted"] is True
+    assert not partitioned.client.exists(keys.file_hash(file_ids[-1]))
+    assert file_ids[-1] not in {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
+
+
+def _jsonl(folder: Path, lines: list[dict[str, object]]) -> Path:
+    path = folder / "lines.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
