@@ -8,7 +8,6 @@ limits and the SUBMIT run as ONE script (AUTH_ADMIT_SUBMIT, shared/lua.py): a jo
 full, idempotent replay) gives its reservation back in the same script.
 """
 
-import uuid
 from dataclasses import dataclass
 
 from gateway.auth import Caller, key_of
@@ -20,6 +19,7 @@ from gateway.store import IdempotencyConflict, JobStore, QueueFull, Submitted
 from shared import logs
 from shared.job_state import ErrorCode
 from shared.schemas import JobRequest
+from shared.submit import new_job_id
 
 
 @dataclass
@@ -69,7 +69,7 @@ async def submit(gw: Gateway, caller: Caller, request: JobRequest, idempotency_k
     check_sizes(request, gw)
     await gw.prompt_limit.check(request)
     cost = estimate_tokens(prompt_chars(request), request.max_tokens)
-    job_id = uuid.uuid4().hex
+    job_id = new_job_id(gw.store.tenant_partition(caller.digest))  # the tenant's partition (shared/keys.py)
     # ONE round trip: the key, its limits, then the job (not created: its reservation is given back in the script)
     answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost)
     caller.is_read = True

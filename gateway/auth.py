@@ -66,8 +66,14 @@ def key_of(raw: dict[str, str]) -> ApiKey:
 async def api_key(request: Request, credentials: Credentials) -> ApiKey:
     """The calling key, or 401 (missing, malformed, unknown or revoked key)."""
     secret = _secret(credentials)
-    redis = request.app.state.gateway.redis
-    return key_of(await redis.hgetall(keys.api_key_record(api_keys.digest(secret))))
+    return key_of(await _record(request, api_keys.digest(secret)))
+
+
+async def _record(request: Request, digest: str) -> dict[str, str]:
+    """The record of the key with this digest, in its tenant's partition ({} when there is none)."""
+    gw = request.app.state.gateway
+    record: dict[str, str] = await gw.redis.hgetall(keys.api_key_record(digest, gw.store.tenant_partition(digest)))
+    return record
 
 
 @dataclass
@@ -90,8 +96,7 @@ async def check_unverified_caller(request: Request) -> None:
     if caller is None or caller.is_read:
         return
     caller.is_read = True
-    redis = request.app.state.gateway.redis
-    key_of(await redis.hgetall(keys.api_key_record(caller.digest)))
+    key_of(await _record(request, caller.digest))
 
 
 class KeyFirstRoute(APIRoute):
@@ -144,9 +149,8 @@ async def owned_resources(request: Request, key: CallerDep) -> ApiKey:
 async def num_active_keys(redis: Redis) -> int:
     index: dict[str, str] = await redis.hgetall(keys.API_KEYS_INDEX)  # type: ignore[assignment]
     num = 0
-    for hashed in index.values():
-        if await redis.hget(keys.api_key_record(hashed), "id") and not await redis.hget(
-            keys.api_key_record(hashed), "revoked_at"
-        ):
+    for key_id, hashed in index.items():
+        record = keys.api_key_record(hashed, keys.partition_of(key_id))  # an entry without record: skipped
+        if await redis.hget(record, "id") and not await redis.hget(record, "revoked_at"):
             num += 1
     return num

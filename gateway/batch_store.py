@@ -1,5 +1,6 @@
-"""The gateway's Redis side of batches: create (one MULTI: batch hash, lines, listing, `created` notice),
-read, list, results, cancel. The Celery side does the rest (workers/tasks/batches.py)."""
+"""The gateway's Redis side of batches: create (one MULTI in the owner's partition: batch hash, lines, the
+owner's listing, `created` notice; then the global admin listing), read, list, results, cancel. The Celery side
+does the rest (workers/tasks/batches.py)."""
 
 import json
 import uuid
@@ -28,7 +29,8 @@ class BatchStore:
         owner: str = "",  # the API key id the batch (and every job of its lines) belongs to
         fields: dict[str, str] | None = None,  # more hash fields: input_file_id, endpoint, completion_window
     ) -> str:
-        batch_id = f"batch_{uuid.uuid4().hex}"
+        partition = keys.partition_of(owner)  # the tenant's (its key id names it); no owner: partition 0
+        batch_id = keys.mark(f"batch_{uuid.uuid4().hex}", partition)
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
         created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
@@ -56,16 +58,18 @@ class BatchStore:
                 keys.batch_lines(batch_id),
                 *lines[start : start + LINES_PER_PUSH],
             )
-        pipe.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
         if owner:
             pipe.zadd(keys.batches_of(owner), {batch_id: created_s})
         pipe.xadd(
-            keys.OUTBOX_STREAM,
+            keys.outbox_stream(partition),
             notice_fields(NoticeKind.BATCH, batch_id, BatchEvent.CREATED.value),  # type: ignore[arg-type]
             maxlen=keys.OUTBOX_MAXLEN,
             approximate=True,
         )
         await pipe.execute()
+        # the admin listing is global (partition 0: another slot), so a second step after the batch exists; a
+        # crash between leaves the batch out of the admin's listing only (page() skips an entry without a batch)
+        await self.redis.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
         return batch_id
 
     async def num_pending_lines(self, owner: str) -> int:
@@ -85,7 +89,12 @@ class BatchStore:
     async def cancel(self, batch_id: str) -> str:
         """-> 'ok' | 'missing' | the batch's current status."""
         result = await self.redis.eval(  # type: ignore[misc]
-            batch_lua.CANCEL, 2, keys.batch_hash(batch_id), keys.OUTBOX_STREAM, batch_id, keys.OUTBOX_MAXLEN
+            batch_lua.CANCEL,
+            2,
+            keys.batch_hash(batch_id),
+            keys.outbox_stream(keys.partition_of(batch_id)),
+            batch_id,
+            keys.OUTBOX_MAXLEN,
         )
         return str(result)
 

@@ -1,8 +1,9 @@
 """The gateway's Redis side of OpenAI's Files API: uploaded files (record + bytes), per tenant, and the views
 of a finished batch's output and error files (shared/file_schemas.py).
 
-An uploaded file is one MULTI: its record hash, its content (validated UTF-8 JSONL, so stored as text), and
-its id in the tenant's listing and in the fleet-wide one. Files stay until deleted.
+An uploaded file is one MULTI in its tenant's partition (shared/keys.py): its record hash, its content
+(validated UTF-8 JSONL, so stored as text) and its id in the tenant's listing; then its id in the fleet-wide
+listing (global: partition 0). Files stay until deleted.
 """
 
 import uuid
@@ -41,7 +42,7 @@ class FileStore:
         return int(await self.redis.zcard(keys.files_of(owner)))
 
     async def create(self, text: str, num_bytes: int, filename: str, purpose: str, owner: str) -> FileObject:
-        file_id = f"file-{uuid.uuid4().hex}"
+        file_id = keys.mark(f"file-{uuid.uuid4().hex}", keys.partition_of(owner))  # the tenant's partition
         seconds, micros = await self.redis.time()
         created_s = seconds + micros / 1e6
         fields: dict[str, str] = {
@@ -56,8 +57,8 @@ class FileStore:
         pipe.hset(keys.file_hash(file_id), mapping=fields)  # type: ignore[arg-type]
         pipe.set(keys.file_content(file_id), text)
         pipe.zadd(keys.files_of(owner), {file_id: created_s})
-        pipe.zadd(keys.FILES_ZSET, {file_id: created_s})
         await pipe.execute()
+        await self.redis.zadd(keys.FILES_ZSET, {file_id: created_s})  # global (another slot): a second step
         return file_from_fields(fields)
 
     async def record(self, file_id: str) -> dict[str, str] | None:
@@ -73,8 +74,8 @@ class FileStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.file_hash(file_id), keys.file_content(file_id))
         pipe.zrem(keys.files_of(owner), file_id)
-        pipe.zrem(keys.FILES_ZSET, file_id)
         deleted, *_ = await pipe.execute()
+        await self.redis.zrem(keys.FILES_ZSET, file_id)  # global (another slot); page() skips a deleted file
         return bool(deleted)
 
     async def page(self, limit: int, after: str | None, index: str) -> tuple[list[dict[str, str]], bool]:

@@ -51,7 +51,7 @@ class JobStore:
     def __init__(self, redis: Redis, settings: ServiceSettings) -> None:
         self.redis = redis
         self.settings = settings
-        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
@@ -60,25 +60,44 @@ class JobStore:
             exclude_none=True
         )
 
+    @property
+    def partitions(self) -> range:
+        return range(self.settings.redis_partitions)
+
+    def _ctx(self, partition: int) -> str:
+        """The scripts' context of a partition (one that no longer exists, of an id minted when there were more
+        partitions: built on the spot)."""
+        if partition < len(self._contexts):
+            return self._contexts[partition]
+        return lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, partition)
+
+    def tenant_partition(self, key_digest: str) -> int:
+        """The partition of the tenant whose key has this digest: its record, limits and new jobs are there."""
+        return keys.tenant_partition(key_digest, self.settings.redis_partitions)
+
     async def ensure_groups(self) -> None:
-        """Create the consumer group on every queue stream (idempotent), so queue depth is known at once."""
-        for priority in Priority:
-            try:
-                await self.redis.xgroup_create(
-                    keys.queue_stream(priority), keys.CONSUMER_GROUP, id="0", mkstream=True
-                )
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        """Create the consumer group on every queue stream of every partition (idempotent), so queue depth is
+        known at once."""
+        for partition in self.partitions:
+            for priority in Priority:
+                try:
+                    await self.redis.xgroup_create(
+                        keys.queue_stream(priority, partition), keys.CONSUMER_GROUP, id="0", mkstream=True
+                    )
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
 
     async def auth_admit_submit(
         self, request: JobRequest, key_digest: str, idempotency_key: str | None, job_id: str, cost: int
     ) -> AuthSubmit:
         """Who is calling (the record of the key with this digest), its limits and the submit: ONE round trip
-        (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back."""
-        keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx)
+        (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back. `job_id` names the
+        tenant's partition (tenant_partition): the key record, its limits and the job share its tag."""
+        partition = keys.partition_of(job_id)
+        keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx(partition))
         reply = await self.auth_submits.run(
-            [keys.api_key_record(key_digest), keys_[0], keys_[1]],
+            [keys.api_key_record(key_digest, partition), keys_[0], keys_[1]],
             [*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
         )
         verdict, record, result, decision = cast(tuple[str, list[str], list[str], list[object]], reply)
@@ -104,7 +123,7 @@ class JobStore:
         result = await self._finish(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
             args=[
-                self._ctx,
+                self._ctx(keys.partition_of(job_id)),
                 job_id,
                 JobStatus.CANCELLED.value,
                 "",
@@ -117,29 +136,36 @@ class JobStore:
         return str(result)
 
     async def queue_depths(self) -> dict[str, int]:
-        pipe = self.redis.pipeline(transaction=False)
-        for priority in Priority:
-            pipe.xlen(keys.queue_stream(priority))
-        return dict(zip([p.value for p in Priority], await pipe.execute(), strict=True))
+        """Per priority, the entries of its streams, summed over the partitions."""
+        depths = dict.fromkeys([p.value for p in Priority], 0)
+        for partition in self.partitions:
+            pipe = self.redis.pipeline(transaction=False)
+            for priority in Priority:
+                pipe.xlen(keys.queue_stream(priority, partition))
+            for priority, depth in zip(Priority, await pipe.execute(), strict=True):
+                depths[priority.value] += int(depth)
+        return depths
 
     async def oldest_waiting_age_s(self) -> dict[str, float]:
-        """Per priority, how long the oldest job that no worker has taken yet has waited (0: none waits):
-        the first entry after the consumer group's last-delivered id, aged by its id's time (Redis clock)."""
+        """Per priority, how long the oldest job that no worker has taken yet has waited (0: none waits), over
+        every partition: the first entry after the consumer group's last-delivered id, aged by its id's time
+        (Redis clock)."""
         seconds, micros = await self.redis.time()
         now_ms = seconds * 1000 + micros // 1000
-        ages = {}
-        for priority in Priority:
-            stream = keys.queue_stream(priority)
-            try:
-                groups = await self.redis.xinfo_groups(stream)
-            except ResponseError:  # no stream yet: nothing waits
-                groups = []
-            last_id = next(
-                (g["last-delivered-id"] for g in groups if g["name"] == keys.CONSUMER_GROUP), "0-0"
-            )
-            oldest = await self.redis.xrange(stream, min=f"({last_id}", count=1)
-            enqueued_ms = int(str(oldest[0][0]).split("-")[0]) if oldest else now_ms
-            ages[priority.value] = max(0.0, (now_ms - enqueued_ms) / 1000)
+        ages = dict.fromkeys([p.value for p in Priority], 0.0)
+        for partition in self.partitions:
+            for priority in Priority:
+                stream = keys.queue_stream(priority, partition)
+                try:
+                    groups = await self.redis.xinfo_groups(stream)
+                except ResponseError:  # no stream yet: nothing waits
+                    groups = []
+                last_id = next(
+                    (g["last-delivered-id"] for g in groups if g["name"] == keys.CONSUMER_GROUP), "0-0"
+                )
+                oldest = await self.redis.xrange(stream, min=f"({last_id}", count=1)
+                enqueued_ms = int(str(oldest[0][0]).split("-")[0]) if oldest else now_ms
+                ages[priority.value] = max(ages[priority.value], (now_ms - enqueued_ms) / 1000)
         return ages
 
     async def num_workers_alive(self, now_s: float) -> int:

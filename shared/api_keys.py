@@ -93,8 +93,9 @@ def looks_like_key(secret: str) -> bool:
 class KeyRegistry:
     """Create, list, revoke keys in Redis (synchronous client, decode_responses=True)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, num_partitions: int = 1) -> None:
         self.redis = client
+        self.num_partitions = num_partitions  # settings.redis_partitions: a new key's tenant partition
 
     def create(
         self,
@@ -106,10 +107,16 @@ class KeyRegistry:
         is_admin: bool = False,
         webhook_secret: str | None = None,
     ) -> tuple[ApiKey, str]:
-        """A new key -> (its record, its secret). The secret is not stored: show it once."""
+        """A new key -> (its record, its secret). The secret is not stored: show it once.
+
+        The record goes to the tenant's partition (from the digest, where the gateway looks at auth time) and
+        the key's id names that partition; then the global index learns the id: two steps (two slots on a
+        Cluster), and a listing skips an index entry whose record is missing."""
         secret = new_secret()
+        hashed = digest(secret)
+        partition = keys.tenant_partition(hashed, self.num_partitions)
         key = ApiKey(
-            id="key_" + secrets.token_hex(8),
+            id=keys.mark("key_" + secrets.token_hex(8), partition),
             name=name,
             created_at=time.time(),
             requests_per_min=requests_per_min,
@@ -118,19 +125,18 @@ class KeyRegistry:
             is_admin=is_admin,
             webhook_secret=webhook_secret or new_webhook_secret(),
         )
-        hashed = digest(secret)
-        pipe = redis_urls.pipeline(self.redis, transaction=True)
-        pipe.hset(keys.api_key_record(hashed), mapping=key.to_fields())  # type: ignore[arg-type]
-        pipe.hset(keys.API_KEYS_INDEX, key.id, hashed)
-        pipe.execute()
+        self.redis.hset(keys.api_key_record(hashed, partition), mapping=key.to_fields())  # type: ignore[arg-type]
+        self.redis.hset(keys.API_KEYS_INDEX, key.id, hashed)
         return key, secret
 
     def list(self) -> list[ApiKey]:
         index: dict[str, str] = self.redis.hgetall(keys.API_KEYS_INDEX)  # type: ignore[assignment]
-        pipe = redis_urls.pipeline(self.redis, transaction=False)
-        for hashed in index.values():
-            pipe.hgetall(keys.api_key_record(hashed))
-        records = [ApiKey.from_fields(raw) for raw in pipe.execute() if raw]
+        records = []
+        for partition, entries in _by_partition(index).items():
+            pipe = redis_urls.pipeline(self.redis, transaction=False, partition=partition)
+            for _, hashed in entries:
+                pipe.hgetall(keys.api_key_record(hashed, partition))
+            records += [ApiKey.from_fields(raw) for raw in pipe.execute() if raw]
         return sorted(records, key=lambda k: k.created_at)
 
     def revoke(self, key_id: str) -> bool:
@@ -138,7 +144,7 @@ class KeyRegistry:
         hashed = self.redis.hget(keys.API_KEYS_INDEX, key_id)
         if not hashed:
             return False
-        self.redis.hset(keys.api_key_record(str(hashed)), "revoked_at", str(time.time()))
+        self.redis.hset(keys.api_key_record(str(hashed), keys.partition_of(key_id)), "revoked_at", str(time.time()))
         return True
 
     def num_active(self) -> int:
@@ -153,5 +159,13 @@ def webhook_secret_of(client: redis.Redis, resource_key: str) -> str | None:
     hashed = client.hget(keys.API_KEYS_INDEX, str(owner))
     if not hashed:
         return None
-    secret = client.hget(keys.api_key_record(str(hashed)), "webhook_secret")
+    secret = client.hget(keys.api_key_record(str(hashed), keys.partition_of(str(owner))), "webhook_secret")
     return str(secret) if secret else None
+
+
+def _by_partition(index: dict[str, str]) -> dict[int, list[tuple[str, str]]]:
+    """The API-key index (key id -> digest) -> its entries by the partition each key id names."""
+    found: dict[int, list[tuple[str, str]]] = {}
+    for key_id, hashed in index.items():
+        found.setdefault(keys.partition_of(key_id), []).append((key_id, hashed))
+    return found

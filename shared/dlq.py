@@ -1,8 +1,9 @@
 """Dead letters: jobs that exhausted `max_deliveries` (their worker died each time they ran).
 
-The PULL script (shared/lua.py) appends such a job to `keys.DEAD_LETTER_STREAM` (fields id, queue, entry) and
-fails it with `max_deliveries_exceeded`. `specfleet dlq` (shared/cli/dlq.py) lists them, retries one, or
-purges the stream. A retry (the RETRY script below, one atomic step) is the one exception to the job state
+The PULL script (shared/lua.py) appends such a job to its partition's dead-letter stream (keys.dead_letter_stream:
+fields id, queue, entry) and
+fails it with `max_deliveries_exceeded`. `specfleet dlq` (shared/cli/dlq.py) lists them (every partition's),
+retries one, or purges the streams. A retry (the RETRY script below, one atomic step) is the one exception to the job state
 machine (shared/job_state.py `DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail
 of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
 execution deadline restarted (`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next
@@ -68,16 +69,15 @@ class DeadLetters:
         self.settings = settings
         self._retry = client.register_script(RETRY)
         self._reopen_line = client.register_script(batch_lua.REOPEN_LINE)
-        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
 
-    def _entries(self) -> list[tuple[str, dict[str, str]]]:
-        entries: list[tuple[str, dict[str, str]]] = self.redis.xrange(keys.DEAD_LETTER_STREAM)  # type: ignore[assignment]
+    def _entries(self, partition: int) -> list[tuple[str, dict[str, str]]]:
+        stream = keys.dead_letter_stream(partition)
+        entries: list[tuple[str, dict[str, str]]] = self.redis.xrange(stream)  # type: ignore[assignment]
         return entries
 
-    def list(self) -> list[DeadLetter]:
-        """Every dead-lettered job, oldest first."""
-        entries = self._entries()
-        pipe = redis_urls.pipeline(self.redis, transaction=False)
+    def _letters(self, partition: int) -> list[DeadLetter]:
+        entries = self._entries(partition)
+        pipe = redis_urls.pipeline(self.redis, transaction=False, partition=partition)
         for _, fields in entries:
             pipe.hmget(keys.job_hash(fields["id"]), "status", "priority", "completion_tokens", "deliveries",
                        "created_at")
@@ -97,12 +97,20 @@ class DeadLetters:
             ))
         return letters
 
+    def list(self) -> list[DeadLetter]:
+        """Every dead-lettered job, oldest first within each partition, partition by partition."""
+        letters = []
+        for partition in range(self.settings.redis_partitions):
+            letters += self._letters(partition)
+        return letters
+
     def retry(self, job_id: str) -> str:
         """Re-enqueue a dead-lettered job with its partial output -> 'ok' | 'missing' | 'not_dead'."""
-        entry_ids = [e for e, fields in self._entries() if fields.get("id") == job_id]
+        partition = keys.partition_of(job_id)  # its dead letter is in its own partition's stream
+        entry_ids = [e for e, fields in self._entries(partition) if fields.get("id") == job_id]
         result = self._retry(
-            keys=[keys.job_hash(job_id), keys.job_events(job_id), keys.DEAD_LETTER_STREAM],
-            args=[self._ctx, job_id, repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
+            keys=[keys.job_hash(job_id), keys.job_events(job_id), keys.dead_letter_stream(partition)],
+            args=[lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, partition), job_id, repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
         )
         return str(result)
 
@@ -117,8 +125,12 @@ class DeadLetters:
         return batch_id, str(answer)
 
     def purge(self) -> int:
-        """Empty the dead-letter stream (the jobs stay failed until their result TTL) -> entries removed."""
-        count = int(self.redis.xlen(keys.DEAD_LETTER_STREAM))  # type: ignore[arg-type]
-        self.redis.delete(keys.DEAD_LETTER_STREAM)
+        """Empty every partition's dead-letter stream (the jobs stay failed until their result TTL) -> entries
+        removed."""
+        count = 0
+        for partition in range(self.settings.redis_partitions):
+            stream = keys.dead_letter_stream(partition)
+            count += int(self.redis.xlen(stream))  # type: ignore[arg-type]
+            self.redis.delete(stream)
         return count
 

@@ -112,27 +112,33 @@ def parse_event_wake(payload: str) -> EventWake | None:
     return EventWake(*parts)
 
 
-def context(maxlen: int, ttl_s: int) -> str:
-    """ARGV[1] of every script: the key prefixes from shared.keys, the event cap and the result TTL."""
+def context(maxlen: int, ttl_s: int, partition: int = 0) -> str:
+    """ARGV[1] of every script run on one partition's keys (shared/keys.py): its key prefixes, the global
+    channels, the event cap and the result TTL. A script touches one partition only: one hash tag, one slot."""
     return json.dumps(
         {
             "group": keys.CONSUMER_GROUP,
-            "jprefix": keys.JOB_PREFIX,
+            "jprefix": keys.job_prefix(partition),
             "evsuffix": keys.EVENTS_SUFFIX,
             "chprefix": keys.CHANNEL_PREFIX,
-            "qprefix": keys.queue_stream(""),
+            "qprefix": keys.queue_stream("", partition),
             "cancel_channel": keys.CANCEL_CHANNEL,
             "queued_channel": keys.QUEUED_CHANNEL,
-            "outbox": keys.OUTBOX_STREAM,
+            "outbox": keys.outbox_stream(partition),
             "outbox_maxlen": str(keys.OUTBOX_MAXLEN),
-            "idemprefix": keys.idempotency(""),
-            "rlprefix": keys.rate_limit_state(""),
-            "inflightprefix": keys.inflight_jobs(""),
+            "idemprefix": keys.idempotency("", partition),
+            "rlprefix": keys.rate_limit_prefix(partition),
+            "inflightprefix": keys.inflight_prefix(partition),
             "maxlen": str(maxlen),
             "wake_max_bytes": WAKE_MAX_BYTES,
             "ttl": str(ttl_s),
         }
     )
+
+
+def contexts(maxlen: int, ttl_s: int, num_partitions: int) -> list[str]:
+    """context() of every partition, by partition."""
+    return [context(maxlen, ttl_s, p) for p in range(num_partitions)]
 
 
 # Queue a job (and tell the busy workers on ctx.queued_channel: they pull only when told or due).
@@ -462,8 +468,9 @@ end
 # revoked -> refused, nothing written), the key's own limits (a request dearer than its token limit -> refused),
 # then the job (a job admitted but not created, an idempotent replay or a full queue, gives its reservation back
 # at once). No key is cached anywhere: a revoked key is refused on its very next request. The key's Idempotency-Key
-# and limit state are named from its id (ctx.idemprefix, ctx.rlprefix, ctx.inflightprefix): every key shares the
-# `{specfleet}` hash tag, so they live in the same slot as KEYS on Redis Cluster too.
+# and limit state are named from its id (ctx.idemprefix, ctx.rlprefix, ctx.inflightprefix) in ctx's partition,
+# the tenant's: the key record, its limit state and its jobs share that partition's hash tag, so they live in the
+# same slot as KEYS on Redis Cluster too.
 # KEYS: key record, job hash, queue stream.
 # ARGV: SUBMIT's 11 (ctx ... owner (ignored: the key's id) request_hash), then idempotency_key ('' = none),
 #       cost (tokens reserved), period_s, inflight_ttl_s

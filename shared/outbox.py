@@ -1,4 +1,4 @@
-"""Notices from the fleet to the Celery side, appended to keys.OUTBOX_STREAM.
+"""Notices from the fleet to the Celery side, appended to the outbox stream of their partition (keys.outbox_stream).
 
     kind=job    event=start|output        (the worker, only for jobs whose webhook wants the event)
     kind=job    event=completed status=S  (the job protocol's finish(), for every job: shared/lua.py)
@@ -37,8 +37,10 @@ class Notice:
 
 
 def notice_fields(kind: NoticeKind, object_id: str, event: str) -> dict[str, str]:
-    """The fields of an XADD to keys.OUTBOX_STREAM (with MAXLEN ~ keys.OUTBOX_MAXLEN)."""
+    """The fields of an XADD to an outbox stream (with MAXLEN ~ keys.OUTBOX_MAXLEN)."""
     return {"kind": kind.value, "id": object_id, "event": event}
 
 
-OUTBOX_XADD = {"name": keys.OUTBOX_STREAM, "maxlen": keys.OUTBOX_MAXLEN, "approximate": True}
+def outbox_xadd(partition: int) -> dict[str, object]:
+    """The stream and cap of an XADD to the outbox of `partition` (the one of the job or batch it is about)."""
+    return {"name": keys.outbox_stream(partition), "maxlen": keys.OUTBOX_MAXLEN, "approximate": True}

@@ -261,15 +261,45 @@ def celery_broker(redis_url: str, broker_url: str | None) -> tuple[str, dict[str
     return kombu_url, {"master_name": target.master_name}
 
 
-def pipeline(client: redis.Redis, *, transaction: bool = False) -> "redis.client.Pipeline":
-    """A pipeline that may carry scripts (EVALSHA) and MULTI on every topology.
+def pipeline(client: redis.Redis, *, transaction: bool = False, partition: int = 0) -> "redis.client.Pipeline":
+    """A pipeline that may carry scripts (EVALSHA) and MULTI on every topology, for one partition's keys
+    (shared/keys.py: one hash tag each) and the global keys when `partition` is 0.
 
-    RedisCluster's own pipelines refuse scripts. Every fleet key shares one hash tag (shared/keys.py), so on a
-    Cluster this is a plain pipeline on the node that owns that slot now; if the slot has moved meanwhile the
-    pipeline fails (MOVED, a RedisError every caller already handles) and the next one goes to the new owner."""
+    RedisCluster's own pipelines refuse scripts. A partition's keys share one hash tag, so on a Cluster this is a
+    plain pipeline on the node that owns that slot now; if the slot has moved meanwhile the pipeline fails (MOVED,
+    a RedisError every caller already handles) and the next one goes to the new owner."""
     if isinstance(client, redis.cluster.RedisCluster):
-        node = client.get_node_from_key(keys.PREFIX)
-        if node is None or node.redis_connection is None:
-            raise RedisConnectionError(f"no cluster node serves the slot of {keys.PREFIX!r}")
-        return node.redis_connection.pipeline(transaction=transaction)
+        return _node_of(client, partition).redis_connection.pipeline(transaction=transaction)  # type: ignore[union-attr]
     return client.pipeline(transaction=transaction)
+
+
+def _node_of(client: "redis.cluster.RedisCluster", partition: int) -> Any:
+    tag = keys.prefix(partition)
+    node = client.get_node_from_key(tag)
+    if node is None or node.redis_connection is None:
+        raise RedisConnectionError(f"no cluster node serves the slot of {tag!r}")
+    return node
+
+
+class PartitionPipelines:
+    """Pipelines for commands of several partitions, executed together: off a Cluster ONE pipeline carries them
+    all (one round trip); on a Cluster, one per node that owns some of the partitions' slots (`pipeline`).
+    Queue a partition's commands on `of(partition)`, remember `len(...)` before and after, read them back from
+    `execute()[pipe]`."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._pipes: dict[str, redis.client.Pipeline] = {}
+
+    def of(self, partition: int) -> "redis.client.Pipeline":
+        """The pipeline that carries `partition`'s commands (non-transactional)."""
+        name = ""
+        if isinstance(self.redis, redis.cluster.RedisCluster):
+            name = str(_node_of(self.redis, partition).name)
+        if name not in self._pipes:
+            self._pipes[name] = pipeline(self.redis, partition=partition)
+        return self._pipes[name]
+
+    def execute(self, *, raise_on_error: bool = True) -> dict[int, list[Any]]:
+        """Execute every pipeline -> id(pipeline) -> its replies."""
+        return {id(pipe): pipe.execute(raise_on_error=raise_on_error) for pipe in self._pipes.values()}

@@ -57,6 +57,10 @@ class ServiceSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "SPECFLEET_REDIS_URL", "redis_url")
     )
     redis_dir: Path = Path(".specfleet/redis")  # data dir (AOF) of the private redis-server
+    # hash-tag partitions of the fleet's keys (shared/keys.py): on a Redis Cluster, tenants spread over this many
+    # slots. Fixed for a deployment's life: ids carry their partition, but a tenant's key maps to another one
+    # when it changes (the README's "Redis topologies")
+    redis_partitions: int = Field(default=1, ge=1, le=1024)
     # Celery's broker; None: REDIS_URL itself. Required when REDIS_URL is a Redis Cluster (kombu has no Cluster
     # transport): a small standalone or Sentinel Redis (shared/redis_url.py celery_broker)
     celery_broker_url: str | None = None

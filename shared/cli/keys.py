@@ -18,11 +18,12 @@ def _registry():  # type: ignore[no-untyped-def]  # noqa: ANN202
     from shared.api_keys import KeyRegistry
     from shared.settings import get_settings
 
-    url = get_settings().redis_url
+    settings = get_settings()
+    url = settings.redis_url
     if url is None:
         typer.echo("error: set REDIS_URL (the Redis of the fleet)", err=True)
         raise typer.Exit(2)
-    return KeyRegistry(redis_urls.client(url, decode_responses=True))
+    return KeyRegistry(redis_urls.client(url, decode_responses=True), settings.redis_partitions)
 
 
 @app.command()

@@ -95,7 +95,7 @@ class Up:
 
         client = redis_urls.client(redis_url, decode_responses=True)
         try:
-            _, secret = KeyRegistry(client).create(
+            _, secret = KeyRegistry(client, self.settings.redis_partitions).create(
                 "dev",
                 requests_per_min=self.settings.default_requests_per_min,
                 tokens_per_min=self.settings.default_tokens_per_min,

@@ -82,12 +82,17 @@ def test_probes_use_readyz_and_the_health_checks() -> None:
     assert "cpu" in gateway["resources"]["requests"]  # the HPA's utilisation is relative to the request
 
 
-def test_keda_scales_workers_on_the_lag_of_each_priority_stream() -> None:
+def test_keda_scales_workers_on_the_lag_of_each_priority_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     scaled = _one("ScaledObject", "specfleet-worker")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     assert scaled["spec"]["scaleTargetRef"]["name"] == "specfleet-worker"
     triggers = scaled["spec"]["triggers"]
-    assert {t["metadata"]["stream"] for t in triggers} == {keys.queue_stream(p) for p in Priority}
+    env = {**_one("ConfigMap", "specfleet-settings")["data"], **_one("Secret", "specfleet-secrets")["stringData"]}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    num_partitions = ServiceSettings().redis_partitions  # a trigger per stream of every partition
+    streams = {keys.queue_stream(p, n) for n in range(num_partitions) for p in Priority}
+    assert {t["metadata"]["stream"] for t in triggers} == streams and len(triggers) == len(streams)
     for trigger in triggers:
         assert trigger["type"] == "redis-sentinel-streams"  # matches the ConfigMap's Sentinel REDIS_URL
         meta = trigger["metadata"]

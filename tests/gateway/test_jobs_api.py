@@ -214,7 +214,7 @@ def test_the_key_the_limits_and_the_submit_are_one_command(
 ) -> None:
     """A submit sends Redis ONE command, AUTH_ADMIT_SUBMIT: the key's record is read inside the script."""
     assert http.post("/v1/jobs", json={"prompt": "a", "max_tokens": 2}).status_code == 202  # scripts loaded
-    record = keys.api_key_record(digest(gateway.api_key))
+    record = keys.api_key_record(digest(gateway.api_key), 0)  # one partition
     marker = "end-of-the-submit"
     sent: list[str] = []  # the commands clients sent (not the scripts' own calls)
     with rclient.monitor() as monitor:

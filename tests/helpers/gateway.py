@@ -46,6 +46,7 @@ class ThreadedGateway:
                 self.api_key = create_key(
                     settings.redis_url,
                     "tests-admin",
+                    num_partitions=settings.redis_partitions,
                     is_admin=True,
                     webhook_secret=settings.webhook_secret.get_secret_value(),  # the service's: tests verify it
                 )[1]

@@ -59,7 +59,7 @@ def settings_env(settings: ServiceSettings) -> dict[str, str]:
             "PYTHONPATH": str(REPO_ROOT),
         }
     )
-    for name in (*TASK_TIMINGS, "batch_max_inflight_lines_per_key"):
+    for name in (*TASK_TIMINGS, "batch_max_inflight_lines_per_key", "redis_partitions"):
         env[f"SPECFLEET_{name.upper()}"] = str(getattr(settings, name))
     for priority in ("interactive", "default", "batch"):
         env[f"SPECFLEET_QUEUE_LIMITS__{priority.upper()}"] = str(getattr(settings.queue_limits, priority))

@@ -12,7 +12,7 @@ def test_a_key_is_stored_only_as_its_digest(rclient: redis.Redis) -> None:
     other_secret = registry.create("other", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0)[1]
     assert looks_like_key(secret) and secret != other_secret and len(secret) > 40
     assert not looks_like_key("sk-" + secret[3:]) and not looks_like_key(secret + "é")
-    stored = rclient.hgetall(keys.api_key_record(digest(secret)))
+    stored = rclient.hgetall(keys.api_key_record(digest(secret), keys.partition_of(key.id)))
     assert ApiKey.from_fields(stored) == key and secret not in str(stored)
     assert rclient.hget(keys.API_KEYS_INDEX, key.id) == digest(secret)
     assert "webhook_secret" not in key.public() and key.webhook_secret.startswith("whsec_")

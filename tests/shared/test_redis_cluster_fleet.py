@@ -1,6 +1,7 @@
 """The fleet on a real 3-master Redis Cluster: a worker loop (tiny model) and the gateway over HTTP, with
-`REDIS_URL=redis+cluster://...`. Every script runs on one slot (shared/keys.py's hash tag); SSE streaming and
-the workers' wake-ups ride cluster pub/sub."""
+`REDIS_URL=redis+cluster://...`, with one partition and with 3 (settings.redis_partitions). Every script runs on
+one slot (its partition's hash tag, shared/keys.py); with 3 partitions the tenants' keys spread over more than one
+master. SSE streaming and the workers' wake-ups ride cluster pub/sub."""
 
 import json
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from shared.redis_topologies import LocalCluster
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
-from tests.helpers.redis_fixtures import FAST_TIMINGS
+from tests.helpers.redis_fixtures import FAST_TIMINGS, tenant_keys
 from tests.helpers.tasks import CeleryWorker
 from tests.helpers.waiting import job_finished, wait_until
 
@@ -32,19 +33,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
+@pytest.fixture(scope="module", params=[1, 3], ids=["1-partition", "3-partitions"])
+def num_partitions(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
 @pytest.fixture(scope="module")
 def cluster_fleet(
-    cluster: LocalCluster, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: LocalCluster, num_partitions: int, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[FleetClient, redis.Redis]]:
     settings = ServiceSettings(
-        redis_url=cluster.url, redis_dir=tmp_path_factory.mktemp("worker"), **FAST_TIMINGS  # type: ignore[arg-type]
-    )
+        redis_url=cluster.url, redis_dir=tmp_path_factory.mktemp("worker"), redis_partitions=num_partitions,
+        **FAST_TIMINGS,  # type: ignore[arg-type]
+    )  # fmt: skip
+    client = redis_urls.client(cluster.url, decode_responses=True)
+    client.flushall(target_nodes=redis.cluster.RedisCluster.PRIMARIES)  # the other partition count's data
     broker = RedisServer(tmp_path_factory.mktemp("broker"), appendonly=False).start()
     settings.celery_broker_url = broker.url  # kombu has no Cluster transport: Celery's broker stands alone
     celery = CeleryWorker(settings, tmp_path_factory.mktemp("celery") / "celery.log").start()
     worker = EngineThread(settings, tiny_target, worker_id="cluster-w1", model_name="tiny", max_num_seqs=4).start()
     gateway = ThreadedGateway(settings).start()
-    client = redis_urls.client(cluster.url, decode_responses=True)
     wait_until(lambda: client.zscore(keys.WORKERS_ZSET, "cluster-w1") is not None, timeout_s=120,
                what="the worker to heartbeat")
     try:
@@ -62,15 +70,50 @@ _finished = partial(job_finished, timeout_s=120)
 
 
 def test_the_fleet_keys_spread_over_no_more_than_one_slot_but_the_cluster_has_three_masters(
-    cluster_fleet: tuple[FleetClient, redis.Redis],
+    cluster_fleet: tuple[FleetClient, redis.Redis], num_partitions: int
 ) -> None:
+    """One partition: the whole fleet in one slot. Several: each job's keys, its queue and its outbox in the slot
+    of its partition (its tenant's)."""
     fleet, client = cluster_fleet
     assert isinstance(client, redis.cluster.RedisCluster) and len(client.get_primaries()) == 3
     job_id = fleet.submit(SHORT)["id"]
     _finished(fleet, job_id)
-    slots = {client.keyslot(k) for k in (keys.job_hash(job_id), keys.job_events(job_id), keys.queue_stream("default"),
-                                        keys.OUTBOX_STREAM, keys.WORKERS_ZSET)}
+    partition = keys.partition_of(job_id)
+    assert num_partitions > 1 or partition == 0
+    global_keys = (keys.WORKERS_ZSET,) if num_partitions == 1 else ()
+    slots = {client.keyslot(k) for k in (keys.job_hash(job_id), keys.job_events(job_id),
+                                        keys.queue_stream("default", partition), keys.outbox_stream(partition),
+                                        *global_keys)}  # fmt: skip
     assert len(slots) == 1
+
+
+def test_the_partitions_spread_the_tenants_over_the_masters(
+    cluster_fleet: tuple[FleetClient, redis.Redis], num_partitions: int, cluster: LocalCluster
+) -> None:
+    """A tenant in each partition: every one's jobs complete; with 3 partitions their slots are served by at least
+    two masters, and keys really landed on more than one node."""
+    fleet, client = cluster_fleet
+    job_ids = []
+    for key, secret in tenant_keys(cluster.url, num_partitions):
+        with FleetClient(str(fleet.http.base_url), api_key=secret) as tenant:
+            job_id = tenant.submit(SHORT)["id"]
+            assert keys.partition_of(job_id) == keys.partition_of(key.id)
+            assert _finished(tenant, job_id)["status"] == "succeeded"
+            job_ids.append(job_id)
+    assert [keys.partition_of(j) for j in job_ids] == list(range(num_partitions))
+    assert isinstance(client, redis.cluster.RedisCluster)
+    masters = {client.get_node_from_key(keys.prefix(p)).name for p in range(num_partitions)}  # type: ignore[union-attr]
+    for partition in range(num_partitions):
+        slot = client.keyslot(keys.prefix(partition))
+        node = client.get_node_from_key(keys.prefix(partition))
+        assert client.cluster_countkeysinslot(slot) > 0, partition  # type: ignore[no-untyped-call]
+        assert client.exists(keys.job_hash(job_ids[partition])) and node is not None
+    sizes = {node.name: int(client.dbsize(target_nodes=node)) for node in client.get_primaries()}  # type: ignore[call-arg]
+    nodes_with_keys = [name for name, size in sizes.items() if size > 0]
+    if num_partitions == 1:
+        assert len(masters) == 1 and len(nodes_with_keys) == 1
+    else:
+        assert len(masters) >= 2 and len(nodes_with_keys) >= 2, (masters, sizes)
 
 
 def test_submit_poll_and_stream_match_on_a_cluster(cluster_fleet: tuple[FleetClient, redis.Redis]) -> None:

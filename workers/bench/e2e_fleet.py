@@ -3,6 +3,7 @@
 benchmark reads of it: an API key without limits, the processes' CPU time."""
 
 import logging
+import os
 from pathlib import Path
 
 from shared import redis_url as redis_urls
@@ -47,6 +48,9 @@ class BenchFleet(ProcessGroup):
         self.port = self.fleet.port
         self.url = self.fleet.url
         self.api_key = ""
+        # the processes' redis_partitions (their environment: shared/fleet.py), where a new key's record must go
+        children_env = {**os.environ, **FLEET_ENV, **(env or {})}
+        self.num_partitions = int(children_env.get("SPECFLEET_REDIS_PARTITIONS", "1"))
 
     @property
     def redis_url(self) -> str:
@@ -67,7 +71,7 @@ class BenchFleet(ProcessGroup):
         client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
             client.flushall()
-            _, self.api_key = KeyRegistry(client).create(
+            _, self.api_key = KeyRegistry(client, self.num_partitions).create(
                 "bench", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0
             )
         finally:
@@ -77,7 +81,9 @@ class BenchFleet(ProcessGroup):
         """The gateway with a new API key of its own (a tenant), without limits."""
         client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
-            _, secret = KeyRegistry(client).create(name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0)
+            _, secret = KeyRegistry(client, self.num_partitions).create(
+                name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0
+            )
         finally:
             client.close()
         return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {secret}"),))

@@ -13,7 +13,6 @@ the outbox bridge: importing this module neither reads settings nor builds the C
 import json
 import logging
 import time
-import uuid
 
 from celery import shared_task
 
@@ -24,7 +23,7 @@ from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, WebhookEvent
-from shared.submit import submit_call
+from shared.submit import new_job_id, submit_call
 from workers.tasks import registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
@@ -79,14 +78,15 @@ def expand(self: object, batch_id: str) -> str:
     raw_lines = runtime.lrange(keys.batch_lines(batch_id), start, min(total, start + num_lines) - 1)
     ttl_s = max(0.001, float(fields["expires_at"]) - time.time())  # past the window: the job expires
     submit = r.register_script(lua.SUBMIT)
-    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
-    pipe = redis_urls.pipeline(r, transaction=False)
+    partition = keys.partition_of(batch_id)  # the batch's lines are jobs of its partition (its owner's)
+    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s, partition)
+    pipe = redis_urls.pipeline(r, transaction=False, partition=partition)
     for offset, raw in enumerate(raw_lines):
         index = start + offset
         request = _job_request(BatchLine.from_json(raw), batch_id, index, ttl_s)
         keys_, args = submit_call(
             request,
-            uuid.uuid4().hex,
+            new_job_id(partition),
             keys.batch_line_idempotency(batch_id, index),
             settings,
             ctx,
@@ -143,19 +143,19 @@ def _cancel_queued(job_ids: list[str]) -> int:
     if not job_ids:
         return 0
     settings, r = runtime.settings(), runtime.redis_client()
-    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
     info = ErrorInfo(code=ErrorCode.CANCELLED, message="the batch was cancelled before this request started")
     error = info.model_dump_json(exclude_none=True)
     event = ErrorEvent(status=JobStatus.CANCELLED, error=info).model_dump_json(exclude_none=True)
     script = r.register_script(batch_lua.CANCEL_QUEUED_JOB)
-    pipe = redis_urls.pipeline(r, transaction=False)
+    pipes = redis_urls.PartitionPipelines(r)  # a batch's jobs share its partition: one pipeline
     for job_id in job_ids:
+        partition = keys.partition_of(job_id)
         script(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
-            args=[ctx, job_id, error, event],
-            client=pipe,
+            args=[lua.context(settings.events_maxlen, settings.result_ttl_s, partition), job_id, error, event],
+            client=pipes.of(partition),
         )
-    return sum(1 for res in pipe.execute() if res == "ok")
+    return sum(1 for replies in pipes.execute().values() for res in replies if res == "ok")
 
 
 @shared_task(name="specfleet.batches.cancel", acks_late=True)
@@ -277,7 +277,7 @@ def finalize(batch_id: str) -> str:
         final = BatchStatus.COMPLETED
     if _transition(batch_id, final) != "ok":
         return "raced"
-    pipe = redis_urls.pipeline(r, transaction=True)
+    pipe = redis_urls.pipeline(r, transaction=True, partition=keys.partition_of(batch_id))
     for key in (keys.batch_hash(batch_id), keys.batch_jobs(batch_id), keys.batch_results(batch_id)):
         pipe.expire(key, settings.batch_result_ttl_s)
     pipe.delete(keys.batch_lines(batch_id))

@@ -16,22 +16,27 @@ from shared.settings import get_settings
 MAX_IDLE_MS = 15_000
 
 
-def bridge_alive(client: redis.Redis, node: str) -> bool:
-    try:
-        consumers = client.xinfo_consumers(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP)
-    except redis.RedisError:
-        return False
-    return any(c["name"] in (node, node.encode()) and int(c["idle"]) < MAX_IDLE_MS for c in consumers)
+def bridge_alive(client: redis.Redis, node: str, num_partitions: int = 1) -> bool:
+    """Whether the node's bridge of every partition's outbox read it recently."""
+    for partition in range(num_partitions):
+        try:
+            consumers = client.xinfo_consumers(keys.outbox_stream(partition), keys.OUTBOX_GROUP)
+        except redis.RedisError:
+            return False
+        if not any(c["name"] in (node, node.encode()) and int(c["idle"]) < MAX_IDLE_MS for c in consumers):
+            return False
+    return True
 
 
 def main(argv: list[str]) -> int:
     node = argv[0] if argv else f"tasks@{socket.gethostname()}"
-    url = get_settings().redis_url
+    settings = get_settings()
+    url = settings.redis_url
     if url is None:
         return 1
     client = redis_urls.client(url, socket_timeout=3, socket_connect_timeout=3)
     try:
-        return 0 if bridge_alive(client, node) else 1
+        return 0 if bridge_alive(client, node, settings.redis_partitions) else 1
     finally:
         client.close()
 

@@ -1,7 +1,8 @@
-"""The outbox bridge: notices on keys.OUTBOX_STREAM -> Celery tasks and batch bookkeeping.
+"""The outbox bridge: notices on the outbox streams (keys.outbox_stream) -> Celery tasks and batch bookkeeping.
 
-Runs as a thread inside every Celery worker (a worker bootstep), reading the stream through consumer group
-keys.OUTBOX_GROUP: several Celery workers share the notices. An entry is acked only after it was handled,
+Runs as threads inside every Celery worker (a worker bootstep), one per partition (shared/keys.py: each has its
+own outbox stream, on its own slot of a Cluster), reading its stream through consumer group keys.OUTBOX_GROUP:
+several Celery workers share the notices. An entry is acked only after it was handled,
 so a bridge that dies leaves its entries pending; they are re-read at restart (same consumer name) or
 claimed by another bridge after PENDING_CLAIM_IDLE_MS. Handling is idempotent (webhook ids are stable,
 batch lines are counted once), which makes this at-least-once without double counting.
@@ -108,22 +109,26 @@ class OutboxHandler:
 
 
 class OutboxBridge:
-    def __init__(self, client: redis.Redis, handler: OutboxHandler, consumer: str) -> None:
+    """The bridge of one partition's outbox stream."""
+
+    def __init__(self, client: redis.Redis, handler: OutboxHandler, consumer: str, partition: int = 0) -> None:
         self.redis = client
         self.handler = handler
         self.consumer = consumer
+        self.partition = partition
+        self.stream = keys.outbox_stream(partition)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def ensure_group(self) -> None:
         try:  # from the start of the stream: notices written before the first Celery worker are handled
-            self.redis.xgroup_create(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, id="0", mkstream=True)
+            self.redis.xgroup_create(self.stream, keys.OUTBOX_GROUP, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="outbox-bridge", daemon=True)
+        self._thread = threading.Thread(target=self.run, name=f"outbox-bridge-{self.partition}", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -155,13 +160,13 @@ class OutboxBridge:
     def _read(self, from_id: str) -> list[tuple[str, dict[str, str]]]:
         block = None if from_id == "0" else BLOCK_MS
         res = self.redis.xreadgroup(
-            keys.OUTBOX_GROUP, self.consumer, {keys.OUTBOX_STREAM: from_id}, count=READ_COUNT, block=block
+            keys.OUTBOX_GROUP, self.consumer, {self.stream: from_id}, count=READ_COUNT, block=block
         )
         return list(res[0][1]) if res else []  # type: ignore[index,arg-type]
 
     def _claim_abandoned(self) -> None:
         _, claimed, *_ = self.redis.xautoclaim(  # type: ignore[misc]
-            keys.OUTBOX_STREAM,
+            self.stream,
             keys.OUTBOX_GROUP,
             self.consumer,
             PENDING_CLAIM_IDLE_MS,
@@ -173,7 +178,7 @@ class OutboxBridge:
     def _handle(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         for entry_id, fields in entries:
             if not fields:  # trimmed away while pending
-                self.redis.xack(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, entry_id)
+                self.redis.xack(self.stream, keys.OUTBOX_GROUP, entry_id)
                 continue
             try:
                 self.handler.handle(Notice.from_entry(entry_id, fields))
@@ -181,26 +186,29 @@ class OutboxBridge:
                 raise  # left pending; re-read after the pause
             except Exception:  # a notice that cannot be handled must not block the ones after it
                 log.exception("outbox notice %s %s could not be handled; dropped", entry_id, fields)
-            self.redis.xack(keys.OUTBOX_STREAM, keys.OUTBOX_GROUP, entry_id)
+            self.redis.xack(self.stream, keys.OUTBOX_GROUP, entry_id)
 
 
 class OutboxStep(bootsteps.StartStopStep):
-    """Runs the bridge inside the Celery worker process, started and stopped with it."""
+    """Runs the bridges (one per partition) inside the Celery worker process, started and stopped with it."""
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        self.bridge: OutboxBridge | None = None
+        self.bridges: list[OutboxBridge] = []
 
     def start(self, parent: Any) -> None:
         from workers.tasks import runtime
 
         parent.app.loader.import_default_modules()  # the app's task modules, which fill the registry
         client = runtime.redis_client()
-        self.bridge = OutboxBridge(client, OutboxHandler(client, runtime.base_url()), str(parent.hostname))
-        self.bridge.start()
-        log.info("outbox bridge started as %s", parent.hostname)
+        handler = OutboxHandler(client, runtime.base_url())
+        for partition in range(runtime.settings().redis_partitions):
+            bridge = OutboxBridge(client, handler, str(parent.hostname), partition)
+            bridge.start()
+            self.bridges.append(bridge)
+        log.info("outbox bridges of %d partitions started as %s", len(self.bridges), parent.hostname)
 
     def stop(self, parent: Any) -> None:
-        if self.bridge is not None:
-            self.bridge.stop()
-            self.bridge = None
+        for bridge in self.bridges:
+            bridge.stop()
+        self.bridges = []

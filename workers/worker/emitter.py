@@ -7,6 +7,8 @@ Two halves, so the worker's loop does only the cheap one:
     writes_for(running, outputs)   loop thread: count tokens, snapshot what to write (plain JobWrite values)
     queue(pipe, writes) / settle   writer process: build the events and the script call; read the replies
 `emit()` does both in one call and executes the pipeline (tests, and anything that writes in step).
+A STEP call touches one partition (shared/keys.py: one hash tag): a step whose jobs live in several partitions
+is one STEP call per partition (`by_partition`).
 """
 
 from dataclasses import dataclass, field
@@ -77,7 +79,7 @@ class Call:
 class Emitter:
     def __init__(self, client: redis.Redis, settings: ServiceSettings) -> None:
         self.redis = client
-        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self._step = client.register_script(lua.STEP)
 
     # -- loop thread ----------------------------------------------------------------------------------------
@@ -119,10 +121,22 @@ class Emitter:
         return JobWrite(job_id=job_id, attempt=attempt, prompt_tokens=0, completion_tokens=0, failure=failure)
 
     # -- writer process --------------------------------------------------------------------------------------
+    @staticmethod
+    def by_partition(writes: list[JobWrite]) -> dict[int, list[JobWrite]]:
+        """`writes` by the partition of their job (in order within each)."""
+        found: dict[int, list[JobWrite]] = {}
+        for write in writes:
+            found.setdefault(keys.partition_of(write.job_id), []).append(write)
+        return found
+
     def step_call(self, writes: list[JobWrite]) -> tuple[list[str], list[str | int], list[Call]]:
-        """KEYS and ARGV of the STEP script for `writes`, and one Call per reply it will give."""
+        """KEYS and ARGV of the STEP script for `writes` (jobs of ONE partition), and one Call per reply it will
+        give."""
+        partitions = {keys.partition_of(write.job_id) for write in writes}
+        if len(partitions) > 1:
+            raise ValueError(f"one STEP call writes jobs of one partition, not of {sorted(partitions)}")
         call_keys: list[str] = []
-        args: list[str | int] = [self._ctx]
+        args: list[str | int] = [self._contexts[partitions.pop() if partitions else 0]]
         calls = []
         for write in writes:
             job_keys = [keys.job_hash(write.job_id), keys.job_events(write.job_id)]
@@ -142,7 +156,8 @@ class Emitter:
         return call_keys, args, calls
 
     def queue(self, pipe: redis.client.Pipeline, writes: list[JobWrite]) -> list[Call]:
-        """Queue ONE STEP call for `writes` on `pipe` (none when there is nothing to write) -> its Calls."""
+        """Queue ONE STEP call for `writes` (of one partition) on `pipe` (none when there is nothing to write)
+        -> its Calls."""
         call_keys, args, calls = self.step_call(writes)
         if calls:
             pipe.evalsha(self._step.sha, len(call_keys), *call_keys, *args)
@@ -168,11 +183,17 @@ class Emitter:
         return [j for j in ended if j not in gone], list(dict.fromkeys(gone))
 
     def emit(self, running: dict[str, Running], outputs: list[StepOutput]) -> tuple[list[str], list[str]]:
-        """Write `outputs` (one engine step) now, one round trip -> (job ids finished now, ids no longer ours)."""
-        call_keys, args, calls = self.step_call(self.writes_for(running, outputs))
-        if not calls:
-            return [], []
-        return self.settle(calls, self._step(keys=call_keys, args=args))
+        """Write `outputs` (one engine step) now, one round trip per partition -> (job ids finished now, ids no
+        longer ours)."""
+        ended: list[str] = []
+        gone: list[str] = []
+        for writes in self.by_partition(self.writes_for(running, outputs)).values():
+            call_keys, args, calls = self.step_call(writes)
+            if calls:
+                ended_now, gone_now = self.settle(calls, self._step(keys=call_keys, args=args))
+                ended += ended_now
+                gone += gone_now
+        return ended, gone
 
     def _token_args(self, write: JobWrite) -> list[str | int]:
         token_ids = list(write.new_token_ids)

@@ -2,7 +2,8 @@
 
 Every `heartbeat_interval_s`: mark this worker alive (keys.WORKERS_ZSET, read by /readyz) and reset the
 idle time of every held job's queue entry (HEARTBEAT script: XCLAIM ... JUSTID, only while this worker's
-attempt is the current one), so no other worker reclaims a job that is alive. Jobs found to be no longer
+attempt is the current one), so no other worker reclaims a job that is alive. One pipeline per partition node
+(shared/redis_url.py PartitionPipelines: one in all off a Cluster). Jobs found to be no longer
 ours (cancelled, reclaimed) are reported to the main loop through `take_lost()`.
 """
 
@@ -38,7 +39,7 @@ class Heartbeat(threading.Thread):
         self.model_info = (
             model_info  # republished on each beat: max_model_len, tokenizer_path (gateway's 413)
         )
-        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self._script = client.register_script(lua.HEARTBEAT)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -47,17 +48,22 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One heartbeat (also called directly by tests)."""
         leases = self.held()
-        pipe = redis_urls.pipeline(self.redis, transaction=False)
+        pipes = redis_urls.PartitionPipelines(self.redis)
+        pipe = pipes.of(0)  # the global keys live in partition 0
         pipe.zadd(keys.WORKERS_ZSET, {self.worker_id: time.time()})
         if self.model_info:
             pipe.hset(keys.MODEL_INFO, mapping=self.model_info)  # type: ignore[arg-type]
+        at = []  # per lease: (its pipeline, the index of its reply there)
         for lease in leases:
+            pipe = pipes.of(lease.partition)
+            at.append((pipe, len(pipe)))
             self._script(
-                keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority)],
-                args=[self._ctx, self.worker_id, lease.attempt],
+                keys=[keys.job_hash(lease.job_id), keys.queue_stream(lease.priority, lease.partition)],
+                args=[self._contexts[lease.partition], self.worker_id, lease.attempt],
                 client=pipe,
             )
-        results = pipe.execute()[2 if self.model_info else 1 :]
+        replies = pipes.execute()
+        results = [replies[id(pipe)][index] for pipe, index in at]
         lost = {lease.job_id for lease, result in zip(leases, results, strict=True) if result != "ok"}
         if lost:
             with self._lock:

@@ -11,8 +11,9 @@ import time
 
 import redis
 
+from shared import keys
 from shared import redis_url as redis_urls
-from shared.outbox import OUTBOX_XADD, NoticeKind, notice_fields
+from shared.outbox import NoticeKind, notice_fields, outbox_xadd
 from shared.schemas import JobRequest, WebhookEvent
 from shared.settings import ServiceSettings
 from workers.engine.outputs import StepOutput
@@ -63,8 +64,10 @@ class JobHooks:
 
     @staticmethod
     def queue(pipe: redis.client.Pipeline, notices: list[Notice]) -> None:
+        """XADD each notice to the outbox of its job's partition (on a Cluster: `pipe` must be that partition's)."""
         for job_id, event in notices:
-            pipe.xadd(fields=notice_fields(NoticeKind.JOB, job_id, event.value), **OUTBOX_XADD)  # type: ignore[arg-type]
+            xadd = outbox_xadd(keys.partition_of(job_id))
+            pipe.xadd(fields=notice_fields(NoticeKind.JOB, job_id, event.value), **xadd)  # type: ignore[arg-type]
 
     def forget(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
@@ -75,8 +78,9 @@ class JobHooks:
         if not notices:
             return
         try:
-            pipe = redis_urls.pipeline(self.redis, transaction=False)
-            self.queue(pipe, notices)
-            pipe.execute()
+            pipes = redis_urls.PartitionPipelines(self.redis)
+            for notice in notices:
+                self.queue(pipes.of(keys.partition_of(notice[0])), [notice])
+            pipes.execute()
         except redis.RedisError as exc:  # a lost start/output notice never stops the job
             log.warning("webhook notices for %d jobs not written: %s", len(notices), exc)

@@ -1,9 +1,14 @@
 """Taking jobs off the queue streams: highest priority first, anti-starvation, only as many as fit.
 
-One PULL script call (shared/lua.py) reclaims entries of dead workers (XAUTOCLAIM, every
-`reclaim_interval_s`), then reads the streams one at a time in priority order (a multi-stream XREADGROUP
-would not honour priority) and starts each job atomically. When nothing is waiting, the worker blocks on a
-plain XREAD of every stream after the last ids the script saw, so no job that arrives meanwhile is missed.
+A PULL script call (shared/lua.py) reclaims entries of dead workers (XAUTOCLAIM, every `reclaim_interval_s`),
+then reads its streams one at a time in priority order (a multi-stream XREADGROUP would not honour priority)
+and starts each job atomically: with one partition, one call for all the streams. A script touches one
+partition (shared/keys.py: one hash tag), so a pull with N > 1 partitions goes priority by priority, and within
+a priority partition by partition, one call each, starting at another partition each pull (fairness): every
+partition's interactive jobs before any default one. Once the engine's room is taken, the streams not visited
+yet are only looked at (one call per partition, n = 0, pipelined). When nothing is waiting, the worker blocks on a plain XREAD of every stream after the last ids the
+scripts saw, so no job that arrives meanwhile is missed (on a Cluster, where one XREAD cannot span hash tags,
+partition by partition for a share of the block each).
 """
 
 import time
@@ -11,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+import redis.cluster
 from redis.exceptions import ResponseError
 
 from shared import keys, lua
+from shared import redis_url as redis_urls
 from shared.job_record import parse_token_ids
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -33,6 +40,11 @@ class Lease:
     resumed_text: str = ""  # produced by earlier attempts (this one continues after it)
     resumed_token_ids: list[int] = field(default_factory=list)
     clock: JobClock | None = None  # created / first started / retried (unix s): the execution deadline's base
+
+    @property
+    def partition(self) -> int:
+        """The partition of the job (its id names it): where its keys and queue stream are."""
+        return keys.partition_of(self.job_id)
 
 
 class PriorityOrder:
@@ -63,15 +75,19 @@ def _error_json(status: JobStatus, code: ErrorCode, message: str) -> tuple[str, 
     )
 
 
+Stream = tuple[int, Priority]  # (partition, priority) -> one queue stream
+
+
 class QueueReader:
     def __init__(self, client: redis.Redis, settings: ServiceSettings, consumer: str) -> None:
         self.redis = client
         self.settings = settings
         self.consumer = consumer
+        self.partitions = list(range(settings.redis_partitions))
         self.priority_order = PriorityOrder(settings.starvation_limit)
         self._pull = client.register_script(lua.PULL)
         self._requeue = client.register_script(lua.REQUEUE)
-        self._ctx = lua.context(settings.events_maxlen, settings.result_ttl_s)
+        self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self._expired = _error_json(
             JobStatus.EXPIRED, ErrorCode.EXPIRED, "the job's ttl_s passed before it started"
         )
@@ -81,18 +97,22 @@ class QueueReader:
             f"the job was started {settings.max_deliveries} times and its worker died each time",
         )
         self._last_reclaim_s = -float("inf")
-        self.last_ids = {p: "0-0" for p in Priority}  # newest entry seen per stream by the last pull
-        self.waiting = {p: False for p in Priority}  # undelivered entries left after the last pull
+        self._first_partition = 0  # where the next pull starts within a priority (rotates: fairness)
+        self._next_block_partition = 0  # Cluster: the partition the next idle wait blocks on
+        # newest entry seen per stream by the last pulls
+        self.last_ids: dict[Stream, str] = {(n, p): "0-0" for n in self.partitions for p in Priority}
+        self.waiting = {p: False for p in Priority}  # entries left undelivered by the last pull, any partition
 
     def ensure_groups(self) -> None:
-        for priority in Priority:
-            try:
-                self.redis.xgroup_create(
-                    keys.queue_stream(priority), keys.CONSUMER_GROUP, id="0", mkstream=True
-                )
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        for partition in self.partitions:
+            for priority in Priority:
+                try:
+                    self.redis.xgroup_create(
+                        keys.queue_stream(priority, partition), keys.CONSUMER_GROUP, id="0", mkstream=True
+                    )
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
 
     def pull(self, max_jobs: int, priorities: list[Priority] | None = None) -> list[Lease]:
         """Start and return up to `max_jobs` jobs (expired, cancelled and dead ones are settled on the way),
@@ -105,31 +125,92 @@ class QueueReader:
             self._last_reclaim_s = time.monotonic()
             reclaim_ms = str(int(self.settings.claim_timeout_s * 1000))
         order = [p for p in self.priority_order.order() if priorities is None or p in priorities]
-        call_keys = [keys.queue_stream(p) for p in order]
-        call_args: list[str | int] = [
-            self._ctx,
+        if len(self.partitions) == 1:  # one call reads the streams in priority order (one round trip)
+            return self._record(*self._call(0, order, max_jobs, reclaim_ms))
+        num = len(self.partitions)
+        rotation = [self.partitions[(self._first_partition + i) % num] for i in range(num)]
+        self._first_partition = (self._first_partition + 1) % num
+        leases: list[Lease] = []
+        waiting = {p: False for p in order}
+        unvisited: dict[int, list[Priority]] = {}
+        for priority in order:
+            for partition in rotation:
+                if len(leases) >= max_jobs:
+                    unvisited.setdefault(partition, []).append(priority)
+                    continue
+                taken, left = self._call(partition, [priority], max_jobs - len(leases), reclaim_ms)
+                leases += taken
+                waiting[priority] = waiting[priority] or left[priority]
+        for priority, left_now in self._look(unvisited).items():
+            waiting[priority] = waiting[priority] or left_now
+        return self._record(leases, waiting)
+
+    def _record(self, leases: list[Lease], waiting: dict[Priority, bool]) -> list[Lease]:
+        self.waiting.update(waiting)
+        self.priority_order.record([lease.priority for lease in leases], self.waiting)
+        return leases
+
+    def _args(self, partition: int, max_jobs: int, reclaim_ms: str) -> list[str | int]:
+        return [
+            self._contexts[partition],
             self.consumer,
             max_jobs,
             reclaim_ms,
             self.settings.max_deliveries,
             *self._expired,
             *self._dead,
-            keys.DEAD_LETTER_STREAM,
+            keys.dead_letter_stream(partition),
             keys.DEAD_LETTER_MAXLEN,
             self.settings.model_version,
         ]
+
+    def _call(
+        self, partition: int, order: list[Priority], max_jobs: int, reclaim_ms: str
+    ) -> tuple[list[Lease], dict[Priority, bool]]:
+        """One PULL call on `order`'s streams of one partition -> (leases, whether entries wait per priority)."""
+        call_keys = [keys.queue_stream(p, partition) for p in order]
+        call_args = self._args(partition, max_jobs, reclaim_ms)
         try:
-            started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
+            reply = self._pull(keys=call_keys, args=call_args)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self.ensure_groups()  # the streams were deleted under us (a flushed or replaced Redis)
-            started, waiting, last_ids = self._pull(keys=call_keys, args=call_args)
-        self.last_ids.update(zip(order, last_ids, strict=True))
+            reply = self._pull(keys=call_keys, args=call_args)
+        return self._read_reply(partition, order, reply)
+
+    def _look(self, streams: dict[int, list[Priority]]) -> dict[Priority, bool]:
+        """Whether entries wait on these streams (PULL with n = 0: nothing taken), every partition pipelined."""
+        if not streams:
+            return {}
+        pipes = redis_urls.PartitionPipelines(self.redis)
+        calls = []
+        for partition, order in streams.items():
+            pipe = pipes.of(partition)
+            calls.append((partition, order, pipe, len(pipe)))
+            self._pull(keys=[keys.queue_stream(p, partition) for p in order],
+                       args=self._args(partition, 0, "0"), client=pipe)  # fmt: skip
+        try:
+            replies = pipes.execute()
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self.ensure_groups()  # the next pull finds the streams
+            return {}
+        waiting = {p: False for order in streams.values() for p in order}
+        for partition, order, pipe, index in calls:
+            _, left = self._read_reply(partition, order, replies[id(pipe)][index])
+            for priority, left_now in left.items():
+                waiting[priority] = waiting[priority] or left_now
+        return waiting
+
+    def _read_reply(
+        self, partition: int, order: list[Priority], reply: Any
+    ) -> tuple[list[Lease], dict[Priority, bool]]:
+        started, waiting, last_ids = reply
+        self.last_ids.update(zip([(partition, p) for p in order], last_ids, strict=True))
         leases = [self._lease(order, row) for row in started]
-        self.waiting.update({p: bool(w) for p, w in zip(order, waiting, strict=True)})
-        self.priority_order.record([lease.priority for lease in leases], self.waiting)
-        return leases
+        return leases, {p: bool(w) for p, w in zip(order, waiting, strict=True)}
 
     @staticmethod
     def _lease(order: list[Priority], row: list[Any]) -> Lease:
@@ -146,8 +227,17 @@ class QueueReader:
         )
 
     def wait_for_jobs(self, block_ms: int) -> None:
-        """Block until an entry newer than the last seen one lands on any queue stream, or block_ms pass."""
-        streams = {keys.queue_stream(p): self.last_ids[p] for p in Priority}
+        """Block until an entry newer than the last seen one lands on any queue stream, or block_ms pass. On a
+        Cluster one XREAD cannot span partitions (their hash tags): it blocks on one partition's streams, the
+        next one each call, for block_ms / N (a job queued elsewhere meanwhile waits at most the rest of the
+        block; the queued channel and the periodic pull catch it too)."""
+        if isinstance(self.redis, redis.cluster.RedisCluster) and len(self.partitions) > 1:
+            partition = self._next_block_partition
+            self._next_block_partition = (partition + 1) % len(self.partitions)
+            streams = {keys.queue_stream(p, partition): self.last_ids[(partition, p)] for p in Priority}
+            block_ms = max(1, block_ms // len(self.partitions))
+        else:
+            streams = {keys.queue_stream(p, n): self.last_ids[(n, p)] for n in self.partitions for p in Priority}
         self.redis.xread(streams, count=1, block=block_ms)  # type: ignore[arg-type]
 
     def hand_back(self, lease: Lease) -> str:
@@ -156,8 +246,9 @@ class QueueReader:
             keys=[
                 keys.job_hash(lease.job_id),
                 keys.job_events(lease.job_id),
-                keys.queue_stream(lease.priority),
+                keys.queue_stream(lease.priority, lease.partition),
             ],
-            args=[self._ctx, lease.job_id, lease.attempt],
-        )
+            args=[lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, lease.partition),
+                  lease.job_id, lease.attempt],
+        )  # fmt: skip
         return str(result)

@@ -1,8 +1,9 @@
 """The worker's writer process: it lands the loop's StepWrites in Redis while the loop's next steps compute.
 
     loop (worker process):  engine.step() -> StepWrite -> pipe (one pickle, no Redis, no thread to wake)
-    this process:           the StepWrites in the pipe so far -> ONE pipeline: start notices, ONE STEP script
-                            call (every job's tokens and finishes, in step order), output notices -> Settled
+    this process:           the StepWrites in the pipe so far -> ONE pipeline: per partition, start notices, ONE
+                            STEP script call (every job's tokens and finishes, in step order), output notices
+                            -> Settled (on a Cluster one pipeline per node that owns a partition)
 
 A process, not a thread: a writer thread takes the loop's GIL for every step's serialisation, round trip and
 reply. With one engine and a real Redis in one process (interleaved rounds, 2026-12-01), a writer thread left
@@ -29,6 +30,7 @@ from multiprocessing.connection import Connection
 import redis
 from redis.exceptions import NoScriptError
 
+from shared import keys
 from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings
 from workers.worker.emitter import Emitter, JobWrite
@@ -141,26 +143,50 @@ class _Writer:
         return Settled(len(steps), report, num_round_trips=1, warnings=warnings)
 
     def _write(self, steps: list[StepWrite], warnings: list[str]) -> Report:
-        pipe = redis_urls.pipeline(self.redis, transaction=False)
-        starts = [n for s in steps for n in s.start_notices]
-        JobHooks.queue(pipe, starts)
-        call_keys, args, calls = self.emitter.step_call([w for s in steps for w in s.writes])
-        if calls:
-            pipe.evalsha(self.emitter.step_sha, len(call_keys), *call_keys, *args)
-        JobHooks.queue(pipe, [n for s in steps for n in s.output_notices])
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies[: len(starts)] + replies[len(starts) + (1 if calls else 0) :]:
-            if isinstance(reply, Exception):  # a lost start/output notice never stops a job
-                warnings.append(f"webhook notice not written: {reply}")
-        if not calls:
-            return Report([], [])
-        step_reply = replies[len(starts)]
-        if isinstance(step_reply, NoScriptError):  # a restarted Redis: nothing of the step ran, send it again
-            self.emitter.load_script()
-            step_reply = self.redis.evalsha(self.emitter.step_sha, len(call_keys), *call_keys, *args)
-        if isinstance(step_reply, Exception):
-            raise step_reply
-        return Report(*self.emitter.settle(calls, list(step_reply)))
+        """Every partition's start notices, ONE STEP call and output notices, in one round trip (one pipeline per
+        partition node on a Cluster: shared/redis_url.py PartitionPipelines)."""
+        pipes = redis_urls.PartitionPipelines(self.redis)
+        starts = _by_partition([n for s in steps for n in s.start_notices])
+        outputs = _by_partition([n for s in steps for n in s.output_notices])
+        writes = self.emitter.by_partition([w for s in steps for w in s.writes])
+        planned = []  # per partition: its pipeline, its commands' span there, its STEP call's index (or None)
+        for partition in sorted(starts.keys() | outputs.keys() | writes.keys()):
+            pipe = pipes.of(partition)
+            first = len(pipe)
+            JobHooks.queue(pipe, starts.get(partition, []))
+            call = self.emitter.step_call(writes.get(partition, []))
+            step_at = len(pipe) if call[2] else None
+            if step_at is not None:
+                pipe.evalsha(self.emitter.step_sha, len(call[0]), *call[0], *call[1])
+            JobHooks.queue(pipe, outputs.get(partition, []))
+            planned.append((pipe, first, len(pipe), step_at, call))
+        replies = pipes.execute(raise_on_error=False)
+        ended: list[str] = []
+        gone: list[str] = []
+        for pipe, first, end, step_at, (call_keys, args, calls) in planned:
+            mine = replies[id(pipe)]
+            for index in range(first, end):
+                if index != step_at and isinstance(mine[index], Exception):  # a lost notice never stops a job
+                    warnings.append(f"webhook notice not written: {mine[index]}")
+            if step_at is None:
+                continue
+            step_reply = mine[step_at]
+            if isinstance(step_reply, NoScriptError):  # a restarted Redis: nothing of the step ran, send it again
+                self.emitter.load_script()
+                step_reply = self.redis.evalsha(self.emitter.step_sha, len(call_keys), *call_keys, *args)
+            if isinstance(step_reply, Exception):
+                raise step_reply
+            ended_now, gone_now = self.emitter.settle(calls, list(step_reply))
+            ended += ended_now
+            gone += gone_now
+        return Report(ended, gone)
+
+
+def _by_partition(notices: list[Notice]) -> dict[int, list[Notice]]:
+    found: dict[int, list[Notice]] = {}
+    for notice in notices:
+        found.setdefault(keys.partition_of(notice[0]), []).append(notice)
+    return found
 
 
 def _picklable(exc: redis.RedisError) -> redis.RedisError:
