@@ -25,6 +25,12 @@ from shared import redis_url as redis_urls
 KEY_PREFIX = "sf-"
 WEBHOOK_SECRET_PREFIX = "whsec_"
 MAX_KEY_CHARS = 200  # a longer Authorization value is refused before it is hashed
+# KEYS[1]: a key's record; ARGV[1]: the time -> 1 when it existed and is now revoked, else 0
+REVOKE_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1])
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,10 @@ class KeyRegistry:
         """A new key -> (its record, its secret). The secret is not stored: show it once.
 
         The record goes to the tenant's partition (from the digest, where the gateway looks at auth time) and
-        the key's id names that partition; then the global index learns the id: two steps (two slots on a
-        Cluster), and a listing skips an index entry whose record is missing."""
+        the key's id names that partition. The global index learns the id first, then the record is written: two
+        steps (two slots on a Cluster). A crash between them leaves an index entry without a record, which the
+        listing skips, revoking refuses and no request can use (its secret was never shown); the other order
+        would leave a working key that the index, and so revoking by id, does not know."""
         secret = new_secret()
         hashed = digest(secret)
         partition = keys.tenant_partition(hashed, self.num_partitions)
@@ -125,8 +133,8 @@ class KeyRegistry:
             is_admin=is_admin,
             webhook_secret=webhook_secret or new_webhook_secret(),
         )
-        self.redis.hset(keys.api_key_record(hashed, partition), mapping=key.to_fields())  # type: ignore[arg-type]
         self.redis.hset(keys.API_KEYS_INDEX, key.id, hashed)
+        self.redis.hset(keys.api_key_record(hashed, partition), mapping=key.to_fields())  # type: ignore[arg-type]
         return key, secret
 
     def list(self) -> list[ApiKey]:
@@ -144,8 +152,10 @@ class KeyRegistry:
         hashed = self.redis.hget(keys.API_KEYS_INDEX, key_id)
         if not hashed:
             return False
-        self.redis.hset(keys.api_key_record(str(hashed), keys.partition_of(key_id)), "revoked_at", str(time.time()))
-        return True
+        record = keys.api_key_record(str(hashed), keys.partition_of(key_id))
+        # HSET only where the record exists: an index entry left without one (create's first step) stays that
+        # way instead of becoming a record of a lone revoked_at (one slot: the check and the write are atomic)
+        return bool(self.redis.eval(REVOKE_IF_EXISTS, 1, record, str(time.time())))
 
     def num_active(self) -> int:
         return sum(1 for key in self.list() if key.is_active)

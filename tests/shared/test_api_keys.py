@@ -30,6 +30,19 @@ def test_list_and_revoke(rclient: redis.Redis) -> None:
     assert registry.num_active() == 1 and registry.list()[1].revoked_at is not None
 
 
+def test_a_create_cut_between_its_two_steps_leaves_no_key_and_no_partial_record(rclient: redis.Redis) -> None:
+    """create() writes the global index first, then the record (two slots with partitions): a crash between
+    them leaves an index entry alone, which the listing skips and revoking refuses without writing a record."""
+    registry = KeyRegistry(rclient, num_partitions=3)
+    kept, _ = registry.create("kept", requests_per_min=1, tokens_per_min=1, max_concurrent_jobs=1)
+    cut, secret = registry.create("cut", requests_per_min=1, tokens_per_min=1, max_concurrent_jobs=1)
+    record = keys.api_key_record(digest(secret), keys.partition_of(cut.id))
+    rclient.delete(record)  # as if the process died after the index's HSET
+    assert [k.id for k in registry.list()] == [kept.id] and registry.num_active() == 1
+    assert not registry.revoke(cut.id) and not rclient.exists(record)
+    assert registry.revoke(kept.id) and not registry.list()[0].is_active
+
+
 def test_webhook_secret_of_the_owner(rclient: redis.Redis) -> None:
     key, _ = KeyRegistry(rclient).create(
         "hooks", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0, webhook_secret="whsec_AAAA"
