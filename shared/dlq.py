@@ -1,11 +1,10 @@
 """Dead letters: jobs that exhausted `max_deliveries` (their worker died each time they ran).
 
-The PULL script (shared/lua.py) appends such a job to its partition's dead-letter stream (keys.dead_letter_stream:
-fields id, queue, entry) and
-fails it with `max_deliveries_exceeded`. `specfleet dlq` (shared/cli/dlq.py) lists them (every partition's),
-retries one, or purges the streams. A retry (the RETRY script below, one atomic step) is the one exception to the job state
-machine (shared/job_state.py `DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail
-of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
+The PULL script (shared/lua.py) appends such a job to its partition's dead-letter stream
+(keys.dead_letter_stream: fields id, queue, entry) and fails it with `max_deliveries_exceeded`. `specfleet dlq`
+(shared/cli/dlq.py) lists them (every partition's), retries one, or purges the streams. A retry (the RETRY script
+below, one atomic step) is the one exception to the job state machine (shared/job_state.py
+`DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
 execution deadline restarted (`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next
 worker resumes after it. Its result TTL is lifted until it finishes again.
 A batch line's job: after the retry, REOPEN_LINE (shared/batch_lua.py) forgets the line's failed result while
@@ -110,7 +109,8 @@ class DeadLetters:
         entry_ids = [e for e, fields in self._entries(partition) if fields.get("id") == job_id]
         result = self._retry(
             keys=[keys.job_hash(job_id), keys.job_events(job_id), keys.dead_letter_stream(partition)],
-            args=[lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, partition), job_id, repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
+            args=[lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, partition), job_id,
+                  repr(self.settings.default_ttl_s), ErrorCode.MAX_DELIVERIES.value, *entry_ids],
         )
         return str(result)
 
