@@ -138,12 +138,12 @@ class JobStore:
     async def queue_depths(self) -> dict[str, int]:
         """Per priority, the entries of its streams, summed over the partitions."""
         depths = dict.fromkeys([p.value for p in Priority], 0)
-        for partition in self.partitions:
-            pipe = self.redis.pipeline(transaction=False)
-            for priority in Priority:
-                pipe.xlen(keys.queue_stream(priority, partition))
-            for priority, depth in zip(Priority, await pipe.execute(), strict=True):
-                depths[priority.value] += int(depth)
+        streams = [(priority, partition) for partition in self.partitions for priority in Priority]
+        pipe = self.redis.pipeline(transaction=False)  # one round trip (a Cluster's pipeline splits by slot)
+        for priority, partition in streams:
+            pipe.xlen(keys.queue_stream(priority, partition))
+        for (priority, _), depth in zip(streams, await pipe.execute(), strict=True):
+            depths[priority.value] += int(depth)
         return depths
 
     async def oldest_waiting_age_s(self) -> dict[str, float]:

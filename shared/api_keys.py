@@ -140,7 +140,7 @@ class KeyRegistry:
     def list(self) -> list[ApiKey]:
         index: dict[str, str] = self.redis.hgetall(keys.API_KEYS_INDEX)  # type: ignore[assignment]
         records = []
-        for partition, entries in _by_partition(index).items():
+        for partition, entries in keys.by_partition(index.items(), lambda entry: entry[0]).items():
             pipe = redis_urls.pipeline(self.redis, transaction=False, partition=partition)
             for _, hashed in entries:
                 pipe.hgetall(keys.api_key_record(hashed, partition))
@@ -171,11 +171,3 @@ def webhook_secret_of(client: redis.Redis, resource_key: str) -> str | None:
         return None
     secret = client.hget(keys.api_key_record(str(hashed), keys.partition_of(str(owner))), "webhook_secret")
     return str(secret) if secret else None
-
-
-def _by_partition(index: dict[str, str]) -> dict[int, list[tuple[str, str]]]:
-    """The API-key index (key id -> digest) -> its entries by the partition each key id names."""
-    found: dict[int, list[tuple[str, str]]] = {}
-    for key_id, hashed in index.items():
-        found.setdefault(keys.partition_of(key_id), []).append((key_id, hashed))
-    return found

@@ -17,6 +17,8 @@ Celery's keys; pub/sub channels are not keys (a Cluster broadcasts PUBLISH), so 
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 NAMESPACE = "specfleet"
 
@@ -49,6 +51,17 @@ def partition_of(object_id: str) -> int:
     """The partition an id was minted in (0 for an unmarked id, as every id minted before partitions)."""
     found = _MARKED.search(object_id)
     return int(found.group(1)) if found else 0
+
+
+T = TypeVar("T")
+
+
+def by_partition(items: Iterable[T], id_of: Callable[[T], str]) -> dict[int, list[T]]:
+    """`items` grouped by the partition their id (`id_of(item)`) names, in their order within each."""
+    found: dict[int, list[T]] = {}
+    for item in items:
+        found.setdefault(partition_of(id_of(item)), []).append(item)
+    return found
 
 
 def spread(text: str, num_partitions: int) -> int:

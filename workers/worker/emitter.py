@@ -8,7 +8,7 @@ Two halves, so the worker's loop does only the cheap one:
     queue(pipe, writes) / settle   writer process: build the events and the script call; read the replies
 `emit()` does both in one call and executes the pipeline (tests, and anything that writes in step).
 A STEP call touches one partition (shared/keys.py: one hash tag): a step whose jobs live in several partitions
-is one STEP call per partition (`by_partition`).
+is one STEP call per partition (keys.by_partition).
 """
 
 from dataclasses import dataclass, field
@@ -121,14 +121,6 @@ class Emitter:
         return JobWrite(job_id=job_id, attempt=attempt, prompt_tokens=0, completion_tokens=0, failure=failure)
 
     # -- writer process --------------------------------------------------------------------------------------
-    @staticmethod
-    def by_partition(writes: list[JobWrite]) -> dict[int, list[JobWrite]]:
-        """`writes` by the partition of their job (in order within each)."""
-        found: dict[int, list[JobWrite]] = {}
-        for write in writes:
-            found.setdefault(keys.partition_of(write.job_id), []).append(write)
-        return found
-
     def step_call(self, writes: list[JobWrite]) -> tuple[list[str], list[str | int], list[Call]]:
         """KEYS and ARGV of the STEP script for `writes` (jobs of ONE partition), and one Call per reply it will
         give."""
@@ -187,7 +179,7 @@ class Emitter:
         longer ours)."""
         ended: list[str] = []
         gone: list[str] = []
-        for writes in self.by_partition(self.writes_for(running, outputs)).values():
+        for writes in keys.by_partition(self.writes_for(running, outputs), lambda write: write.job_id).values():
             call_keys, args, calls = self.step_call(writes)
             if calls:
                 ended_now, gone_now = self.settle(calls, self._step(keys=call_keys, args=args))

@@ -248,7 +248,6 @@ class QueueReader:
                 keys.job_events(lease.job_id),
                 keys.queue_stream(lease.priority, lease.partition),
             ],
-            args=[lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, lease.partition),
-                  lease.job_id, lease.attempt],
-        )  # fmt: skip
+            args=[self._contexts[lease.partition], lease.job_id, lease.attempt],
+        )
         return str(result)

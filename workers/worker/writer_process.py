@@ -146,9 +146,9 @@ class _Writer:
         """Every partition's start notices, ONE STEP call and output notices, in one round trip (one pipeline per
         partition node on a Cluster: shared/redis_url.py PartitionPipelines)."""
         pipes = redis_urls.PartitionPipelines(self.redis)
-        starts = _by_partition([n for s in steps for n in s.start_notices])
-        outputs = _by_partition([n for s in steps for n in s.output_notices])
-        writes = self.emitter.by_partition([w for s in steps for w in s.writes])
+        starts = keys.by_partition([n for s in steps for n in s.start_notices], lambda notice: notice[0])
+        outputs = keys.by_partition([n for s in steps for n in s.output_notices], lambda notice: notice[0])
+        writes = keys.by_partition([w for s in steps for w in s.writes], lambda write: write.job_id)
         planned = []  # per partition: its pipeline, its commands' span there, its STEP call's index (or None)
         for partition in sorted(starts.keys() | outputs.keys() | writes.keys()):
             pipe = pipes.of(partition)
@@ -182,11 +182,6 @@ class _Writer:
         return Report(ended, gone)
 
 
-def _by_partition(notices: list[Notice]) -> dict[int, list[Notice]]:
-    found: dict[int, list[Notice]] = {}
-    for notice in notices:
-        found.setdefault(keys.partition_of(notice[0]), []).append(notice)
-    return found
 
 
 def _picklable(exc: redis.RedisError) -> redis.RedisError:
