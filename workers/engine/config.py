@@ -42,6 +42,12 @@ class EngineConfig:
     draft_dir: str | None = None  # None = the demo pair's draft when target_dir is None
     eagle_dir: str | None = None  # an EAGLE head for the target (workers/models/eagle_head.py); None = no head
     dtype: Dtype = "auto"  # auto: bf16 where the CPU/GPU does it fast (AVX-512/AMX, CUDA), else fp32
+    # where the models and their KV caches live (workers/models/device.py): auto = the first CUDA device where
+    # one is visible, else the CPU; cpu; cuda or cuda:N. Scheduling, sampling and speculation stay on the CPU
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    # on a CUDA device: plain decode passes of the target and the draft replay CUDA graphs captured at start-up
+    # for each bucket of batch size and context (workers/engine/decode_graphs.py); False = op by op
+    cuda_graphs: bool = True
     num_threads: NonNegativeInt = 0  # torch threads for large passes; 0 = every core this process may use
     # passes of at most this many tokens (batch-1 decode, draft tokens) run on one thread: they are
     # memory-bound, and a 2nd thread only adds sync, and stalls when another process holds a core

@@ -23,6 +23,7 @@ from workers.engine.compilation import compile_runner, point_cache_at
 from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
 from workers.engine.cost_probe import probe, probe_attention, probe_sizes
+from workers.engine.decode_graphs import DecodeGraphs
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
@@ -41,6 +42,7 @@ from workers.engine.sequence import Sequence
 from workers.engine.speculator import Speculator
 from workers.engine.tp_runner import load_target, make_runner
 from workers.models import native_attention
+from workers.models.device import resolve_device
 from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
 from workers.spec.proposal import Proposal, Verdict
@@ -69,13 +71,13 @@ class Engine:
         torch.set_num_threads(threads.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
         self._decode = make_decode_fn(self.tokenizer)
-        dtype = resolve_dtype(cfg.dtype)
+        dtype, self.device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
         # TP > 1: rank 0's shard; the other ranks' processes are up, closed by close() (or if start-up fails)
-        model, self.tp_group = load_target(cfg, target_dir, dtype, threads)
+        model, self.tp_group = load_target(cfg, target_dir, dtype, threads, self.device)
         if self.tp_group is not None:
             weakref.finalize(self, self.tp_group.close)
         self.max_model_len = cfg.max_model_len or model.cfg.max_position_embeddings
-        draft = load_model(draft_dir, dtype, self.max_model_len) if draft_dir is not None else None
+        draft = load_model(draft_dir, dtype, self.max_model_len, self.device) if draft_dir is not None else None
         if draft is None and cfg.speculative_method is SpeculativeMethod.DRAFT:
             raise ValueError("speculative_method is draft but there is no draft model: give one, or choose ngram or none")
         if draft is not None and draft.cfg.vocab_size != model.cfg.vocab_size:
@@ -92,15 +94,19 @@ class Engine:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
-        self.runner = make_runner(model, num_blocks, cfg.block_size, threads, self.tp_group)
+        # one cache block past the manager's, never handed out: where decode graphs' padding rows write
+        num_cache_blocks = num_blocks + 1
+        self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
         draft_proposer = (
-            DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, threads)) if draft is not None else None
+            DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads)) if draft is not None else None
         )
         eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
+        is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
+        self.graph_capture_s = self.use_decode_graphs(capture=True) if is_graphed else {}
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
@@ -165,6 +171,33 @@ class Engine:
         if eagle is not None:
             stats["eagle"] = compile_runner(eagle.runner, self.cfg.compile, "eagle")
         return stats
+
+    def use_decode_graphs(self, capture: bool) -> dict[str, float]:
+        """Serve the target's and the draft's plain decode passes from static decode graphs
+        (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up, on a CUDA device,
+        before the pass costs are timed, so the speculator's tables hold what requests will run), else their
+        static passes run op by op (the CPU tests). A model whose capture fails decodes op by op, logged.
+        Returns the capture seconds of each model captured."""
+        cfg = self.cfg
+        runners = {"target": self.runner}
+        if self.speculator.draft is not None:
+            runners["draft"] = self.speculator.draft.runner
+        max_blocks = -(-self.max_model_len // cfg.block_size)
+        scratch_block = self.block_manager.num_blocks  # the runners' caches hold one block past the manager's
+        seconds: dict[str, float] = {}
+        for name, runner in runners.items():
+            graphs = DecodeGraphs(
+                runner.model, runner.kv_caches, cfg.block_size, scratch_block, cfg.max_num_seqs, max_blocks, capture
+            )
+            try:
+                if capture:
+                    graphs.capture_all()
+            except Exception:
+                log.exception("capturing the %s model's decode graphs failed: it decodes op by op", name)
+                continue
+            runner.graphs = graphs
+            seconds[name] = graphs.capture_time_s
+        return seconds
 
     def _measure_costs(self, draft_runner: ModelRunner | None) -> None:
         """Time the target's, the draft's and the head's passes now (cost_probe.py), then feed every later

@@ -21,6 +21,7 @@ from workers.engine.model_runner import (
     report_pass,
 )
 from workers.models.compiled import CompiledHead
+from workers.models.device import to_host
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import eager_attend
 from workers.models.native_attention import NativeAttention
@@ -32,9 +33,11 @@ class HeadRunner:
         self.head = head
         self.threads = threads
         self.block_size = block_size
-        dtype = head.fc.weight.dtype
+        dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
         shape = head.kv_cache_shape(num_blocks, block_size)
-        self.kv_cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        self.kv_cache = (
+            torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device)
+        )
         # called after every pass with its timing: the speculator's cost table for the head
         self.on_pass: Callable[[PassTiming], None] | None = None
         self.shapes_run = ShapesRun()  # the sizes of every pass run so far
@@ -49,7 +52,9 @@ class HeadRunner:
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the head's dtype), or SDPA for None."""
-        self.native = native if native is not None and native.supports(self.head.fc.weight.dtype) else None
+        weight = self.head.fc.weight
+        is_served = native is not None and weight.device.type == "cpu" and native.supports(weight.dtype)
+        self.native = native if is_served else None
 
     @staticmethod
     def kv_bytes_per_block(head: EagleHead, block_size: int) -> int:
@@ -71,7 +76,7 @@ class HeadRunner:
             self.compile_stats, self.bucket_of(num_tokens), self.compiled,
             lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
         )
-        report_pass(self.shapes_run, self.on_pass, items, batch, time.perf_counter() - start_s)
+        report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)
         return out
 
     def bucket_of(self, num_tokens: int) -> Bucket:
@@ -93,7 +98,7 @@ class HeadRunner:
 
     def _zero_features(self, items: list[ForwardItem]) -> torch.Tensor:  # [T, hidden]
         num_tokens = sum(len(it.token_ids) for it in items)
-        return torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype)
+        return torch.zeros(num_tokens, self.head.cfg.hidden_size, dtype=self.head.fc.weight.dtype, device=self.device)
 
     @torch.inference_mode()
     def _run(
@@ -101,6 +106,7 @@ class HeadRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
+        batch, features = batch.to(self.device), features.to(self.device)
         head = self.head
         if compiled is not None:
             h = compiled.hidden(batch.input_ids, features, batch.positions, batch.meta)  # [T, hidden]
@@ -108,4 +114,4 @@ class HeadRunner:
             attend = eager_attend(batch.meta, self.kv_cache[0], self.kv_cache[1], head.attn_scale)
             h = head.hidden(batch.input_ids, features, batch.positions, attend)  # [T, hidden]
         h = h.index_select(0, batch.logits_indices)  # [S, hidden]
-        return head.logits(h), h
+        return to_host(head.logits(h)), h

@@ -8,15 +8,20 @@ may see (mask: causal over the sequence's own keys, padding excluded).
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
+from workers.models.device import to_host
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
+
+if TYPE_CHECKING:  # it builds on this module's ForwardItem
+    from workers.engine.decode_graphs import DecodeGraphs
 
 
 @dataclass
@@ -40,6 +45,14 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] long
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [S] long: flat rows whose logits are returned, in item order
+
+    def to(self, device: torch.device) -> "ForwardBatch":
+        """The batch on `device`: built on the CPU, it moves to a CUDA model's device before the pass."""
+        if device.type == "cpu":
+            return self
+        return ForwardBatch(
+            self.input_ids.to(device), self.positions.to(device), self.meta.to(device), self.logits_indices.to(device)
+        )
 
 
 def attention_work(items: list[ForwardItem]) -> AttentionWork:
@@ -72,12 +85,12 @@ def report_pass(
     shapes_run: ShapesRun,  # the sizes the runner ran before; this pass's are added
     on_pass: Callable[[PassTiming], None] | None,
     items: list[ForwardItem],
-    batch: ForwardBatch,
+    num_logits_rows: int,
     seconds: float,
 ) -> None:
     """Record a runner's pass and hand its timing to `on_pass`: is it the runner's first of its shape."""
-    num_tokens = batch.input_ids.shape[0]
-    is_first = shapes_run.add(num_tokens, batch.logits_indices.shape[0])
+    num_tokens = sum(len(it.token_ids) for it in items)
+    is_first = shapes_run.add(num_tokens, num_logits_rows)
     if on_pass is not None:
         on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
 
@@ -275,11 +288,14 @@ class ModelRunner:
         self.model = model
         self.threads = threads  # None: the process's torch thread count, untouched
         self.block_size = block_size
-        dtype = model.embed.weight.dtype
+        dtype, self.device = model.embed.weight.dtype, model.embed.weight.device
         shape = model.kv_cache_shape(num_blocks, block_size)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(model.cfg.num_layers)
+            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(model.cfg.num_layers)
         ]
+        # decode passes replayed from captured CUDA graphs (workers/engine/decode_graphs.py); None = none
+        self.graphs: DecodeGraphs | None = None
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
@@ -289,7 +305,9 @@ class ModelRunner:
 
     def use_native(self, native: NativeAttention | None) -> None:
         """Attend through the native kernel from now on (where it takes the model's dtype), or SDPA for None."""
-        self.native = native if native is not None and native.supports(self.model.embed.weight.dtype) else None
+        weight = self.model.embed.weight
+        is_served = native is not None and weight.device.type == "cpu" and native.supports(weight.dtype)
+        self.native = native if is_served else None
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
@@ -299,8 +317,8 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Move K/V rows between slots in every layer (accepted tree nodes into sequence order)."""
-        src = torch.tensor(src_slots, dtype=torch.long)
-        dst = torch.tensor(dst_slots, dtype=torch.long)
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dst_slots, dtype=torch.long, device=self.device)
         for k_cache, v_cache in self.kv_caches:
             for cache in (k_cache, v_cache):
                 flat = cache.view(-1, *cache.shape[2:])  # [num_slots, KV, D]
@@ -321,10 +339,11 @@ class ModelRunner:
         """forward, also returning every query token's feature (the last layer's output before the final
         norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass."""
         start_s = time.perf_counter()
-        batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
-        num_tokens = batch.input_ids.shape[0]
-        out = self._forward_batch(batch, num_tokens, with_features)
-        report_pass(self.shapes_run, self.on_pass, items, batch, time.perf_counter() - start_s)
+        out = self.graphs.run(items, with_features) if self.graphs is not None else None
+        if out is None:  # not a pass a captured graph serves: built and dispatched op by op
+            batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
+            out = self._forward_batch(batch, batch.input_ids.shape[0], with_features)
+        report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)
         return out
 
     def _forward_batch(
@@ -353,9 +372,10 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
+        batch = batch.to(self.device)
         if compiled is not None:
             h = compiled.hidden_states(batch.input_ids, batch.positions, batch.meta)  # [T, hidden]
         else:
             attends = [eager_attend(batch.meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
             h = self.model.hidden_states(batch.input_ids, batch.positions, attends)  # [T, hidden]
-        return self.model.logits(h, batch.logits_indices), h if with_features else None
+        return to_host(self.model.logits(h, batch.logits_indices)), h if with_features else None

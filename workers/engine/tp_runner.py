@@ -20,19 +20,25 @@ from workers.models.llama import LlamaModel
 from workers.models.loader import load_model
 from workers.models.shard_loader import load_shard
 from workers.models.sharded_llama import resident_weight_bytes
-from workers.models.sharding import Shard, check_divisible
+from workers.models.sharding import Shard, TensorParallelError, check_divisible
 
 log = logging.getLogger(__name__)
 
 
 def load_target(
-    cfg: EngineConfig, target_dir: Path, dtype: torch.dtype, threads: ThreadPolicy
+    cfg: EngineConfig, target_dir: Path, dtype: torch.dtype, threads: ThreadPolicy, device: torch.device
 ) -> tuple[LlamaModel, TensorParallelGroup | None]:
     """(the model rank 0 runs, the group of the other ranks or None for TP = 1). Raises TensorParallelError
-    before any process starts when the size does not divide the model (or exceeds the GPUs)."""
+    before any process starts when the size does not divide the model, or asks for ranks on a CUDA device
+    (the ranks run on CPUs over gloo: NCCL ranks are not built yet)."""
     size = cfg.tensor_parallel_size
     if size == 1:
-        return load_model(target_dir, dtype, cfg.max_model_len or None), None
+        return load_model(target_dir, dtype, cfg.max_model_len or None, device), None
+    if device.type != "cpu":
+        raise TensorParallelError(
+            f"tensor_parallel_size {size} on {device}: the ranks run on CPUs over gloo so far; "
+            "set device: cpu, or tensor_parallel_size: 1"
+        )
     model_cfg = ModelConfig.from_dir(target_dir)
     check_divisible(model_cfg, size)
     check_devices(size, torch.device("cpu"))  # the engine places its models on the CPU

@@ -11,7 +11,9 @@ new tokens arrive flat ([T, ...], every sequence's query tokens back to back). T
   boolean mask that encodes causality (or a token tree) and padding.
 """
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,12 @@ class AttentionMetadata:
     tree_base: torch.Tensor | None = None  # [T] long: a tree query's first tree slot position (else 0)
     tree_bits: torch.Tensor | None = None  # [T] long: the tree slots it sees, bit j = tree_base + j (else 0)
     native: NativeAttention | None = None  # the kernel, where it serves this pass
+
+    def to(self, device: torch.device) -> "AttentionMetadata":
+        """The same metadata with every tensor on `device` (the pass's model's)."""
+        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        moved: dict[str, Any] = {name: t.to(device) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+        return dataclasses.replace(self, **moved)
 
     @property
     def num_seqs(self) -> int:

@@ -165,7 +165,8 @@ class EagleHead(nn.Module):
                 )
             self.draft_vocab, self.draft_lm_head = None, None
             return
-        ids = token_ids.to(torch.long)
+        weight = self.target.lm_head.weight  # [V, hidden]
+        ids = token_ids.to(device=weight.device, dtype=torch.long)
         vocab_size = self.cfg.vocab_size
         if ids.dim() != 1 or ids.numel() != self.cfg.draft_vocab_size:
             raise HeadMismatchError(
@@ -176,8 +177,9 @@ class EagleHead(nn.Module):
             raise HeadMismatchError(
                 f"draft vocabulary: ids must be distinct, ascending and in [0, {vocab_size}) (the target's)"
             )
-        weight = self.target.lm_head.weight  # [V, hidden]
-        self.draft_lm_head = Linear(self.cfg.hidden_size, ids.numel(), bias=False, dtype=weight.dtype)
+        self.draft_lm_head = Linear(
+            self.cfg.hidden_size, ids.numel(), bias=False, dtype=weight.dtype, device=weight.device
+        )
         with torch.no_grad():
             self.draft_lm_head.weight.copy_(weight[ids])  # [Vd, hidden]
         self.draft_lm_head.requires_grad_(False)
@@ -228,6 +230,7 @@ def load_head(head_dir: str | Path, target: LlamaModel) -> EagleHead:
     state = load_file(str(head_dir / WEIGHTS_FILE))
     draft_vocab = state.pop(DRAFT_VOCAB_KEY, None)
     head.load_state_dict(state, strict=True)
-    head = head.to(target.embed.weight.dtype).eval().requires_grad_(False)
+    weight = target.embed.weight
+    head = head.to(dtype=weight.dtype, device=weight.device).eval().requires_grad_(False)
     head.set_draft_vocab(draft_vocab)
     return head

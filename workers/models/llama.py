@@ -91,8 +91,10 @@ class LlamaModel(nn.Module):
         self.sin_table = torch.empty(0)  # [max_len, D]
 
     def init_rope(self, max_len: int) -> None:
-        """Precompute cos/sin for positions [0, max_len) in the weights' dtype."""
-        self.cos_table, self.sin_table = rope_table(self.cfg, max_len, self.embed.weight.dtype)
+        """Precompute cos/sin for positions [0, max_len) in the weights' dtype, on their device."""
+        weight = self.embed.weight
+        cos, sin = rope_table(self.cfg, max_len, weight.dtype)  # computed on the CPU: the same table anywhere
+        self.cos_table, self.sin_table = cos.to(weight.device), sin.to(weight.device)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)

@@ -51,7 +51,10 @@ def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, max_len: int | None = None) -> LlamaModel:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype, max_len: int | None = None, device: torch.device | None = None
+) -> LlamaModel:
+    """The checkpoint as a LlamaModel in `dtype`, on `device` (None = the CPU), for inference."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     model_len = max_len or cfg.max_position_embeddings
@@ -61,13 +64,13 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, max_len: int | None = 
     state = _our_state_dict(cfg, raw)
     model = model.to_empty(device="cpu")
     model.load_state_dict(state, strict=True, assign=True)
-    model = model.to(dtype)
+    model = model.to(dtype=dtype, device=device)
     if state["lm_head.weight"] is state["embed.weight"]:  # tied: .to() converts each parameter on its own
         model.lm_head.weight = model.embed.weight  # one matrix again, not a converted copy each
     model.init_rope(model_len)
     model.eval().requires_grad_(False)
-    log.info("loaded %s (%s, %d layers, %.2fM params, %s)", model_dir, cfg.model_type, cfg.num_layers,
-             sum(p.numel() for p in model.parameters()) / 1e6, dtype)
+    log.info("loaded %s (%s, %d layers, %.2fM params, %s, %s)", model_dir, cfg.model_type, cfg.num_layers,
+             sum(p.numel() for p in model.parameters()) / 1e6, dtype, model.embed.weight.device)
     return model
 
 

@@ -1,0 +1,64 @@
+"""The engine on a CUDA device: skipped where none is visible (CI has none); run on a lent GPU machine with
+`python -m pytest tests/workers/engine/test_cuda.py` (README, "On a GPU").
+
+Float64 throughout, so the CPU and the GPU round alike enough for greedy tokens to be compared exactly: the
+CPU engine is held to transformers by the exactness tests, the CUDA engine is held to the CPU engine here."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared.speculation import SpeculativeMethod
+from tests.workers.engine_runs import greedy, make_engine, run_all, spec_engine, tokens
+from workers.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _requests(num: int, max_tokens: int = 24) -> dict[str, tuple[list[int], SamplingParams]]:
+    gen = torch.Generator().manual_seed(11)
+    return {
+        f"r{i}": (torch.randint(1, 400, (3 + 11 * i,), generator=gen).tolist(), greedy(max_tokens + 3 * i))
+        for i in range(num)
+    }
+
+
+@pytest.mark.parametrize("layout", ["llama", "qwen2", "mistral"])
+def test_cuda_engine_decodes_the_cpu_engines_tokens_with_and_without_graphs(
+    tiny_models: dict[str, Path], layout: str
+) -> None:
+    requests = _requests(9)
+    on_cpu = run_all(make_engine(tiny_models[layout], dtype="float64", device="cpu"), requests)
+    graphed = make_engine(tiny_models[layout], dtype="float64", device="cuda")
+    op_by_op = make_engine(tiny_models[layout], dtype="float64", device="cuda", cuda_graphs=False)
+
+    assert graphed.runner.kv_caches[0][0].device.type == "cuda"
+    assert set(graphed.graph_capture_s) == {"target"} and op_by_op.runner.graphs is None
+    graphs = graphed.runner.graphs
+    assert graphs is not None and len(graphs.graphs) == len(graphs.buckets)
+    for engine in (graphed, op_by_op):
+        outputs = run_all(engine, requests)
+        for rid in requests:
+            assert tokens(outputs[rid]) == tokens(on_cpu[rid]), (layout, rid, engine.cfg.cuda_graphs)
+    assert graphs.num_passes > 0
+
+
+@pytest.mark.parametrize("method", [SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE, SpeculativeMethod.NGRAM])
+def test_speculation_on_cuda_keeps_the_target_output(eagle_models: dict[str, Path], method: SpeculativeMethod) -> None:
+    requests = _requests(4, max_tokens=30)
+    plain = run_all(make_engine(eagle_models["target"], dtype="float64", device="cpu"), requests)
+    eagle = "copy_head" if method is SpeculativeMethod.EAGLE else None
+    engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method, device="cuda")
+    speculative = run_all(engine, requests)
+
+    assert engine.speculator.stats.counts.num_accepted > 0
+    for rid in requests:
+        assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)
+
+
+def test_bfloat16_on_cuda_generates(tiny_target: Path) -> None:
+    engine = make_engine(tiny_target, dtype="auto", device="cuda")
+    assert engine.runner.model.embed.weight.dtype == torch.bfloat16
+    outputs = run_all(engine, _requests(4))
+    assert all(len(tokens(out)) == 24 + 3 * i for i, out in enumerate(outputs.values()))

@@ -1,0 +1,118 @@
+"""Decode graphs' static passes (workers/engine/decode_graphs.py), run op by op on the CPU: the buckets, the
+padding rows, and the tokens an engine decodes through them against the same engine decoding dynamically.
+A CUDA device replays these same passes from captured graphs (tests/workers/engine/test_cuda.py)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared.speculation import SpeculativeMethod
+from tests.workers.engine_runs import greedy, make_engine, run_all, spec_engine, tokens
+from workers.engine.decode_graphs import DecodeGraphs, GraphBucket, batch_buckets, block_buckets
+from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.models.loader import load_model
+
+
+def test_bucket_ladders() -> None:
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(5) == [1, 2, 4, 5]
+    assert batch_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert block_buckets(3) == [3]
+    assert block_buckets(8) == [8]
+    assert block_buckets(100) == [8, 16, 32, 64, 100]
+
+
+def _graphs(runner: ModelRunner, scratch_block: int, max_batch: int = 8, max_blocks: int = 20) -> DecodeGraphs:
+    return DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, scratch_block, max_batch, max_blocks, False)
+
+
+def test_a_pass_takes_the_smallest_bucket_that_holds_it(tiny_target: Path) -> None:
+    runner = ModelRunner(load_model(tiny_target, torch.float32), num_blocks=21, block_size=4)
+    graphs = _graphs(runner, scratch_block=20)
+
+    assert graphs.bucket_for(3, 1) == GraphBucket(4, 8)
+    assert graphs.bucket_for(8, 9) == GraphBucket(8, 16)
+    assert graphs.bucket_for(1, 20) == GraphBucket(1, 20)
+    assert graphs.bucket_for(9, 1) is None  # more rows than the largest bucket: op by op
+    assert graphs.bucket_for(1, 21) is None
+    assert graphs.run([ForwardItem([1, 2], 0, [0], num_logits=1)], with_features=False) is None  # not a decode
+    assert graphs.num_passes == 0
+
+
+@pytest.mark.parametrize("sliding_window", [None, 6])
+@torch.inference_mode()
+def test_padding_rows_write_the_scratch_block_alone_and_logits_match(
+    tiny_target: Path, sliding_window: int | None
+) -> None:
+    """Three sequences in a bucket of 4 rows: the same logits and K/V as the dynamic pass, and the fourth
+    (padding) row touches no block but the scratch block; with a sliding window too."""
+    model = load_model(tiny_target, torch.float64)
+    model.cfg = dataclasses.replace(model.cfg, sliding_window=sliding_window)
+    dynamic, static = ModelRunner(model, 21, 4), ModelRunner(model, 21, 4)
+    prompts = {0: ([5, 6, 7, 8, 9], [0, 1]), 1: ([11, 12], [2]), 2: (list(range(20, 33)), [3, 4, 5, 6])}
+    for runner in (dynamic, static):
+        runner.forward([ForwardItem(ids, 0, table, num_logits=1) for ids, table in prompts.values()])
+    static.graphs = _graphs(static, scratch_block=20)
+    before = [k.clone() for k, _ in static.kv_caches]
+    items = [
+        ForwardItem([41], 5, [0, 1], num_logits=1),
+        ForwardItem([42], 2, [2], num_logits=0),  # no logits wanted from this one
+        ForwardItem([43], 13, [3, 4, 5, 6], num_logits=1),
+    ]
+
+    want, want_h = dynamic.forward_with_features(items, with_features=True)
+    got, got_h = static.forward_with_features(items, with_features=True)
+
+    assert static.graphs.num_passes == 1
+    assert got.shape == want.shape == (2, model.cfg.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert got_h is not None and want_h is not None
+    torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
+    for (k_dynamic, _), (k_static, _), k_before in zip(dynamic.kv_caches, static.kv_caches, before, strict=True):
+        # every real block as the dynamic pass left it (to rounding: the passes' matmuls have other row counts)
+        torch.testing.assert_close(k_static[:20], k_dynamic[:20], rtol=1e-9, atol=1e-9)
+        changed = (k_static != k_before).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert 20 in changed  # the padding row wrote its K/V into the scratch block
+        assert set(changed) <= {1, 2, 6, 20}  # beside it, only the three sequences' new slots
+
+
+def test_greedy_tokens_through_static_passes_equal_dynamic(tiny_models: dict[str, Path]) -> None:
+    """An engine decoding every plain decode pass through the static passes produces the dynamic engine's
+    tokens: sequences of many lengths, batches that fill buckets partly, contexts across block widths."""
+    gen = torch.Generator().manual_seed(3)
+    requests = {
+        f"r{i}": (torch.randint(1, 400, (3 + 7 * i,), generator=gen).tolist(), greedy(12 + 5 * i)) for i in range(6)
+    }
+    for layout in ("llama", "mistral"):
+        dynamic = run_all(make_engine(tiny_models[layout], dtype="float64"), requests)
+        engine = make_engine(tiny_models[layout], dtype="float64")
+        assert engine.use_decode_graphs(capture=False) == {"target": 0.0}
+        static = run_all(engine, requests)
+
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_passes > 0
+        for rid in requests:
+            assert tokens(static[rid]) == tokens(dynamic[rid]), (layout, rid)
+
+
+@pytest.mark.parametrize("method", [SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE])
+def test_speculation_through_static_passes_keeps_the_target_output(
+    eagle_models: dict[str, Path], method: SpeculativeMethod
+) -> None:
+    """The draft model's chain passes go through its static passes; the output is plain decoding's."""
+    eagle = "copy_head" if method is SpeculativeMethod.EAGLE else None
+    gen = torch.Generator().manual_seed(5)
+    requests = {f"r{i}": (torch.randint(1, 400, (4 + 9 * i,), generator=gen).tolist(), greedy(30)) for i in range(4)}
+    plain = run_all(make_engine(eagle_models["target"], dtype="float64"), requests)
+    engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method)
+    engine.use_decode_graphs(capture=False)
+    speculative = run_all(engine, requests)
+
+    draft_graphs = engine.speculator.draft.runner.graphs if engine.speculator.draft is not None else None
+    assert draft_graphs is not None
+    if method is SpeculativeMethod.DRAFT:
+        assert draft_graphs.num_passes > 0
+    assert engine.speculator.stats.counts.num_accepted > 0
+    for rid in requests:
+        assert tokens(speculative[rid]) == tokens(plain[rid]), rid

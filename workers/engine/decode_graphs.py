@@ -1,0 +1,187 @@
+"""Decode passes replayed from CUDA graphs: captured once per (batch, context) bucket at start-up, then each
+plain decode pass (one query token per sequence, no token tree) copies its inputs into static buffers and
+replays its bucket's graph: one launch for the whole pass, where op by op a small model's step is all
+dispatch. vLLM and nano-vllm capture decode graphs over a ladder of batch sizes the same way.
+
+A graph fixes every shape, so each captured pass is static:
+- rows past the pass's sequences (a bucket of 8 for 5 sequences) are padding: token 0 at position 0, writing
+  its K/V into the scratch block (one block past the block manager's, never handed to a sequence) and seeing
+  that block's first key alone;
+- attention is the SDPA path's gather through the block tables (workers/models/attention.py), over a width of
+  blocks that the bucket fixes too: each row's table is padded with the scratch block to that width, and keys
+  past the row's own end are masked out, as the dynamic path masks them. Widths double from
+  MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has.
+
+Passes no graph serves (prefill chunks, verify passes, trees, more rows or blocks than the largest bucket) run
+op by op as before. With `capture=False` (the CPU) the same static pass runs op by op: the tests hold it to
+the dynamic path's tokens, so what a GPU replays is what the CPU tests check.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.model_runner import ForwardItem
+from workers.models.attention import AttentionMetadata
+from workers.models.device import to_host
+from workers.models.llama import LlamaModel, eager_attend
+
+log = logging.getLogger(__name__)
+
+MIN_BLOCKS_BUCKET = 8  # the narrowest context a graph spans, in blocks
+NUM_COLUMNS = 5  # per row: token id, rotary position, KV slot, first key, one past the last key
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8, up to and including max_batch."""
+    sizes = [n for n in (1, 2, 4) if n < max_batch] + list(range(8, max_batch, 8))
+    return [*sizes, max_batch]
+
+
+def block_buckets(max_blocks: int) -> list[int]:
+    """MIN_BLOCKS_BUCKET, doubling, up to and including max_blocks."""
+    widths: list[int] = []
+    width = MIN_BLOCKS_BUCKET
+    while width < max_blocks:
+        widths.append(width)
+        width *= 2
+    return [*widths, max_blocks]
+
+
+@dataclass(frozen=True)
+class GraphBucket:
+    batch: int  # rows: the pass's sequences, then padding
+    num_blocks: int  # block-table width: each row may see keys [0, num_blocks * block_size)
+
+
+def is_plain_decode(items: list[ForwardItem]) -> bool:
+    """One query token per sequence, no token tree: the passes a graph serves."""
+    return bool(items) and all(len(it.token_ids) == 1 and it.tree_mask is None for it in items)
+
+
+class DecodeGraphs:
+    """One runner's decode graphs: its model and KV caches, static inputs and outputs per bucket."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) [num_blocks, block_size, KV, D]
+        block_size: int,
+        scratch_block: int,  # a cache block no sequence is given: padding rows write and read it
+        max_batch: int,
+        max_blocks: int,
+        capture: bool,  # False: run the static pass op by op (the CPU; tests)
+    ) -> None:
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
+        self.scratch_block, self.capture = scratch_block, capture
+        device = model.embed.weight.device
+        self.columns = torch.zeros(NUM_COLUMNS, max_batch, dtype=torch.long, device=device)  # [5, B_max]
+        self.tables = torch.full(
+            (max_batch, max_blocks), scratch_block, dtype=torch.long, device=device
+        )  # [B_max, NB_max]
+        self.key_positions = torch.arange(max_blocks * block_size, device=device)  # [L_max]
+        self.row_index = torch.arange(max_batch, device=device)  # [B_max]: every row's logits
+        pad = [0, 0, scratch_block * block_size, 0, 1]  # token 0 at position 0, its K/V in the scratch slot
+        self.pad_column = torch.tensor(pad, dtype=torch.long, device=device).view(NUM_COLUMNS, 1)  # [5, 1]
+        self.batch_sizes, self.block_widths = batch_buckets(max_batch), block_buckets(max_blocks)
+        self.graphs: dict[GraphBucket, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[GraphBucket, tuple[torch.Tensor, torch.Tensor]] = {}  # ([b, V] logits, [b, hidden] h)
+        self.capture_time_s = 0.0
+        self.num_passes = 0  # passes served so far
+
+    @property
+    def buckets(self) -> list[GraphBucket]:
+        return [GraphBucket(b, nb) for b in self.batch_sizes for nb in self.block_widths]
+
+    def bucket_for(self, num_seqs: int, num_blocks: int) -> GraphBucket | None:
+        """The smallest bucket holding `num_seqs` rows of `num_blocks` blocks each; None where none does."""
+        batch = next((b for b in self.batch_sizes if b >= num_seqs), None)
+        width = next((nb for nb in self.block_widths if nb >= num_blocks), None)
+        return GraphBucket(batch, width) if batch is not None and width is not None else None
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture every bucket's graph, the largest first (the smaller ones reuse its pool's memory). Each is
+        run once on a side stream before its capture, so lazy set-up (cuBLAS workspaces) happens outside it."""
+        start_s = time.perf_counter()
+        self._load_padding(self.columns.shape[1], self.tables.shape[1])
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in sorted(self.buckets, key=lambda b: b.batch * b.num_blocks, reverse=True):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._pass(bucket)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bucket] = self._pass(bucket)
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize()
+        self.capture_time_s = time.perf_counter() - start_s
+        log.info("captured %d decode graphs (batch %s x blocks %s) in %.2f s", len(self.graphs),
+                 self.batch_sizes, self.block_widths, self.capture_time_s)
+
+    @torch.inference_mode()
+    def run(
+        self, items: list[ForwardItem], with_features: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] float32 on the host, [B, hidden] or None)
+        """The pass through its bucket's graph, or None where no graph serves it (the caller runs it op by
+        op). Logits come back for the items that want them, in item order; features for every item."""
+        if not is_plain_decode(items):
+            return None
+        bucket = self.bucket_for(len(items), max(it.start_pos // self.block_size + 1 for it in items))
+        if bucket is None:
+            return None
+        self._load(items, bucket)
+        self.num_passes += 1
+        if self.capture:
+            self.graphs[bucket].replay()
+            logits, h = self.outputs[bucket]
+        else:
+            logits, h = self._pass(bucket)
+        num_seqs = len(items)
+        host_logits = to_host(logits[:num_seqs])  # [B, V]
+        rows = [i for i, it in enumerate(items) if it.num_logits]
+        if len(rows) < num_seqs:
+            host_logits = host_logits[rows]
+        # the graph's output buffer is overwritten by its next replay: features outlive the pass
+        return host_logits, h[:num_seqs].clone() if with_features else None
+
+    def _load(self, items: list[ForwardItem], bucket: GraphBucket) -> None:
+        """Copy the pass's rows into the static inputs, padding rows after them up to the bucket."""
+        num_seqs, width, block_size = len(items), bucket.num_blocks, self.block_size
+        window = self.model.cfg.sliding_window
+        key_ends = [it.start_pos + 1 for it in items]
+        columns = [it.token_ids[0] for it in items]
+        columns += [it.positions[0] if it.positions else it.start_pos for it in items]
+        columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
+        columns += [max(0, end - window) if window is not None else 0 for end in key_ends]
+        columns += key_ends
+        tables = [it.block_table[:width] + [self.scratch_block] * (width - len(it.block_table[:width])) for it in items]
+        self.columns[:, :num_seqs].copy_(torch.tensor(columns, dtype=torch.long).view(NUM_COLUMNS, num_seqs))
+        self.tables[:num_seqs, :width].copy_(torch.tensor(tables, dtype=torch.long))  # [B, NB]
+        self._load_padding(bucket.batch, width, num_seqs)
+
+    def _load_padding(self, batch: int, width: int, first_row: int = 0) -> None:
+        if first_row < batch:
+            self.columns[:, first_row:batch].copy_(self.pad_column.expand(NUM_COLUMNS, batch - first_row))
+            self.tables[first_row:batch, :width].fill_(self.scratch_block)
+
+    def _pass(self, bucket: GraphBucket) -> tuple[torch.Tensor, torch.Tensor]:  # ([b, V] float32, [b, hidden])
+        """The static pass of one bucket, over the static inputs: what a graph captures."""
+        batch, width = bucket.batch, bucket.num_blocks
+        ids, positions, slots, key_start, key_end = self.columns[:, :batch]  # [b] each
+        keys = self.key_positions[: width * self.block_size]  # [L]
+        mask = (keys >= key_start.unsqueeze(1)) & (keys < key_end.unsqueeze(1))  # [b, L]
+        meta = AttentionMetadata(
+            slot_mapping=slots,
+            block_tables=self.tables[:batch, :width],  # [b, NB]
+            mask=mask.view(batch, 1, 1, -1),  # [b, 1, Q=1, L]
+            query_index=None,
+            flat_index=None,
+        )
+        attends = [eager_attend(meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
+        h = self.model.hidden_states(ids, positions, attends)  # [b, hidden]
+        return self.model.logits(h, self.row_index[:batch]), h
