@@ -14,6 +14,7 @@ BENCHES = {
     "warmup": "workers.bench.warmup_bench:bench_warmup_command",  # first-job TTFT vs steady, without/with warm-up
     "cost": "workers.bench.cost_bench:bench_cost_command",  # cost per 1,000 tokens per concurrency, SD on/off
     "tp": "workers.bench.tp_bench:bench_tp_command",  # the demo target over 2 tensor-parallel ranks vs 1
+    "graphs": "workers.bench.graphs_bench:bench_graphs_command",  # CUDA only: decode graphs vs op by op
 }
 
 
