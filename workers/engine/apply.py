@@ -90,7 +90,8 @@ class StepApplier:
         num_chunk = s.num_new_tokens
         if proposal is not None and proposal.tree is not None:
             rows = [*range(num_chunk), *(num_chunk + node for node in verdict.accepted_nodes or [])]
-            kept = features.index_select(0, torch.tensor(rows, dtype=torch.long))  # [n + accepted, hidden]
+            rows_t = torch.tensor(rows, dtype=torch.long, device=features.device)  # features stay on the model's device
+            kept = features.index_select(0, rows_t)  # [n + accepted, hidden]
         else:
             kept = features[: num_chunk + verdict.num_accepted]  # [n + accepted, hidden]
         s.seq.spec.keep_features(s.start_pos, kept)
