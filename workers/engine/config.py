@@ -48,6 +48,10 @@ class EngineConfig:
     # on a CUDA device: plain decode passes of the target and the draft replay CUDA graphs captured at start-up
     # for each bucket of batch size and context (workers/engine/decode_graphs.py); False = op by op
     cuda_graphs: bool = True
+    # the longest context a decode graph spans (vLLM's max_seq_len_to_capture): a graph gathers every key of
+    # its width for each of its rows, so wider graphs would hold gathers of many GB; longer sequences decode
+    # op by op
+    cuda_graph_max_context: PositiveInt = 8192
     num_threads: NonNegativeInt = 0  # torch threads for large passes; 0 = every core this process may use
     # passes of at most this many tokens (batch-1 decode, draft tokens) run on one thread: they are
     # memory-bound, and a 2nd thread only adds sync, and stalls when another process holds a core

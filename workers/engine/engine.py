@@ -182,7 +182,7 @@ class Engine:
         runners = {"target": self.runner}
         if self.speculator.draft is not None:
             runners["draft"] = self.speculator.draft.runner
-        max_blocks = -(-self.max_model_len // cfg.block_size)
+        max_blocks = -(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size)
         scratch_block = self.block_manager.num_blocks  # the runners' caches hold one block past the manager's
         seconds: dict[str, float] = {}
         for name, runner in runners.items():

@@ -116,3 +116,19 @@ def test_speculation_through_static_passes_keeps_the_target_output(
     assert engine.speculator.stats.counts.num_accepted > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), rid
+
+
+def test_contexts_past_the_graph_limit_decode_op_by_op(tiny_models: dict[str, Path]) -> None:
+    """cuda_graph_max_context caps the widest graph: sequences past it decode dynamically, same tokens."""
+    requests = {"short": ([5, 6, 7], greedy(6)), "long": (list(range(10, 40)), greedy(10))}
+    dynamic = run_all(make_engine(tiny_models["llama"], dtype="float64"), requests)
+    engine = make_engine(tiny_models["llama"], dtype="float64", cuda_graph_max_context=16)  # 4 blocks of 4
+    engine.use_decode_graphs(capture=False)
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.block_widths == [4]
+
+    static = run_all(engine, {"long": requests["long"]})  # 30 prompt tokens: past 16 from its first decode
+    assert graphs.num_passes == 0
+    static |= run_all(engine, {"short": requests["short"]})
+    assert graphs.num_passes == 5  # the short one's decodes (its first token comes from the prefill)
+    assert {rid: tokens(out) for rid, out in static.items()} == {rid: tokens(out) for rid, out in dynamic.items()}
