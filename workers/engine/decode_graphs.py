@@ -19,6 +19,7 @@ the dynamic path's tokens, so what a GPU replays is what the CPU tests check.
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ import torch
 from workers.engine.model_runner import ForwardItem
 from workers.models.attention import AttentionMetadata
 from workers.models.device import to_host
+from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
 
 log = logging.getLogger(__name__)
@@ -56,33 +58,81 @@ class GraphBucket:
     num_blocks: int  # block-table width: each row may see keys [0, num_blocks * block_size)
 
 
+# one static pass's dense work: (token ids [b], positions [b], attention metadata, features [b, hidden] or None)
+# -> (logits [b, V] float32, h [b, hidden]); it writes the pass's K/V into its caches through the metadata
+DenseBody = Callable[
+    [torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+def model_body(model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> DenseBody:
+    """A target's or a draft model's pass: every layer over its cache, logits of every row."""
+
+    def body(
+        ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, features: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attends = [eager_attend(meta, k, v, model.attn_scale) for k, v in kv_caches]
+        h = model.hidden_states(ids, positions, attends)  # [b, hidden]
+        rows = torch.arange(h.shape[0], device=h.device)  # [b]: captured as a kernel, like the rest
+        return model.logits(h, rows), h
+
+    return body
+
+
+def head_body(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> DenseBody:
+    """An EAGLE head's pass over its one-layer cache, reading each row's feature."""
+
+    def body(
+        ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, features: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert features is not None, "a head's pass reads features"
+        attend = eager_attend(meta, kv_cache[0], kv_cache[1], head.attn_scale)
+        h = head.hidden(ids, features, positions, attend)  # [b, hidden]
+        return head.logits(h), h
+
+    return body
+
+
 def is_plain_decode(items: list[ForwardItem]) -> bool:
     """One query token per sequence, no token tree: the passes a graph serves."""
     return bool(items) and all(len(it.token_ids) == 1 and it.tree_mask is None for it in items)
 
 
+@dataclass(frozen=True)
+class GraphShape:
+    """What a runner's graphs hold: the rows, block-table width and feature width of the largest bucket."""
+
+    block_size: int
+    scratch_block: int  # a cache block no sequence is given: padding rows write and read it
+    max_batch: int
+    max_blocks: int
+    sliding_window: int | None = None  # the model's (the runner sets it)
+    feature_size: int = 0  # > 0: each row reads a feature of this width (an EAGLE head; the runner sets it)
+
+
 class DecodeGraphs:
-    """One runner's decode graphs: its model and KV caches, static inputs and outputs per bucket."""
+    """One runner's decode graphs: its dense body, static inputs and outputs per bucket."""
 
     def __init__(
         self,
-        model: LlamaModel,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) [num_blocks, block_size, KV, D]
-        block_size: int,
-        scratch_block: int,  # a cache block no sequence is given: padding rows write and read it
-        max_batch: int,
-        max_blocks: int,
+        body: DenseBody,
+        shape: GraphShape,
+        device: torch.device,
+        dtype: torch.dtype,  # the features' (the head's weights')
         capture: bool,  # False: run the static pass op by op (the CPU; tests)
     ) -> None:
-        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
-        self.scratch_block, self.capture = scratch_block, capture
-        device = model.embed.weight.device
+        self.body, self.capture = body, capture
+        max_batch, max_blocks = shape.max_batch, shape.max_blocks
+        block_size, scratch_block = self.block_size, self.scratch_block = shape.block_size, shape.scratch_block
+        self.sliding_window = shape.sliding_window
+        self.features = (
+            torch.zeros(max_batch, shape.feature_size, dtype=dtype, device=device) if shape.feature_size else None
+        )  # [B_max, hidden]
         self.columns = torch.zeros(NUM_COLUMNS, max_batch, dtype=torch.long, device=device)  # [5, B_max]
         self.tables = torch.full(
             (max_batch, max_blocks), scratch_block, dtype=torch.long, device=device
         )  # [B_max, NB_max]
         self.key_positions = torch.arange(max_blocks * block_size, device=device)  # [L_max]
-        self.row_index = torch.arange(max_batch, device=device)  # [B_max]: every row's logits
         pad = [0, 0, scratch_block * block_size, 0, 1]  # token 0 at position 0, its K/V in the scratch slot
         self.pad_column = torch.tensor(pad, dtype=torch.long, device=device).view(NUM_COLUMNS, 1)  # [5, 1]
         self.batch_sizes, self.block_widths = batch_buckets(max_batch), block_buckets(max_blocks)
@@ -125,16 +175,17 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(
-        self, items: list[ForwardItem], with_features: bool
+        self, items: list[ForwardItem], with_features: bool, features: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] float32 on the host, [B, hidden] or None)
         """The pass through its bucket's graph, or None where no graph serves it (the caller runs it op by
-        op). Logits come back for the items that want them, in item order; features for every item."""
+        op). `features` ([B, hidden], a head's) are its rows' inputs. Logits come back for the items that want
+        them, in item order; h (`with_features`) for every item."""
         if not is_plain_decode(items):
             return None
         bucket = self.bucket_for(len(items), max(it.start_pos // self.block_size + 1 for it in items))
         if bucket is None:
             return None
-        self._load(items, bucket)
+        self._load(items, bucket, features)
         self.num_passes += 1
         if self.capture:
             self.graphs[bucket].replay()
@@ -149,10 +200,13 @@ class DecodeGraphs:
         # the graph's output buffer is overwritten by its next replay: features outlive the pass
         return host_logits, h[:num_seqs].clone() if with_features else None
 
-    def _load(self, items: list[ForwardItem], bucket: GraphBucket) -> None:
+    def _load(self, items: list[ForwardItem], bucket: GraphBucket, features: torch.Tensor | None) -> None:
         """Copy the pass's rows into the static inputs, padding rows after them up to the bucket."""
         num_seqs, width, block_size = len(items), bucket.num_blocks, self.block_size
-        window = self.model.cfg.sliding_window
+        window = self.sliding_window
+        if self.features is not None:
+            assert features is not None and features.shape[0] == num_seqs, "one feature row per sequence"
+            self.features[:num_seqs].copy_(features)  # padding rows keep whatever they held: their output is unused
         key_ends = [it.start_pos + 1 for it in items]
         columns = [it.token_ids[0] for it in items]
         columns += [it.positions[0] if it.positions else it.start_pos for it in items]
@@ -182,6 +236,5 @@ class DecodeGraphs:
             query_index=None,
             flat_index=None,
         )
-        attends = [eager_attend(meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
-        h = self.model.hidden_states(ids, positions, attends)  # [b, hidden]
-        return self.model.logits(h, self.row_index[:batch]), h
+        features = self.features[:batch] if self.features is not None else None  # [b, hidden]
+        return self.body(ids, positions, meta, features)

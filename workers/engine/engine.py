@@ -23,7 +23,7 @@ from workers.engine.compilation import compile_runner, point_cache_at
 from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
 from workers.engine.cost_probe import probe, probe_attention, probe_sizes
-from workers.engine.decode_graphs import DecodeGraphs
+from workers.engine.decode_graphs import GraphShape
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
@@ -100,13 +100,15 @@ class Engine:
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads)) if draft is not None else None
         )
-        eagle = EagleProposer(HeadRunner(head, num_blocks, cfg.block_size, threads)) if head is not None else None
+        eagle = EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads)) if head is not None else None
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
-        self.graph_capture_s = self.use_decode_graphs(capture=True) if is_graphed else {}
+        self.graph_capture_s: dict[str, float] = {}  # model -> its decode graphs' capture seconds
+        if is_graphed:
+            self.use_decode_graphs(capture=True)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
             self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
@@ -173,22 +175,25 @@ class Engine:
         return stats
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:
-        """Serve the target's and the draft's plain decode passes from static decode graphs
-        (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up, on a CUDA device,
-        before the pass costs are timed, so the speculator's tables hold what requests will run), else their
-        static passes run op by op (the CPU tests). A model whose capture fails decodes op by op, logged.
-        Returns the capture seconds of each model captured."""
+        """Serve the plain decode passes of the target and the draft, and the EAGLE head's chain passes, from
+        static decode graphs (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up,
+        on a CUDA device, before the pass costs are timed, so the speculator's tables hold what requests will
+        run), else their static passes run op by op (the CPU tests). A model whose capture fails decodes op by
+        op, logged. Returns the capture seconds of each model captured."""
         cfg = self.cfg
-        runners = {"target": self.runner}
+        runners: dict[str, ModelRunner | HeadRunner] = {"target": self.runner}
         if self.speculator.draft is not None:
             runners["draft"] = self.speculator.draft.runner
-        max_blocks = -(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size)
-        scratch_block = self.block_manager.num_blocks  # the runners' caches hold one block past the manager's
-        seconds: dict[str, float] = {}
+        if self.speculator.eagle is not None:
+            runners["eagle"] = self.speculator.eagle.runner
+        shape = GraphShape(
+            block_size=cfg.block_size,
+            scratch_block=self.block_manager.num_blocks,  # the runners' caches hold one block past the manager's
+            max_batch=cfg.max_num_seqs,
+            max_blocks=-(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size),
+        )
         for name, runner in runners.items():
-            graphs = DecodeGraphs(
-                runner.model, runner.kv_caches, cfg.block_size, scratch_block, cfg.max_num_seqs, max_blocks, capture
-            )
+            graphs = runner.new_graphs(shape, capture)
             try:
                 if capture:
                     graphs.capture_all()
@@ -196,8 +201,8 @@ class Engine:
                 log.exception("capturing the %s model's decode graphs failed: it decodes op by op", name)
                 continue
             runner.graphs = graphs
-            seconds[name] = graphs.capture_time_s
-        return seconds
+            self.graph_capture_s[name] = graphs.capture_time_s
+        return self.graph_capture_s
 
     def _measure_costs(self, draft_runner: ModelRunner | None) -> None:
         """Time the target's, the draft's and the head's passes now (cost_probe.py), then feed every later

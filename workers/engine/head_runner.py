@@ -6,12 +6,14 @@ token, flat in the same order. Its dense path compiles at start-up like a model'
 `new_compiled`, `forward_with`, the same shape buckets), and runs compiled where compile_stats says so.
 """
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
+from workers.engine.decode_graphs import DecodeGraphs, GraphShape, head_body
 from workers.engine.model_runner import (
     ForwardBatch,
     ForwardItem,
@@ -44,6 +46,7 @@ class HeadRunner:
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         self.compiled: CompiledHead | None = None
         self.compile_stats = CompileStats()
+        self.graphs: DecodeGraphs | None = None  # chain passes replayed from CUDA graphs (decode_graphs.py)
 
     @property
     def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -68,16 +71,38 @@ class HeadRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of the same rows)
         """One pass: compiled where compile_stats says so, else eager (run_compiled_or_eager)."""
         start_s = time.perf_counter()
-        batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
-        num_tokens = batch.input_ids.shape[0]
+        num_tokens = sum(len(it.token_ids) for it in items)
         if features.shape[0] != num_tokens:
             raise ValueError(f"{features.shape[0]} feature rows for {num_tokens} query tokens")
-        out = run_compiled_or_eager(
-            self.compile_stats, self.bucket_of(num_tokens), self.compiled,
-            lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
-        )
+        out = self._run_graphed(items, features) if self.graphs is not None else None
+        if out is None:  # not a pass a captured graph serves: built and dispatched op by op
+            batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
+            out = run_compiled_or_eager(
+                self.compile_stats, self.bucket_of(num_tokens), self.compiled,
+                lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
+            )
         report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)
         return out
+
+    def _run_graphed(
+        self, items: list[ForwardItem], features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # ([S, V] float32 logits, [S, hidden]), or None: not served
+        assert self.graphs is not None
+        out = self.graphs.run(items, True, features)
+        if out is None:
+            return None
+        logits, h = out
+        assert h is not None
+        rows = [i for i, it in enumerate(items) if it.num_logits]  # h of the logits rows, as the dynamic pass
+        return logits, h if len(rows) == len(items) else h[rows]
+
+    def new_graphs(self, shape: GraphShape, capture: bool) -> DecodeGraphs:
+        """Decode graphs over the head and its cache (workers/engine/decode_graphs.py), not captured yet."""
+        weight = self.head.fc.weight
+        shape = dataclasses.replace(
+            shape, sliding_window=self.head.layer_cfg.sliding_window, feature_size=self.head.cfg.hidden_size
+        )
+        return DecodeGraphs(head_body(self.head, self.kv_cache), shape, weight.device, weight.dtype, capture)
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)

@@ -5,6 +5,7 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
 
 if TYPE_CHECKING:  # it builds on this module's ForwardItem
-    from workers.engine.decode_graphs import DecodeGraphs
+    from workers.engine.decode_graphs import DecodeGraphs, GraphShape
 
 
 @dataclass
@@ -356,6 +357,14 @@ class ModelRunner:
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
+
+    def new_graphs(self, shape: "GraphShape", capture: bool) -> "DecodeGraphs":
+        """Decode graphs over this runner's model and caches (workers/engine/decode_graphs.py), not captured yet."""
+        from workers.engine.decode_graphs import DecodeGraphs, model_body
+
+        weight = self.model.embed.weight
+        shape = dataclasses.replace(shape, sliding_window=self.model.cfg.sliding_window)
+        return DecodeGraphs(model_body(self.model, self.kv_caches), shape, weight.device, weight.dtype, capture)
 
     def new_compiled(self) -> CompiledModel:
         """This runner's dense path under torch.compile, not yet compiled (workers/engine/compilation.py)."""

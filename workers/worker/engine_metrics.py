@@ -180,10 +180,15 @@ class CompileSnapshot:
     num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
     is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
     is_packed: dict[str, bool] = field(default_factory=dict)  # model -> its linear weights are prepacked
+    graph_capture_s: dict[str, float] = field(default_factory=dict)  # model -> its decode graphs' capture seconds
 
     @classmethod
     def of(
-        cls, compile_stats: dict[str, Any], native_attention: dict[str, bool], packing: dict[str, Any]
+        cls,
+        compile_stats: dict[str, Any],
+        native_attention: dict[str, bool],
+        packing: dict[str, Any],
+        graph_capture_s: dict[str, float],
     ) -> "CompileSnapshot":
         return cls(
             is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
@@ -191,6 +196,7 @@ class CompileSnapshot:
             num_failures={m: st.num_failures for m, st in compile_stats.items()},
             is_native_attention=dict(native_attention),
             is_packed={m: st.is_packed for m, st in packing.items()},
+            graph_capture_s=dict(graph_capture_s),
         )
 
 
@@ -228,6 +234,14 @@ class CompileCollector(Collector):
             "1 where the model's linear weights are prepacked for oneDNN (EngineConfig.linear_packing)",
             s.is_packed,
         )
+        capture = GaugeMetricFamily(
+            "specfleet_engine_cuda_graph_capture_seconds",
+            "Start-up capture time of the model's decode graphs (present where they serve its decode passes)",
+            labels=["model"],
+        )
+        for model, value in s.graph_capture_s.items():
+            capture.add_metric([model], value)
+        yield capture
 
 
 def _flag_per_model(name: str, documentation: str, flags: dict[str, bool]) -> GaugeMetricFamily:
@@ -300,7 +314,9 @@ class EngineMetrics:
         ):
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
-        compile_now = CompileSnapshot.of(engine.compile_stats, engine.native_attention, engine.packing)  # a few entries: cheap
+        compile_now = CompileSnapshot.of(  # a few entries: cheap
+            engine.compile_stats, engine.native_attention, engine.packing, engine.graph_capture_s
+        )
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now
 

@@ -52,6 +52,7 @@ def test_speculation_on_cuda_keeps_the_target_output(eagle_models: dict[str, Pat
     engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method, device="cuda")
     speculative = run_all(engine, requests)
 
+    assert set(engine.graph_capture_s) == {"target", "draft"} | ({"eagle"} if eagle else set())
     assert engine.speculator.stats.counts.num_accepted > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)

@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, make_engine, run_all, spec_engine, tokens
-from workers.engine.decode_graphs import DecodeGraphs, GraphBucket, batch_buckets, block_buckets
+from workers.engine.decode_graphs import DecodeGraphs, GraphBucket, GraphShape, batch_buckets, block_buckets
+from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.models.eagle_head import load_head
 from workers.models.loader import load_model
+from workers.worker.engine_metrics import EngineMetrics
 
 
 def test_bucket_ladders() -> None:
@@ -25,7 +29,7 @@ def test_bucket_ladders() -> None:
 
 
 def _graphs(runner: ModelRunner, scratch_block: int, max_batch: int = 8, max_blocks: int = 20) -> DecodeGraphs:
-    return DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, scratch_block, max_batch, max_blocks, False)
+    return runner.new_graphs(GraphShape(runner.block_size, scratch_block, max_batch, max_blocks), capture=False)
 
 
 def test_a_pass_takes_the_smallest_bucket_that_holds_it(tiny_target: Path) -> None:
@@ -110,9 +114,12 @@ def test_speculation_through_static_passes_keeps_the_target_output(
     speculative = run_all(engine, requests)
 
     draft_graphs = engine.speculator.draft.runner.graphs if engine.speculator.draft is not None else None
+    eagle_graphs = engine.speculator.eagle.runner.graphs if engine.speculator.eagle is not None else None
     assert draft_graphs is not None
     if method is SpeculativeMethod.DRAFT:
         assert draft_graphs.num_passes > 0
+    else:  # the head's chain passes after the first (which catches up on several rows) are static
+        assert eagle_graphs is not None and eagle_graphs.num_passes > 0
     assert engine.speculator.stats.counts.num_accepted > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), rid
@@ -132,3 +139,48 @@ def test_contexts_past_the_graph_limit_decode_op_by_op(tiny_models: dict[str, Pa
     static |= run_all(engine, {"short": requests["short"]})
     assert graphs.num_passes == 5  # the short one's decodes (its first token comes from the prefill)
     assert {rid: tokens(out) for rid, out in static.items()} == {rid: tokens(out) for rid, out in dynamic.items()}
+
+
+@pytest.mark.parametrize("head_name", ["copy_head", "vocab_head"])
+@torch.inference_mode()
+def test_a_heads_static_pass_reads_its_features_like_the_dynamic_pass(
+    eagle_models: dict[str, Path], head_name: str
+) -> None:
+    """An EAGLE head's chain pass (one token and one feature per sequence) through its static pass: the
+    dynamic pass's logits (a draft vocabulary's -inf included) and h, three sequences in a bucket of 4."""
+    target = load_model(eagle_models["target"], torch.float64)
+    head = load_head(eagle_models[head_name], target)
+    dynamic, static = HeadRunner(head, 21, 4), HeadRunner(head, 21, 4)
+    gen = torch.Generator().manual_seed(2)
+    hidden = head.cfg.hidden_size
+    prompts = {0: ([5, 6, 7, 8, 9], [0, 1]), 1: ([11, 12], [2]), 2: (list(range(20, 33)), [3, 4, 5, 6])}
+    prefill = [ForwardItem(ids, 0, table, num_logits=1) for ids, table in prompts.values()]
+    prefill_features = torch.randn(20, hidden, generator=gen, dtype=torch.float64)
+    for runner in (dynamic, static):
+        runner.forward(prefill, prefill_features)
+    static.graphs = static.new_graphs(GraphShape(4, 20, 8, 20), capture=False)
+    items = [ForwardItem([41], 5, [0, 1], num_logits=1), ForwardItem([42], 2, [2], num_logits=1),
+             ForwardItem([43], 13, [3, 4, 5, 6], num_logits=1)]
+    features = torch.randn(3, hidden, generator=gen, dtype=torch.float64)
+
+    want_logits, want_h = dynamic.forward(items, features)
+    got_logits, got_h = static.forward(items, features)
+
+    assert static.graphs.num_passes == 1
+    assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
+
+
+def test_the_models_served_by_graphs_are_exported(tiny_pair: tuple[Path, Path]) -> None:
+    plain = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft")
+    registry = CollectorRegistry()
+    EngineMetrics(registry).update(plain, [])
+    assert registry.get_sample_value("specfleet_engine_cuda_graph_capture_seconds", {"model": "target"}) is None
+
+    graphed = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft")
+    assert graphed.use_decode_graphs(capture=False) == {"target": 0.0, "draft": 0.0}  # nothing captured on the CPU
+    registry = CollectorRegistry()
+    EngineMetrics(registry).update(graphed, [])
+    for model in ("target", "draft"):
+        assert registry.get_sample_value("specfleet_engine_cuda_graph_capture_seconds", {"model": model}) == 0.0
