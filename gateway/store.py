@@ -153,19 +153,20 @@ class JobStore:
         seconds, micros = await self.redis.time()
         now_ms = seconds * 1000 + micros // 1000
         ages = dict.fromkeys([p.value for p in Priority], 0.0)
-        for partition in self.partitions:
-            for priority in Priority:
-                stream = keys.queue_stream(priority, partition)
-                try:
-                    groups = await self.redis.xinfo_groups(stream)
-                except ResponseError:  # no stream yet: nothing waits
-                    groups = []
-                last_id = next(
-                    (g["last-delivered-id"] for g in groups if g["name"] == keys.CONSUMER_GROUP), "0-0"
-                )
-                oldest = await self.redis.xrange(stream, min=f"({last_id}", count=1)
-                enqueued_ms = int(str(oldest[0][0]).split("-")[0]) if oldest else now_ms
-                ages[priority.value] = max(ages[priority.value], (now_ms - enqueued_ms) / 1000)
+        streams = [(priority, keys.queue_stream(priority, n)) for n in self.partitions for priority in Priority]
+        pipe = self.redis.pipeline(transaction=False)  # two round trips in all, not two per stream
+        for _, stream in streams:
+            pipe.xinfo_groups(stream)
+        last_ids = []
+        for groups in await pipe.execute(raise_on_error=False):
+            if isinstance(groups, ResponseError):  # no stream yet: nothing waits
+                groups = []
+            last_ids.append(next((g["last-delivered-id"] for g in groups if g["name"] == keys.CONSUMER_GROUP), "0-0"))
+        for (_, stream), last_id in zip(streams, last_ids, strict=True):
+            pipe.xrange(stream, min=f"({last_id}", count=1)
+        for (priority, _), oldest in zip(streams, await pipe.execute(), strict=True):
+            enqueued_ms = int(str(oldest[0][0]).split("-")[0]) if oldest else now_ms
+            ages[priority.value] = max(ages[priority.value], (now_ms - enqueued_ms) / 1000)
         return ages
 
     async def num_workers_alive(self, now_s: float) -> int:

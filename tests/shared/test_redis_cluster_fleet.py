@@ -126,6 +126,9 @@ def test_submit_poll_and_stream_match_on_a_cluster(cluster_fleet: tuple[FleetCli
     assert len(job["output"]["token_ids"]) == SHORT["max_tokens"]
     assert client.hget(keys.job_hash(job_id), "attempt") == "1"
     assert fleet.http.get("/readyz").status_code == 200
+    metrics = fleet.http.get("/metrics")  # the queue gauges: pipelines over every partition's streams, by slot
+    assert metrics.status_code == 200
+    assert 'specfleet_queue_oldest_age_seconds{priority="interactive"} 0.0' in metrics.text
 
 
 def test_idempotent_submit_priorities_and_cancel_on_a_cluster(cluster_fleet: tuple[FleetClient, redis.Redis]) -> None:
