@@ -148,11 +148,14 @@ def _cancel_queued(job_ids: list[str]) -> int:
     event = ErrorEvent(status=JobStatus.CANCELLED, error=info).model_dump_json(exclude_none=True)
     script = r.register_script(batch_lua.CANCEL_QUEUED_JOB)
     pipes = redis_urls.PartitionPipelines(r)  # a batch's jobs share its partition: one pipeline
+    contexts: dict[int, str] = {}  # partition -> its scripts' context (one, for a batch's jobs)
     for job_id in job_ids:
         partition = keys.partition_of(job_id)
+        if partition not in contexts:
+            contexts[partition] = lua.context(settings.events_maxlen, settings.result_ttl_s, partition)
         script(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
-            args=[lua.context(settings.events_maxlen, settings.result_ttl_s, partition), job_id, error, event],
+            args=[contexts[partition], job_id, error, event],
             client=pipes.of(partition),
         )
     return sum(1 for replies in pipes.execute().values() for res in replies if res == "ok")
