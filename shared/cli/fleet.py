@@ -103,6 +103,9 @@ def worker(
     tensor_parallel_size: Annotated[
         int | None, typer.Option(help="Shard the target over N ranks (processes) of this worker")
     ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto | cpu | cuda | cuda:N (default: the engine config's, auto)")
+    ] = None,
     burst: Annotated[bool, typer.Option("--burst", help="Exit once the queues are empty")] = False,
     name: Annotated[str | None, typer.Option(help="Worker id (default: host-pid-random)")] = None,
     model_version: Annotated[
@@ -129,15 +132,20 @@ def worker(
         except ValueError as exc:
             typer.echo(f"error: --model-version: {exc}", err=True)
             raise typer.Exit(2) from exc
-    cfg = EngineConfig.load(
-        engine_config or settings.engine_config,
-        target_dir=target,
-        draft_dir=draft,
-        max_num_seqs=max_num_seqs,
-        num_threads=num_threads,
-        tensor_parallel_size=tensor_parallel_size,
-    )
-    engine = Engine.from_config(with_demo_pair(cfg))
+    try:
+        cfg = EngineConfig.load(
+            engine_config or settings.engine_config,
+            target_dir=target,
+            draft_dir=draft,
+            max_num_seqs=max_num_seqs,
+            num_threads=num_threads,
+            tensor_parallel_size=tensor_parallel_size,
+            device=device,
+        )
+        engine = Engine.from_config(with_demo_pair(cfg))
+    except ValueError as exc:  # a setting the engine cannot start with (pydantic's errors name the field)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     metrics = None
     if settings.worker_metrics_port:
         from workers.worker.engine_metrics import EngineMetrics

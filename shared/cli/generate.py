@@ -28,6 +28,9 @@ def generate(
     tensor_parallel_size: Annotated[
         int | None, typer.Option(help="Shard the target over N ranks (processes); default: the engine config")
     ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto | cpu | cuda | cuda:N (default: the engine config's, auto)")
+    ] = None,
 ) -> None:
     """Run the engine in-process on one prompt; stream the text and print a stats line."""
     from workers.demo.resolve import with_demo_pair
@@ -36,10 +39,14 @@ def generate(
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
-    cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle,
-                            tensor_parallel_size=tensor_parallel_size)
-    # with TP > 1 the other ranks stop when the engine is collected or this process exits (Engine.close)
-    engine = Engine.from_config(with_demo_pair(cfg))
+    try:
+        cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle,
+                                tensor_parallel_size=tensor_parallel_size, device=device)
+        # with TP > 1 the other ranks stop when the engine is collected or this process exits (Engine.close)
+        engine = Engine.from_config(with_demo_pair(cfg))
+    except ValueError as exc:  # a setting the engine cannot start with (pydantic's errors name the field)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             speculative=speculative)
     try:

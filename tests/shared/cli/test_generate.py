@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -52,3 +54,13 @@ def test_generate_with_an_eagle_head(eagle_models: dict[str, Path]) -> None:
 def test_generate_refuses_eagle_without_a_head(tiny_models: dict[str, Path]) -> None:
     proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--speculative", "eagle")
     assert proc.returncode == 2 and "no EAGLE head" in proc.stderr
+
+
+def test_generate_refuses_a_device_it_cannot_use_with_a_reason(tiny_models: dict[str, Path]) -> None:
+    proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--device", "gpu")
+    assert proc.returncode == 2 and "device" in proc.stderr and "Traceback" not in proc.stderr
+    if not torch.cuda.is_available():
+        proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--device", "cuda")
+        assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr
+    proc = run_cli("generate", "x", "--target", str(tiny_models["llama"]), "--device", "cpu", "--max-tokens", "4")
+    assert proc.returncode == 0, proc.stderr
