@@ -27,6 +27,11 @@ def test_bench_graphs_quick_writes_its_ratios(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("SPECFLEET_HOME", str(tmp_path / "home"))  # no demo pair there: the tiny pair
     assert bench_graphs_command(quick=True, json_path=str(tmp_path / "g.json")) == 0
     doc = json.loads((tmp_path / "g.json").read_text())
-    for concurrency in GraphsBenchPlan.quick().concurrencies:
-        assert doc["ratios"][f"greedy_match_c{concurrency}"] == 1.0
+    plan = GraphsBenchPlan.quick()
+    assert len(doc["rows"]) == 2 * plan.num_rounds * len(plan.concurrencies)
+    assert set(doc["machine"]["capture_s"]) == {"target"}
+    for concurrency in plan.concurrencies:
+        # bf16: a padded graph's matmuls may round differently from the exact batch's (float64 exactness:
+        # tests/workers/engine/test_cuda.py), so the match is reported, not required
+        assert 0.0 <= doc["ratios"][f"greedy_match_c{concurrency}"] <= 1.0
         assert doc["ratios"][f"graphs_vs_op_by_op_c{concurrency}"] > 0
