@@ -360,6 +360,7 @@ class ModelRunner:
 
     def new_graphs(self, shape: "GraphShape", capture: bool) -> "DecodeGraphs":
         """Decode graphs over this runner's model and caches (workers/engine/decode_graphs.py), not captured yet."""
+        # imported here, not above: decode_graphs imports this module
         from workers.engine.decode_graphs import DecodeGraphs, model_body
 
         weight = self.model.embed.weight
