@@ -13,6 +13,7 @@ from shared import keys
 from shared.redis_url import parse
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
+from workers.engine.config import EngineConfig
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.30.0"
@@ -59,12 +60,17 @@ def test_the_settings_load_as_the_pods_get_them(monkeypatch: pytest.MonkeyPatch)
     assert settings.claim_timeout_s >= 30  # longer than a Sentinel failover
 
 
-def test_workers_get_a_gpu_a_grace_period_for_the_hand_back_and_a_disruption_budget() -> None:
+def test_workers_get_a_gpu_a_grace_period_for_the_hand_back_and_a_disruption_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pod = _one("Deployment", "specfleet-worker")["spec"]["template"]["spec"]
     grace_s = float(_one("ConfigMap", "specfleet-settings")["data"]["SPECFLEET_SHUTDOWN_GRACE_S"])
     assert pod["terminationGracePeriodSeconds"] > grace_s
     resources = pod["containers"][0]["resources"]
     assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 1
+    for var in pod["containers"][0]["env"]:
+        monkeypatch.setenv(var["name"], var["value"])
+    assert EngineConfig.load().device == "cuda"  # the engine on the pod's GPU (SPECFLEET_ENGINE_DEVICE)
     budget = _one("PodDisruptionBudget", "specfleet-worker")["spec"]
     assert budget["selector"] == _one("Deployment", "specfleet-worker")["spec"]["selector"]
 
