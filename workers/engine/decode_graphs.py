@@ -1,7 +1,8 @@
 """Decode passes replayed from CUDA graphs: captured once per (batch, context) bucket at start-up, then each
-plain decode pass (one query token per sequence, no token tree) copies its inputs into static buffers and
-replays its bucket's graph: one launch for the whole pass, where op by op a small model's step is all
-dispatch. vLLM and nano-vllm capture decode graphs over a ladder of batch sizes the same way.
+decode pass (one query token per sequence, no token tree: the target's and the draft's plain decode steps, the
+EAGLE head's chain steps) copies its inputs into static buffers and replays its bucket's graph: one launch for
+the whole pass, where op by op a small model's step is all dispatch. vLLM and nano-vllm capture decode graphs
+over a ladder of batch sizes the same way.
 
 A graph fixes every shape, so each captured pass is static:
 - rows past the pass's sequences (a bucket of 8 for 5 sequences) are padding: token 0 at position 0, writing
@@ -10,7 +11,7 @@ A graph fixes every shape, so each captured pass is static:
 - attention is the SDPA path's gather through the block tables (workers/models/attention.py), over a width of
   blocks that the bucket fixes too: each row's table is padded with the scratch block to that width, and keys
   past the row's own end are masked out, as the dynamic path masks them. Widths double from
-  MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has.
+  MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has (or that many blocks).
 
 Passes no graph serves (prefill chunks, verify passes, trees, more rows or blocks than the largest bucket) run
 op by op as before. With `capture=False` (the CPU) the same static pass runs op by op: the tests hold it to
