@@ -18,6 +18,7 @@ op by op as before. With `capture=False` (the CPU) the same static pass runs op 
 the dynamic path's tokens, so what a GPU replays is what the CPU tests check.
 """
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.engine.model_runner import ForwardItem
+from workers.engine.head_runner import HeadRunner
+from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.attention import AttentionMetadata
 from workers.models.device import to_host
 from workers.models.eagle_head import EagleHead
@@ -239,3 +241,17 @@ class DecodeGraphs:
         )
         features = self.features[:batch] if self.features is not None else None  # [b, hidden]
         return self.body(ids, positions, meta, features)
+
+
+def graphs_for(runner: ModelRunner | HeadRunner, shape: GraphShape, capture: bool) -> DecodeGraphs:
+    """Decode graphs over a runner's model (or EAGLE head) and caches, not captured yet: `shape` with the
+    model's sliding window, and a head's feature width."""
+    if isinstance(runner, HeadRunner):
+        head, weight = runner.head, runner.head.fc.weight
+        shape = dataclasses.replace(
+            shape, sliding_window=head.layer_cfg.sliding_window, feature_size=head.cfg.hidden_size
+        )
+        return DecodeGraphs(head_body(head, runner.kv_cache), shape, weight.device, weight.dtype, capture)
+    model, weight = runner.model, runner.model.embed.weight
+    shape = dataclasses.replace(shape, sliding_window=model.cfg.sliding_window)
+    return DecodeGraphs(model_body(model, runner.kv_caches), shape, weight.device, weight.dtype, capture)

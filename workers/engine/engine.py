@@ -23,7 +23,7 @@ from workers.engine.compilation import compile_runner, point_cache_at
 from workers.engine.compile_stats import CompileMode, CompileStats
 from workers.engine.config import EngineConfig
 from workers.engine.cost_probe import probe, probe_attention, probe_sizes
-from workers.engine.decode_graphs import GraphShape
+from workers.engine.decode_graphs import GraphShape, graphs_for
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
@@ -193,7 +193,7 @@ class Engine:
             max_blocks=-(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size),
         )
         for name, runner in runners.items():
-            graphs = runner.new_graphs(shape, capture)
+            graphs = graphs_for(runner, shape, capture)
             try:
                 if capture:
                     graphs.capture_all()

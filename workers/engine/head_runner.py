@@ -6,17 +6,16 @@ token, flat in the same order. Its dense path compiles at start-up like a model'
 `new_compiled`, `forward_with`, the same shape buckets), and runs compiled where compile_stats says so.
 """
 
-import dataclasses
 import time
 from collections.abc import Callable
 
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
-from workers.engine.decode_graphs import DecodeGraphs, GraphShape, head_body
 from workers.engine.model_runner import (
     ForwardBatch,
     ForwardItem,
+    PassGraphs,
     ShapesRun,
     ThreadPolicy,
     build_batch,
@@ -46,7 +45,7 @@ class HeadRunner:
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         self.compiled: CompiledHead | None = None
         self.compile_stats = CompileStats()
-        self.graphs: DecodeGraphs | None = None  # chain passes replayed from CUDA graphs (decode_graphs.py)
+        self.graphs: PassGraphs | None = None  # chain passes replayed from CUDA graphs (decode_graphs.py)
 
     @property
     def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -95,14 +94,6 @@ class HeadRunner:
         assert h is not None
         rows = [i for i, it in enumerate(items) if it.num_logits]  # h of the logits rows, as the dynamic pass
         return logits, h if len(rows) == len(items) else h[rows]
-
-    def new_graphs(self, shape: GraphShape, capture: bool) -> DecodeGraphs:
-        """Decode graphs over the head and its cache (workers/engine/decode_graphs.py), not captured yet."""
-        weight = self.head.fc.weight
-        shape = dataclasses.replace(
-            shape, sliding_window=self.head.layer_cfg.sliding_window, feature_size=self.head.cfg.hidden_size
-        )
-        return DecodeGraphs(head_body(self.head, self.kv_cache), shape, weight.device, weight.dtype, capture)
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)

@@ -5,11 +5,10 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -21,8 +20,14 @@ from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
 
-if TYPE_CHECKING:  # it builds on this module's ForwardItem
-    from workers.engine.decode_graphs import DecodeGraphs, GraphShape
+
+class PassGraphs(Protocol):
+    """Passes a runner hands to captured graphs first (workers/engine/decode_graphs.py: DecodeGraphs)."""
+
+    def run(
+        self, items: list["ForwardItem"], with_features: bool, features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] host logits, [B, hidden] or None); None: not served
+        ...
 
 
 @dataclass
@@ -296,7 +301,7 @@ class ModelRunner:
             for _ in range(model.cfg.num_layers)
         ]
         # decode passes replayed from captured CUDA graphs (workers/engine/decode_graphs.py); None = none
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: PassGraphs | None = None
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
@@ -357,15 +362,6 @@ class ModelRunner:
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
-
-    def new_graphs(self, shape: "GraphShape", capture: bool) -> "DecodeGraphs":
-        """Decode graphs over this runner's model and caches (workers/engine/decode_graphs.py), not captured yet."""
-        # imported here, not above: decode_graphs imports this module
-        from workers.engine.decode_graphs import DecodeGraphs, model_body
-
-        weight = self.model.embed.weight
-        shape = dataclasses.replace(shape, sliding_window=self.model.cfg.sliding_window)
-        return DecodeGraphs(model_body(self.model, self.kv_caches), shape, weight.device, weight.dtype, capture)
 
     def new_compiled(self) -> CompiledModel:
         """This runner's dense path under torch.compile, not yet compiled (workers/engine/compilation.py)."""

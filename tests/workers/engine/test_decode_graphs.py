@@ -11,7 +11,14 @@ from prometheus_client import CollectorRegistry
 
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, make_engine, run_all, spec_engine, tokens
-from workers.engine.decode_graphs import DecodeGraphs, GraphBucket, GraphShape, batch_buckets, block_buckets
+from workers.engine.decode_graphs import (
+    DecodeGraphs,
+    GraphBucket,
+    GraphShape,
+    batch_buckets,
+    block_buckets,
+    graphs_for,
+)
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.eagle_head import load_head
@@ -29,7 +36,7 @@ def test_bucket_ladders() -> None:
 
 
 def _graphs(runner: ModelRunner, scratch_block: int, max_batch: int = 8, max_blocks: int = 20) -> DecodeGraphs:
-    return runner.new_graphs(GraphShape(runner.block_size, scratch_block, max_batch, max_blocks), capture=False)
+    return graphs_for(runner, GraphShape(runner.block_size, scratch_block, max_batch, max_blocks), capture=False)
 
 
 def test_a_pass_takes_the_smallest_bucket_that_holds_it(tiny_target: Path) -> None:
@@ -158,7 +165,7 @@ def test_a_heads_static_pass_reads_its_features_like_the_dynamic_pass(
     prefill_features = torch.randn(20, hidden, generator=gen, dtype=torch.float64)
     for runner in (dynamic, static):
         runner.forward(prefill, prefill_features)
-    static.graphs = static.new_graphs(GraphShape(4, 20, 8, 20), capture=False)
+    static.graphs = graphs_for(static, GraphShape(4, 20, 8, 20), capture=False)
     items = [ForwardItem([41], 5, [0, 1], num_logits=1), ForwardItem([42], 2, [2], num_logits=1),
              ForwardItem([43], 13, [3, 4, 5, 6], num_logits=1)]
     features = torch.randn(3, hidden, generator=gen, dtype=torch.float64)
