@@ -193,8 +193,8 @@ class Engine:
             max_blocks=-(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size),
         )
         for name, runner in runners.items():
-            graphs = graphs_for(runner, shape, capture)
             try:
+                graphs = graphs_for(runner, shape, capture)  # its static buffers live on the device too
                 if capture:
                     graphs.capture_all()
             except Exception:

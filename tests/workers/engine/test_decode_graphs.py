@@ -191,3 +191,18 @@ def test_the_models_served_by_graphs_are_exported(tiny_pair: tuple[Path, Path]) 
     EngineMetrics(registry).update(graphed, [])
     for model in ("target", "draft"):
         assert registry.get_sample_value("specfleet_engine_cuda_graph_capture_seconds", {"model": model}) == 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a capture that fails: here, no CUDA device")
+def test_a_failed_capture_leaves_the_model_decoding_op_by_op(
+    tiny_pair: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft")
+    requests = {"a": ([5, 6, 7], greedy(8))}
+    before = run_all(engine, requests)
+
+    assert engine.use_decode_graphs(capture=True) == {}  # capturing needs CUDA: it raises, is logged, is skipped
+    assert engine.runner.graphs is None and engine.speculator.draft is not None
+    assert engine.speculator.draft.runner.graphs is None
+    assert "capturing the target model's decode graphs failed" in caplog.text
+    assert tokens(run_all(engine, requests)["a"]) == tokens(before["a"])
