@@ -29,7 +29,6 @@ import torch
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.attention import AttentionMetadata
-from workers.models.device import to_host
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
 
@@ -141,6 +140,10 @@ class DecodeGraphs:
         self.batch_sizes, self.block_widths = batch_buckets(max_batch), block_buckets(max_blocks)
         self.graphs: dict[GraphBucket, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[GraphBucket, tuple[torch.Tensor, torch.Tensor]] = {}  # ([b, V] logits, [b, hidden] h)
+        # every graph writes its outputs into these ([B_max, V], [B_max, hidden]; made by the first pass, before
+        # any capture): one pair for all buckets, where each graph's own would hold [b, V] per bucket
+        self.logits_out: torch.Tensor | None = None
+        self.h_out: torch.Tensor | None = None
         self.capture_time_s = 0.0
         self.num_passes = 0  # passes served so far
 
@@ -196,7 +199,7 @@ class DecodeGraphs:
         else:
             logits, h = self._pass(bucket)
         num_seqs = len(items)
-        host_logits = to_host(logits[:num_seqs])  # [B, V]
+        host_logits = logits[:num_seqs].to("cpu", copy=True)  # [B, V]: the shared buffer is rewritten next pass
         rows = [i for i, it in enumerate(items) if it.num_logits]
         if len(rows) < num_seqs:
             host_logits = host_logits[rows]
@@ -240,7 +243,14 @@ class DecodeGraphs:
             flat_index=None,
         )
         features = self.features[:batch] if self.features is not None else None  # [b, hidden]
-        return self.body(ids, positions, meta, features)
+        logits, h = self.body(ids, positions, meta, features)  # [b, V], [b, hidden]
+        if self.logits_out is None or self.h_out is None:  # the first pass: never inside a capture
+            max_batch = self.columns.shape[1]
+            self.logits_out = logits.new_empty(max_batch, logits.shape[1])  # [B_max, V]
+            self.h_out = h.new_empty(max_batch, h.shape[1])  # [B_max, hidden]
+        self.logits_out[:batch].copy_(logits)
+        self.h_out[:batch].copy_(h)
+        return self.logits_out[:batch], self.h_out[:batch]
 
 
 def graphs_for(runner: ModelRunner | HeadRunner, shape: GraphShape, capture: bool) -> DecodeGraphs:

@@ -78,6 +78,10 @@ def test_padding_rows_write_the_scratch_block_alone_and_logits_match(
 
     assert static.graphs.num_passes == 1
     assert got.shape == want.shape == (2, model.cfg.vocab_size)
+    outputs = (static.graphs.logits_out, static.graphs.h_out)  # one pair for every bucket: B_max = 8 rows
+    assert outputs[0] is not None and outputs[0].shape == (8, model.cfg.vocab_size)
+    assert outputs[1] is not None and outputs[1].shape == (8, model.cfg.hidden_size)
+    outputs[0].zero_(), outputs[1].zero_()  # the next pass rewrites them: what a pass returned is a copy
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
     assert got_h is not None and want_h is not None
     torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
