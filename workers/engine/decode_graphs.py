@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.head_runner import HeadRunner
-from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns, window_start
 from workers.models.attention import AttentionMetadata
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
@@ -208,19 +208,15 @@ class DecodeGraphs:
 
     def _load(self, items: list[ForwardItem], bucket: GraphBucket, features: torch.Tensor | None) -> None:
         """Copy the pass's rows into the static inputs, padding rows after them up to the bucket."""
-        num_seqs, width, block_size = len(items), bucket.num_blocks, self.block_size
-        window = self.sliding_window
+        num_seqs, width = len(items), bucket.num_blocks
         if self.features is not None:
             assert features is not None and features.shape[0] == num_seqs, "one feature row per sequence"
             self.features[:num_seqs].copy_(features)  # padding rows keep whatever they held: their output is unused
-        key_ends = [it.start_pos + 1 for it in items]
-        columns = [it.token_ids[0] for it in items]
-        columns += [it.positions[0] if it.positions else it.start_pos for it in items]
-        columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
-        columns += [max(0, end - window) if window is not None else 0 for end in key_ends]
-        columns += key_ends
+        ids, positions, slots, q_pos = decode_columns(items, self.block_size)  # [B] each
+        key_end = q_pos + 1  # [B]
+        columns = torch.stack([ids, positions, slots, window_start(key_end, self.sliding_window), key_end])  # [5, B]
         tables = [it.block_table[:width] + [self.scratch_block] * (width - len(it.block_table[:width])) for it in items]
-        self.columns[:, :num_seqs].copy_(torch.tensor(columns, dtype=torch.long).view(NUM_COLUMNS, num_seqs))
+        self.columns[:, :num_seqs].copy_(columns)
         self.tables[:num_seqs, :width].copy_(torch.tensor(tables, dtype=torch.long))  # [B, NB]
         self._load_padding(bucket.batch, width, num_seqs)
 

@@ -176,7 +176,7 @@ def _build_ragged_batch(
     if native is not None or all(it.tree_mask is None for it in items):
         ragged = torch.tensor([token_seq, key_end, own_end, tree_base, tree_bits], dtype=torch.long)  # [5, T]
         meta.token_seq, meta.key_end, meta.tree_base, meta.tree_bits = ragged[0], ragged[1], ragged[3], ragged[4]
-        meta.key_start = _window_start(ragged[2], sliding_window)  # [T]: the window ends at the token's own slot
+        meta.key_start = window_start(ragged[2], sliding_window)  # [T]: the window ends at the token's own slot
     if native is None:
         _add_padded_view(meta, items, q_lens, block_size, sliding_window)
     return ForwardBatch(
@@ -187,7 +187,7 @@ def _build_ragged_batch(
     )
 
 
-def _window_start(own_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
+def window_start(own_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
     """First key each token sees: 0, or the start of its sliding window (the `sliding_window` slots up to and
     including its own; own_end = its slot + 1)."""
     if sliding_window is None:
@@ -224,17 +224,23 @@ def _add_padded_view(
     meta.mask = mask.unsqueeze(1)  # [B, 1, Q, L]
 
 
+def decode_columns(items: list[ForwardItem], block_size: int) -> torch.Tensor:  # [4, B] long
+    """A decode pass's four integers per sequence (one query token each), in one tensor: token id, rotary
+    position, KV slot, and the query's position in its sequence."""
+    columns: list[int] = [it.token_ids[0] for it in items]
+    columns += [it.positions[0] if it.positions else it.start_pos for it in items]
+    columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
+    columns += [it.start_pos for it in items]
+    return torch.tensor(columns, dtype=torch.long).view(4, len(items))
+
+
 def _build_decode_batch(
     items: list[ForwardItem], block_size: int, sliding_window: int | None, native: NativeAttention | None = None
 ) -> ForwardBatch:
     """The common step (plain decoding, each draft token): one query token per sequence, so nothing is
     padded and the metadata is four integers per sequence, turned into tensors in one call."""
     batch = len(items)
-    columns: list[int] = [it.token_ids[0] for it in items]
-    columns += [it.positions[0] if it.positions else it.start_pos for it in items]
-    columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
-    columns += [it.start_pos for it in items]
-    input_ids, positions, slots, q_pos = torch.tensor(columns, dtype=torch.long).view(4, batch)  # [B] each
+    input_ids, positions, slots, q_pos = decode_columns(items, block_size)  # [B] each
     num_blocks_max = max(it.start_pos // block_size + 1 for it in items)
     tables = torch.tensor(
         [it.block_table[:num_blocks_max] + [0] * (num_blocks_max - len(it.block_table)) for it in items],
@@ -249,7 +255,7 @@ def _build_decode_batch(
         query_index=None,
         flat_index=None,
         token_seq=torch.arange(batch),
-        key_start=_window_start(key_end, sliding_window),
+        key_start=window_start(key_end, sliding_window),
         key_end=key_end,
         tree_base=no_tree[0],
         tree_bits=no_tree[1],
