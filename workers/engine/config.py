@@ -27,6 +27,7 @@ from pydantic.dataclasses import dataclass
 from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
 from workers.engine.packing import PackingMode
+from workers.models.device import DEVICE_PATTERN
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "engine.yaml"
 ENV_PREFIX = "SPECFLEET_ENGINE_"
@@ -44,7 +45,7 @@ class EngineConfig:
     dtype: Dtype = "auto"  # auto: bf16 where the CPU/GPU does it fast (AVX-512/AMX, CUDA), else fp32
     # where the models and their KV caches live (workers/models/device.py): auto = the first CUDA device where
     # one is visible, else the CPU; cpu; cuda or cuda:N. Scheduling, sampling and speculation stay on the CPU
-    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN.pattern)] = "auto"
     # on a CUDA device: plain decode passes of the target and the draft replay CUDA graphs captured at start-up
     # for each bucket of batch size and context (workers/engine/decode_graphs.py); False = op by op
     cuda_graphs: bool = True
