@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from shared.speculation import SpeculativeMethod
+from workers.bench.engine_bench import run_ours
 from workers.bench.report import format_table, machine_info, write_json
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,9 @@ class GraphsBenchPlan:
 
 
 def decode(engine: Engine, prompts: list[list[int]], num_new: int) -> tuple[float, list[list[int]]]:
-    """Every prompt at once, greedy, EOS ignored: (tokens/s, the tokens of each)."""
-    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    generated: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}
-    start_s = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"g{i}", prompt, params)
-    while engine.num_unfinished():
-        for out in engine.step():
-            generated[out.request_id].extend(out.new_token_ids)
-    seconds = time.perf_counter() - start_s
-    return num_new * len(prompts) / seconds, list(generated.values())
+    """Every prompt at once, greedy, EOS ignored (engine_bench.run_ours): (tokens/s, the tokens of each)."""
+    seconds, generated = run_ours(engine, prompts, num_new)
+    return num_new * len(prompts) / seconds, generated
 
 
 def bench_graphs(target_dir: Path, prompts: list[list[int]], plan: GraphsBenchPlan) -> dict[str, Any]:
@@ -56,8 +48,8 @@ def bench_graphs(target_dir: Path, prompts: list[list[int]], plan: GraphsBenchPl
     for name, is_graphed in (("graphs", True), ("op_by_op", False)):
         begin = time.perf_counter()
         cfg = EngineConfig(
-            target_dir=str(target_dir), device="cuda", cuda_graphs=is_graphed, speculative_method=SpeculativeMethod.NONE,
-            kv_cache_mb=2048.0, max_num_seqs=max(plan.concurrencies),
+            target_dir=str(target_dir), device="cuda", cuda_graphs=is_graphed,
+            speculative_method=SpeculativeMethod.NONE, kv_cache_mb=2048.0, max_num_seqs=max(plan.concurrencies),
         )
         engines[name] = Engine.from_config(cfg)
         start_s[name] = time.perf_counter() - begin
