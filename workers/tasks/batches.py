@@ -148,11 +148,9 @@ def _cancel_queued(job_ids: list[str]) -> int:
     event = ErrorEvent(status=JobStatus.CANCELLED, error=info).model_dump_json(exclude_none=True)
     script = r.register_script(batch_lua.CANCEL_QUEUED_JOB)
     pipes = redis_urls.PartitionPipelines(r)  # a batch's jobs share its partition: one pipeline
-    contexts: dict[int, str] = {}  # partition -> its scripts' context (one, for a batch's jobs)
+    contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
     for job_id in job_ids:
         partition = keys.partition_of(job_id)
-        if partition not in contexts:
-            contexts[partition] = lua.context(settings.events_maxlen, settings.result_ttl_s, partition)
         script(
             keys=[keys.job_hash(job_id), keys.job_events(job_id)],
             args=[contexts[partition], job_id, error, event],
