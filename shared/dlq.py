@@ -4,9 +4,10 @@ The PULL script (shared/lua.py) appends such a job to its partition's dead-lette
 (keys.dead_letter_stream: fields id, queue, entry) and fails it with `max_deliveries_exceeded`. `specfleet dlq`
 (shared/cli/dlq.py) lists them (every partition's), retries one, or purges the streams. A retry (the RETRY script
 below, one atomic step) is the one exception to the job state machine (shared/job_state.py
-`DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail of its priority, its deliveries counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its
-execution deadline restarted (`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next
-worker resumes after it. Its result TTL is lifted until it finishes again.
+`DEAD_LETTER_RETRY_FROM`): failed -> queued, with a new queue entry at the tail of its priority, its deliveries
+counted from 0, a fresh `ttl_s` window (settings.default_ttl_s) and its execution deadline restarted
+(`retried_at`, workers/worker/deadlines.py); its output so far stays, so the next worker resumes after it. Its
+result TTL is lifted until it finishes again.
 A batch line's job: after the retry, REOPEN_LINE (shared/batch_lua.py) forgets the line's failed result while
 the batch is in progress, so the retried job's result is what the batch's output file gets. A batch already
 finalizing or finished keeps the failure (its files are written); the retried job still runs and its result

@@ -100,7 +100,9 @@ class Engine:
         draft_proposer = (
             DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads)) if draft is not None else None
         )
-        eagle = EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads)) if head is not None else None
+        eagle = (
+            EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads)) if head is not None else None
+        )
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)

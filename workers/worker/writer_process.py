@@ -182,8 +182,6 @@ class _Writer:
         return Report(ended, gone)
 
 
-
-
 def _picklable(exc: redis.RedisError) -> redis.RedisError:
     """`exc` itself when it survives the pipe; else a plain RedisError with its text."""
     try:
