@@ -16,6 +16,7 @@ from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_e
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.device import to_host
+from workers.models.fused_decode import FusedDecode
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
@@ -311,6 +312,10 @@ class ModelRunner:
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
+        # the layers as one native call (workers/models/fused_decode.py), for the buckets in fused_buckets
+        # (workers/engine/fusing.py decides at start-up)
+        self.fused: FusedDecode | None = None
+        self.fused_buckets: frozenset[Bucket] = frozenset()
         # called after every forward with its timing: the speculator's cost tables
         self.on_pass: Callable[[PassTiming], None] | None = None
         self.shapes_run = ShapesRun()  # the sizes of every pass run so far
@@ -361,8 +366,11 @@ class ModelRunner:
     def _forward_batch(
         self, batch: ForwardBatch, num_tokens: int, with_features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
+        bucket = self.bucket_of(num_tokens)
+        if self.fused is not None and bucket in self.fused_buckets and batch.meta.native is not None:
+            return self._run_fused(batch, self.fused, with_features)
         return run_compiled_or_eager(
-            self.compile_stats, self.bucket_of(num_tokens), self.compiled,
+            self.compile_stats, bucket, self.compiled,
             lambda compiled: self._run(batch, compiled, with_features), f"forward of {num_tokens} tokens",
         )
 
@@ -391,3 +399,12 @@ class ModelRunner:
             attends = [eager_attend(batch.meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
             h = self.model.hidden_states(batch.input_ids, batch.positions, attends)  # [T, hidden]
         return to_host(self.model.logits(h, batch.logits_indices)), h if with_features else None
+
+    @torch.inference_mode()
+    def _run_fused(
+        self, batch: ForwardBatch, fused: FusedDecode, with_features: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
+        if self.threads is not None:
+            self.threads.apply(batch.input_ids.shape[0])
+        h = fused.hidden_states(batch.input_ids, batch.positions, batch.meta)  # [T, hidden]
+        return self.model.logits(h, batch.logits_indices), h if with_features else None

@@ -7,9 +7,11 @@ tables, per query token over exactly the keys it sees, so ragged batches cost no
 
 It covers float32, float64 and bfloat16: decode steps, chains to verify, prefill chunks (optionally
 windowed) and token trees of up to MAX_TREE_NODES nodes. Larger trees and other dtypes take the SDPA path.
-The library is compiled with the host's C++ compiler (`$CXX`, else c++/g++) for the host's CPU, once per
-source, compiler and CPU, into a cache directory; where there is no compiler or the build fails, `load`
-logs why and returns None and attention stays on the SDPA path.
+The same library holds a model's decoder layers as one call (decode_layers.cpp, which includes the
+attention source; workers/models/fused_decode.py calls it). It is compiled with the host's C++ compiler
+(`$CXX`, else c++/g++) for the host's CPU, once per source, compiler and CPU, into a cache directory; where
+there is no compiler or the build fails, `load` logs why and returns None and attention stays on the SDPA
+path.
 """
 
 import ctypes
@@ -29,7 +31,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+# the library is built from BUILD_SOURCE, which includes the others; all of them key the build
+BUILD_SOURCE = Path(__file__).with_name("decode_layers.cpp")
+SOURCES = (Path(__file__).with_name("paged_attention.cpp"), BUILD_SOURCE)
 COMPILE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
 # tokens spread over threads; torch's CPU wheels load GNU libgomp (soname libgomp.so.1) first, so the kernel
 # joins torch's OpenMP runtime instead of starting a second one. A compiler without OpenMP builds it without
@@ -92,8 +96,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:  # [T, heads, D] whose heads and ele
 
 
 def build_key(compiler: str) -> str:
-    """What the library depends on: the source, the flags, the compiler and the CPU it targets."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """What the library depends on: the sources, the flags, the compiler and the CPU it targets."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(" ".join((*COMPILE_FLAGS, OPENMP_FLAG)).encode())
     digest.update(_compiler_version(compiler).encode())
     digest.update(platform.machine().encode())
@@ -159,7 +165,7 @@ def _build(compiler: str, path: Path) -> None:
     try:
         errors = []
         for extra in ([OPENMP_FLAG], []):
-            command = [compiler, *COMPILE_FLAGS, *extra, str(SOURCE), "-o", tmp_name]
+            command = [compiler, *COMPILE_FLAGS, *extra, str(BUILD_SOURCE), "-o", tmp_name]
             result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
             if result.returncode == 0:
                 os.replace(tmp_name, path)

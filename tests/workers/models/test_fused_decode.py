@@ -1,0 +1,102 @@
+"""The native decoder layers (workers/models/fused_decode.py, decode_layers.cpp) against the eager path they
+replace, for every layout and both dtypes, on decode tokens, chains, ragged batches and prefill chunks; and
+their product on its own against an exact reference."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workers.engine.compile_stats import Bucket
+from workers.engine.model_runner import ForwardItem, ModelRunner
+from workers.models.fused_decode import FusedDecode, native_linear, supports
+from workers.models.loader import load_model
+from workers.models.native_attention import NativeAttention
+
+LAYOUTS = ("llama", "qwen2", "mistral")  # qwen2: q/k/v biases; mistral: a sliding window
+BLOCK_SIZE = 4
+NUM_BLOCKS = 40
+# logits of the eager and native paths (tiny models: logits of magnitude ~10). float32: their sums run in
+# another order; bfloat16: an element rounded the other way at one op moves later ones by an ulp (2^-8)
+LOGITS_TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=0), torch.bfloat16: dict(atol=0.25, rtol=0.02)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9])  # blocks of 4 input rows and their remainders
+@pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96)])  # weight-row and K remainders
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_native_linear_matches_the_exact_product(
+    native_kernel: NativeAttention, dtype: torch.dtype, num_rows: int, num_out: int, num_in: int, has_bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(num_rows * 1000 + num_out)
+    x = torch.randn(num_rows, num_in, generator=gen).to(dtype)
+    weight = torch.randn(num_out, num_in, generator=gen).to(dtype)
+    bias = torch.randn(num_out, generator=gen).to(dtype) if has_bias else None
+    out = native_linear(native_kernel, x, weight, bias)
+    exact = F.linear(x.double(), weight.double(), bias.double() if bias is not None else None)  # [M, N]
+    assert out.dtype == dtype and out.shape == (num_rows, num_out)
+    # float32 sums in another order; bfloat16 accumulates in float32 and rounds once: within its half-ulp
+    torch.testing.assert_close(out.double(), exact.to(dtype).double(), atol=1e-4, rtol=2**-8)
+
+
+def runners(model_dir: Path, dtype: torch.dtype, native: NativeAttention) -> tuple[ModelRunner, ModelRunner]:
+    """(eager, native layers for every pass): the same weights, caches of their own."""
+    eager, fused = (ModelRunner(load_model(model_dir, dtype), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
+    for runner in (eager, fused):
+        runner.use_native(native)
+    assert supports(fused.model, fused.native) and fused.native is not None
+    fused.fused = FusedDecode.bind(fused.model, fused.kv_caches, fused.native)
+    fused.fused_buckets = frozenset(Bucket)
+    return eager, fused
+
+
+# (passes in order): a prefill chunk per sequence, then decode tokens, a chain, a ragged batch, a long chunk
+PASSES = [
+    [ForwardItem(list(range(3, 10)), 0, [7, 2, 30], num_logits=7)],
+    [ForwardItem(list(range(20, 31)), 0, [5, 11, 3], num_logits=1)],
+    [ForwardItem([40], 7, [7, 2, 30], num_logits=1)],
+    [ForwardItem([41], 8, [7, 2, 30], num_logits=1)],
+    [ForwardItem([42, 43, 44], 9, [7, 2, 30, 19], num_logits=3)],
+    [ForwardItem([45], 11, [5, 11, 3], num_logits=1), ForwardItem([46, 47], 12, [7, 2, 30, 19], num_logits=2)],
+    [ForwardItem(list(range(50, 63)), 14, [7, 2, 30, 19, 23, 29, 31, 33], num_logits=13)],
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_layers_equal_the_eager_path(
+    tiny_models: dict[str, Path], native_kernel: NativeAttention, layout: str, dtype: torch.dtype
+) -> None:
+    eager, fused = runners(tiny_models[layout], dtype, native_kernel)
+    for items in PASSES:
+        want, want_h = eager.forward_with_features(items, with_features=True)
+        got, got_h = fused.forward_with_features(items, with_features=True)
+        torch.testing.assert_close(got, want, **LOGITS_TOLERANCE[dtype])
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert got_h is not None and want_h is not None and got_h.shape == want_h.shape
+    blocks = sorted({b for items in PASSES for it in items for b in it.block_table})
+    for (k_want, v_want), (k_got, v_got) in zip(eager.kv_caches, fused.kv_caches, strict=True):
+        for want_cache, got_cache in ((k_want, k_got), (v_want, v_got)):  # the K/V written, block for block
+            torch.testing.assert_close(got_cache[blocks].float(), want_cache[blocks].float(),
+                                       **LOGITS_TOLERANCE[dtype])  # fmt: skip
+
+
+def test_only_the_chosen_buckets_take_the_native_layers(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
+    """A runner with the layers bound for one-token passes only runs larger passes eagerly: bit for bit the
+    eager runner's logits there."""
+    eager, fused = runners(tiny_models["llama"], torch.float32, native_kernel)
+    fused.fused_buckets = frozenset({Bucket.DECODE})
+    prefill = PASSES[0]
+    assert torch.equal(fused.forward(prefill), eager.forward(prefill))  # 7 tokens: eager on both
+    decode = [ForwardItem([40], 7, [7, 2, 30], num_logits=1)]
+    got, want = fused.forward(decode), eager.forward(decode)
+    assert not torch.equal(got, want)  # the native sums: close, not the same bits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_models_the_layers_cannot_serve(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
+    model = load_model(tiny_models["llama"], torch.float32)
+    assert supports(model, native_kernel)
+    assert not supports(model, None)  # no native attention kernel (SDPA backend, or none built)
+    assert not supports(load_model(tiny_models["llama"], torch.float64), native_kernel)  # no float64 entry point
