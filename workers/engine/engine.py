@@ -28,6 +28,7 @@ from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.fusing import FusingStats, fuse_runner
 from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_logits
 from workers.engine.head_runner import HeadRunner
 from workers.engine.logprobs import StepLogits, verify_rows, widen
@@ -106,6 +107,7 @@ class Engine:
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
+        self.fusing = self._fuse_layers(draft_proposer)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
         self.graph_capture_s: dict[str, float] = {}  # model -> its decode graphs' capture seconds
@@ -174,6 +176,16 @@ class Engine:
             stats["draft"] = compile_runner(draft.runner, self.cfg.compile, "draft")
         if eagle is not None:
             stats["eagle"] = compile_runner(eagle.runner, self.cfg.compile, "eagle")
+        return stats
+
+    def _fuse_layers(self, draft: DraftProposer | None) -> dict[str, FusingStats]:
+        """Choose the small passes each model runs through its native layers (cfg.fused_layers; fusing.py), after
+        compiling, against the path requests would otherwise take. The tensor-parallel target is left as it is."""
+        stats = {}
+        if self.tp_group is None:
+            stats["target"] = fuse_runner(self.runner, self.cfg.fused_layers, "target")
+        if draft is not None:
+            stats["draft"] = fuse_runner(draft.runner, self.cfg.fused_layers, "draft")
         return stats
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:

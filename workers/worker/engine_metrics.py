@@ -180,6 +180,8 @@ class CompileSnapshot:
     num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
     is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
     is_packed: dict[str, bool] = field(default_factory=dict)  # model -> its linear weights are prepacked
+    # (model, bucket) -> its native decoder layers serve the passes of this bucket
+    is_fused: dict[tuple[str, str], bool] = field(default_factory=dict)
     graph_capture_s: dict[str, float] = field(default_factory=dict)  # model -> its decode graphs' capture seconds
 
     @classmethod
@@ -188,6 +190,7 @@ class CompileSnapshot:
         compile_stats: dict[str, Any],
         native_attention: dict[str, bool],
         packing: dict[str, Any],
+        fusing: dict[str, Any],
         graph_capture_s: dict[str, float],
     ) -> "CompileSnapshot":
         return cls(
@@ -196,6 +199,7 @@ class CompileSnapshot:
             num_failures={m: st.num_failures for m, st in compile_stats.items()},
             is_native_attention=dict(native_attention),
             is_packed={m: st.is_packed for m, st in packing.items()},
+            is_fused={(m, b): on for m, st in fusing.items() for b, on in st.is_fused.items()},
             graph_capture_s=dict(graph_capture_s),
         )
 
@@ -213,6 +217,14 @@ class CompileCollector(Collector):
         for (model, bucket), on in s.is_compiled.items():
             compiled.add_metric([model, bucket], float(on))
         yield compiled
+        fused = GaugeMetricFamily(
+            "specfleet_engine_fused_layers",
+            "1 where the model's decoder layers run as one native call for passes of this shape bucket",
+            labels=["model", "bucket"],
+        )
+        for (model, bucket), on in s.is_fused.items():
+            fused.add_metric([model, bucket], float(on))
+        yield fused
         seconds = GaugeMetricFamily("specfleet_engine_compile_seconds", "Start-up compilation time", labels=["model"])
         failures = CounterMetricFamily(
             "specfleet_engine_compile_failures", "Compilations or compiled forwards that failed (now eager)",
@@ -315,7 +327,7 @@ class EngineMetrics:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
         compile_now = CompileSnapshot.of(  # a few entries: cheap
-            engine.compile_stats, engine.native_attention, engine.packing, engine.graph_capture_s
+            engine.compile_stats, engine.native_attention, engine.packing, engine.fusing, engine.graph_capture_s
         )
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now

@@ -63,13 +63,18 @@ def test_chunked_prefill_and_decode_logits_match(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("backend", ["sdpa", "native"])
-def test_greedy_generation_matches_transformers(tiny_models: dict[str, Path], layout: str, backend: str) -> None:
+@pytest.mark.parametrize(("backend", "fused_layers"), [("sdpa", "off"), ("native", "off"), ("native", "on")])
+def test_greedy_generation_matches_transformers(
+    tiny_models: dict[str, Path], layout: str, backend: str, fused_layers: str
+) -> None:
+    """fused_layers on: every decode step and short chunk through the native decoder layers (fused_decode.py)."""
     cfg = EngineConfig(
-        dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE, speculative_method="none", attention_backend=backend
+        dtype="float32", kv_cache_mb=4, block_size=BLOCK_SIZE, speculative_method="none", attention_backend=backend,
+        fused_layers=fused_layers,
     )
     engine = Engine(cfg, tiny_models[layout])
     assert (engine.runner.native is not None) == (backend == "native")
+    assert (engine.runner.fused is not None) == (fused_layers == "on")
     model = hf_model(tiny_models[layout])
     for seed, length in [(11, 3), (12, 20), (13, 57)]:
         prompt = random_prompt(length, seed)
