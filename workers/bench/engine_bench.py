@@ -2,9 +2,10 @@
 
 Greedy, 128 new tokens (EOS ignored so every run emits the same count), held-out prompts, one run:
 batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and for transformers
-(one at a time, and one padded batch). Ours runs twice, interleaved run by run: eager (`compile: off`) and
-`compile: auto` (the dense path compiled where it measured faster at start-up); the headline ratios are
-auto's, `compiled_vs_eager_*` compare the two. Also, in the same run: the batch-1 decode rate against the
+(one at a time, and one padded batch). Ours runs three times, interleaved run by run (VARIANTS): eager
+(`compile: off`), `compile: auto` (the dense path compiled where it measured faster at start-up) and
+`compile: auto` with `fused_layers: off`; the headline ratios are auto's, `compiled_vs_eager_*` and
+`fused_vs_unfused_*` compare it with the other two. Also, in the same run: the batch-1 decode rate against the
 memory-bandwidth bound (the weight bytes a decode step reads / a single-thread read bandwidth measured by
 summing a tensor of that size), and the draft model's cost per token, eager and compiled.
 """
@@ -25,12 +26,23 @@ from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.engine.fusing import FusingMode
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sampling_params import SamplingParams
 from workers.models.llama import LlamaModel
 from workers.models.threads import pinned_threads
 
 log = logging.getLogger(__name__)
+
+
+# the engines, run in turn: eager (nothing compiled; small passes through the native layers where measured
+# faster, as every engine by default), `compile: auto` (the headline), and `compile: auto` without the native
+# layers (what the layers add)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {"compile": CompileMode.OFF},
+    "auto": {"compile": CompileMode.AUTO},
+    "unfused": {"compile": CompileMode.AUTO, "fused_layers": FusingMode.OFF},
+}
 
 
 @dataclass(frozen=True)
@@ -153,9 +165,9 @@ def bench_engine(
     plain = dataclasses.replace(cfg, speculative_method=SpeculativeMethod.NONE)  # plain decoding (the draft idle)
     engines: dict[str, Engine] = {}
     start_up_s: dict[str, float] = {}
-    for variant, mode in (("eager", CompileMode.OFF), ("auto", CompileMode.AUTO)):
+    for variant, overrides in VARIANTS.items():
         start_s = time.perf_counter()
-        engines[variant] = Engine(dataclasses.replace(plain, compile=mode), target_dir, draft_dir, eagle_dir)
+        engines[variant] = Engine(dataclasses.replace(plain, **overrides), target_dir, draft_dir, eagle_dir)
         start_up_s[variant] = time.perf_counter() - start_s
     engine = engines["auto"]
     dtype = engine.runner.model.embed.weight.dtype
@@ -187,7 +199,8 @@ def bench_engine(
                      "greedy_match_vs_hf": match_rate(outs[variant], hf_out)})
     rows.append({"system": "hf_generate", "concurrency": 1, "tokens_per_s": hf_bs1})
     ratios: dict[str, float] = {"plain_vs_hf_bs1": ours_bs1["auto"] / hf_bs1,
-                                "compiled_vs_eager_bs1": ours_bs1["auto"] / ours_bs1["eager"]}
+                                "compiled_vs_eager_bs1": ours_bs1["auto"] / ours_bs1["eager"],
+                                "fused_vs_unfused_bs1": ours_bs1["auto"] / ours_bs1["unfused"]}
     for c in plan.concurrencies:
         batch = [prompts[i % len(prompts)] for i in range(c)]
         tps = {}
@@ -203,6 +216,7 @@ def bench_engine(
         ratios[f"concurrency{c}_vs_bs1"] = tps["auto"] / ours_bs1["auto"]
         ratios[f"concurrency{c}_vs_hf_padded"] = tps["auto"] / hf_padded
         ratios[f"compiled_vs_eager_c{c}"] = tps["auto"] / tps["eager"]
+        ratios[f"fused_vs_unfused_c{c}"] = tps["auto"] / tps["unfused"]
         log.info("concurrency %d done", c)
 
     weight_bytes = decode_weight_bytes(engine.runner.model)
@@ -214,6 +228,7 @@ def bench_engine(
     compile_info: dict[str, Any] = {
         "start_up_s": start_up_s,
         "stats": {m: dataclasses.asdict(st) for m, st in engine.compile_stats.items()},
+        "fused_layers": {m: dataclasses.asdict(st) for m, st in engine.fusing.items()},
     }
     for _ in range(2):  # the proposers' cost per draft token, eager and `auto`, interleaved; the second pair counts
         for variant, e in engines.items():

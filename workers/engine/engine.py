@@ -107,7 +107,7 @@ class Engine:
         self._use_native_attention(draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
-        self.fusing = self._fuse_layers(draft_proposer)
+        self.fusing = self._fuse_layers(draft_proposer, eagle)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
         is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
         self.graph_capture_s: dict[str, float] = {}  # model -> its decode graphs' capture seconds
@@ -178,14 +178,17 @@ class Engine:
             stats["eagle"] = compile_runner(eagle.runner, self.cfg.compile, "eagle")
         return stats
 
-    def _fuse_layers(self, draft: DraftProposer | None) -> dict[str, FusingStats]:
-        """Choose the small passes each model runs through its native layers (cfg.fused_layers; fusing.py), after
-        compiling, against the path requests would otherwise take. The tensor-parallel target is left as it is."""
+    def _fuse_layers(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, FusingStats]:
+        """Choose the small passes each model and the EAGLE head run through their native layers (cfg.fused_layers;
+        fusing.py), after compiling, against the path requests would otherwise take. The tensor-parallel target is
+        left as it is."""
         stats = {}
         if self.tp_group is None:
             stats["target"] = fuse_runner(self.runner, self.cfg.fused_layers, "target")
         if draft is not None:
             stats["draft"] = fuse_runner(draft.runner, self.cfg.fused_layers, "draft")
+        if eagle is not None:
+            stats["eagle"] = fuse_runner(eagle.runner, self.cfg.fused_layers, "eagle")
         return stats
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:

@@ -1,5 +1,5 @@
 """Start-up decision to run a runner's small passes through its native decoder layers (`EngineConfig.fused_layers`,
-see workers/models/fused_decode.py), for the target and the draft alike:
+see workers/models/fused_decode.py), for the target, the draft and an EAGLE head alike:
 
 - `auto`: for each small-pass bucket (one token: batch-1 decode and every draft token; 2 .. the thread policy's
   single-thread limit: a short verify chain, a small decode batch), time a pass of that size through the path
@@ -15,12 +15,13 @@ Larger passes never take it: there oneDNN's and MKL's blocked products (AMX, man
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 import torch
 
 from workers.engine.compile_stats import Bucket
 from workers.engine.interleaved import Verdict, time_interleaved
-from workers.engine.model_runner import ModelRunner, warm_items
+from workers.engine.model_runner import ForwardItem, ThreadPolicy, warm_items
 from workers.models import fused_decode
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,30 @@ class FusingStats:
     timed_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # bucket -> {'unfused', 'fused'} -> median
 
 
-def fuse_runner(runner: ModelRunner, mode: FusingMode, name: str) -> FusingStats:
+class FusableRunner(Protocol):
+    """What fuse_runner needs of a runner (ModelRunner, HeadRunner)."""
+
+    threads: ThreadPolicy | None
+    block_size: int
+    fused: fused_decode.FusedLayers | None
+    fused_buckets: frozenset[Bucket]
+
+    def bind_fused(self) -> fused_decode.FusedLayers | None: ...
+
+    def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor: ...
+
+
+def fuse_runner(runner: FusableRunner, mode: FusingMode, name: str) -> FusingStats:
     """Bind `runner`'s native layers and choose the buckets they serve, per `mode`. Runs at start-up, after
     compilation (the path it is timed against is the one requests would take) and before the pass costs."""
     stats = FusingStats()
     if mode is FusingMode.OFF:
         stats.reasons = {b.value: "off" for b in _small_buckets(runner)}
         return stats
-    native = runner.native
-    if native is None or not fused_decode.supports(runner.model, native):
+    runner.fused = runner.bind_fused()
+    if runner.fused is None:
         stats.reasons = {b.value: "needs the native kernel and a CPU float32/bfloat16 model" for b in _small_buckets(runner)}
         return stats
-    runner.fused = fused_decode.FusedDecode.bind(runner.model, runner.kv_caches, native)
     for bucket, num_tokens in _small_buckets(runner).items():
         if mode is FusingMode.ON:
             is_fused, stats.reasons[bucket.value] = True, "on"
@@ -66,7 +79,7 @@ def fuse_runner(runner: ModelRunner, mode: FusingMode, name: str) -> FusingStats
     return stats
 
 
-def _small_buckets(runner: ModelRunner) -> dict[Bucket, int]:
+def _small_buckets(runner: FusableRunner) -> dict[Bucket, int]:
     """The buckets the native layers may serve, each with the token count a timed pass of it has."""
     limit = runner.threads.single_thread_max_tokens if runner.threads is not None else 1
     buckets = {Bucket.DECODE: 1}
@@ -75,14 +88,14 @@ def _small_buckets(runner: ModelRunner) -> dict[Bucket, int]:
     return buckets
 
 
-def _measure(runner: ModelRunner, bucket: Bucket, num_tokens: int, stats: FusingStats) -> tuple[bool, str]:
+def _measure(runner: FusableRunner, bucket: Bucket, num_tokens: int, stats: FusingStats) -> tuple[bool, str]:
     """(use the native layers for `bucket`, why): paired passes of a chain of `num_tokens` tokens (block 0: no
     sequence holds it at start-up) through both paths."""
     items = warm_items(num_tokens, runner.block_size)
 
     def run(is_fused: bool) -> torch.Tensor:
         runner.fused_buckets = runner.fused_buckets | {bucket} if is_fused else runner.fused_buckets - {bucket}
-        return runner.forward(items)
+        return runner.probe_forward(items)
 
     comparison, logits = time_interleaved(run)
     runner.fused_buckets = runner.fused_buckets - {bucket}

@@ -21,6 +21,7 @@ from workers.engine.model_runner import (
     build_batch,
     report_pass,
 )
+from workers.models import fused_decode
 from workers.models.compiled import CompiledHead
 from workers.models.device import to_host
 from workers.models.eagle_head import EagleHead
@@ -46,6 +47,10 @@ class HeadRunner:
         self.compiled: CompiledHead | None = None
         self.compile_stats = CompileStats()
         self.graphs: PassGraphs | None = None  # chain passes replayed from CUDA graphs (decode_graphs.py)
+        # the layer as one native call (workers/models/fused_decode.py), for the buckets in fused_buckets
+        # (workers/engine/fusing.py decides at start-up)
+        self.fused: fused_decode.FusedLayers | None = None
+        self.fused_buckets: frozenset[Bucket] = frozenset()
 
     @property
     def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -76,10 +81,14 @@ class HeadRunner:
         out = self._run_graphed(items, features) if self.graphs is not None else None
         if out is None:  # not a pass a captured graph serves: built and dispatched op by op
             batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
-            out = run_compiled_or_eager(
-                self.compile_stats, self.bucket_of(num_tokens), self.compiled,
-                lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
-            )
+            bucket = self.bucket_of(num_tokens)
+            if self.fused is not None and bucket in self.fused_buckets and batch.meta.native is not None:
+                out = self._run_fused(batch, features, self.fused)
+            else:
+                out = run_compiled_or_eager(
+                    self.compile_stats, bucket, self.compiled,
+                    lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
+                )
         report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)
         return out
 
@@ -108,8 +117,14 @@ class HeadRunner:
         batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
         return self._run(batch, self._zero_features(items), compiled)[0]
 
+    def bind_fused(self) -> fused_decode.FusedLayers | None:
+        """The head's layer bound to the native kernel's library, or None where it can't run there."""
+        if self.native is None or not fused_decode.supports(self.head.fc.weight, self.native):
+            return None
+        return fused_decode.for_head(self.head, self.kv_cache, self.native)
+
     def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits
-        """A pass over zero features, for start-up timing (workers/engine/cost_probe.py, packing.py)."""
+        """A pass over zero features, for start-up timing (workers/engine/cost_probe.py, packing.py, fusing.py)."""
         return self.forward(items, self._zero_features(items))[0]
 
     def _zero_features(self, items: list[ForwardItem]) -> torch.Tensor:  # [T, hidden]
@@ -131,3 +146,14 @@ class HeadRunner:
             h = head.hidden(batch.input_ids, features, batch.positions, attend)  # [T, hidden]
         h = h.index_select(0, batch.logits_indices)  # [S, hidden]
         return to_host(head.logits(h)), h
+
+    @torch.inference_mode()
+    def _run_fused(
+        self, batch: ForwardBatch, features: torch.Tensor, fused: fused_decode.FusedLayers
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
+        if self.threads is not None:
+            self.threads.apply(batch.input_ids.shape[0])
+        x = self.head.layer_input(batch.input_ids, features)  # [T, hidden]: the layer's input, then its output
+        fused.run(x, batch.positions, batch.meta)
+        h = x.index_select(0, batch.logits_indices)  # [S, hidden]
+        return self.head.logits(h), h

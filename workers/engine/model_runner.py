@@ -13,10 +13,10 @@ from typing import Protocol
 import torch
 
 from workers.engine.compile_stats import Bucket, CompileStats, run_compiled_or_eager
+from workers.models import fused_decode
 from workers.models.attention import AttentionMetadata
 from workers.models.compiled import CompiledModel
 from workers.models.device import to_host
-from workers.models.fused_decode import FusedDecode
 from workers.models.llama import LlamaModel, eager_attend
 from workers.models.native_attention import MAX_TREE_NODES, NativeAttention
 from workers.spec.pass_costs import AttentionWork, PassTiming, num_pairs
@@ -314,7 +314,7 @@ class ModelRunner:
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
         # the layers as one native call (workers/models/fused_decode.py), for the buckets in fused_buckets
         # (workers/engine/fusing.py decides at start-up)
-        self.fused: FusedDecode | None = None
+        self.fused: fused_decode.FusedLayers | None = None
         self.fused_buckets: frozenset[Bucket] = frozenset()
         # called after every forward with its timing: the speculator's cost tables
         self.on_pass: Callable[[PassTiming], None] | None = None
@@ -402,9 +402,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _run_fused(
-        self, batch: ForwardBatch, fused: FusedDecode, with_features: bool
+        self, batch: ForwardBatch, fused: fused_decode.FusedLayers, with_features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
-        h = fused.hidden_states(batch.input_ids, batch.positions, batch.meta)  # [T, hidden]
+        h = self.model.embed(batch.input_ids)  # [T, hidden]: a fresh tensor, the layers' input and output
+        fused.run(h, batch.positions, batch.meta)
         return self.model.logits(h, batch.logits_indices), h if with_features else None
+
+    def bind_fused(self) -> fused_decode.FusedLayers | None:
+        """The model's layers bound to the native kernel's library, or None where they can't run there."""
+        if self.native is None or not fused_decode.supports(self.model.embed.weight, self.native):
+            return None
+        return fused_decode.for_model(self.model, self.kv_caches, self.native)
+
+    def probe_forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 logits
+        """A pass for start-up timing (fusing.py): forward."""
+        return self.forward(items)

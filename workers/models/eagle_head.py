@@ -196,10 +196,17 @@ class EagleHead(nn.Module):
         attend: Attend,
     ) -> torch.Tensor:  # [T, hidden]: h_t, the head's prediction of f_{t+1}
         target = self.target
-        x = torch.cat([features.to(self.fc.weight.dtype), target.embed(input_ids)], dim=-1)  # [T, 2 hidden]
-        x = linear(x, self.fc)  # [T, hidden]
+        x = self.layer_input(input_ids, features)  # [T, hidden]
         cos, sin = target.cos_table[positions], target.sin_table[positions]  # [T, D] each
         return self.layer(x, cos, sin, attend)
+
+    def layer_input(
+        self,
+        input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
+        features: torch.Tensor,  # [T, hidden]
+    ) -> torch.Tensor:  # [T, hidden]: fc over [feature, next-token embedding], the layer's input
+        x = torch.cat([features.to(self.fc.weight.dtype), self.target.embed(input_ids)], dim=-1)  # [T, 2 hidden]
+        return linear(x, self.fc)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         """The target's norm and LM head over h; with a draft vocabulary, its rows only and -inf elsewhere."""

@@ -1,10 +1,11 @@
-"""A model's decoder layers as one native call (decode_layers.cpp), for passes of a few tokens.
+"""A model's decoder layers (or an EAGLE head's one) as one native call (decode_layers.cpp), for passes of a
+few tokens.
 
 At one token a layer's dense path is ~25 tensor ops, each 3-70 us to dispatch, against a few microseconds of
 arithmetic: the eager pass of the 12-layer demo target spends most of its ~6-8 ms there. The native call
 runs every layer (norms, qkv, rotary, the paged attention kernel, o-proj, the MLP, residuals) in C++ over the
 model's own weights and KV caches, the same arithmetic as the eager path (see the .cpp), and returns the last
-layer's output: the embedding and the final norm and head stay in torch.
+layer's output: the embedding (the head's fc) and the final norm and LM head stay in torch.
 
 It serves CPU models in float32 or bfloat16 whose passes the native attention kernel serves (the metadata
 carries its ragged view). Which passes take it is the engine's decision, measured at start-up
@@ -12,12 +13,17 @@ carries its ragged view). Which passes take it is the engine's decision, measure
 """
 
 import ctypes
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from workers.models.attention import AttentionMetadata
+from workers.models.config import ModelConfig
+from workers.models.eagle_head import EagleHead
 from workers.models.llama import DecoderLayer, LlamaModel
 from workers.models.native_attention import NativeAttention
 
@@ -33,35 +39,43 @@ def _function(native: NativeAttention, name: str, num_pointers: int, num_tail: i
     return function
 
 
-def supports(model: LlamaModel, native: NativeAttention | None) -> bool:
-    weight = model.embed.weight
+def supports(weight: torch.Tensor, native: NativeAttention | None) -> bool:
+    """Whether layers whose weights are like `weight` can run natively (a CPU float32/bfloat16 tensor)."""
     return native is not None and weight.device.type == "cpu" and weight.dtype in _ENTRY_POINTS
 
 
 @dataclass
-class FusedDecode:
-    """One model's layers bound to the native entry point: their tensors' addresses, taken once (the model and
-    its caches must outlive this, and their tensors stay where they are: nothing here holds them)."""
+class FusedLayers:
+    """A stack of decoder layers bound to the native entry point: their tensors' addresses, taken once (the
+    module and its caches must outlive this, and their tensors stay where they are: nothing here holds them)."""
 
-    model: LlamaModel
+    cfg: ModelConfig  # the layers' shape: heads, sizes, eps (num_layers: how many)
     function: Any  # ctypes entry point
     layer_tensors: torch.Tensor  # [num_layers, 12] int64: decode_layers.cpp's LayerTensor order
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin tables [max_len, head_dim], the layers' dtype
+    scale: float  # softmax scale
     block_size: int  # the caches' tokens per block
 
     @classmethod
     def bind(
-        cls, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], native: NativeAttention
-    ) -> "FusedDecode":
-        function = _function(native, _ENTRY_POINTS[model.embed.weight.dtype], 13, 2, ctypes.c_double)
+        cls,
+        layers: Sequence[nn.Module],  # DecoderLayer each
+        cfg: ModelConfig,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) [num_blocks, block_size, KV, D]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        scale: float,
+        native: NativeAttention,
+    ) -> "FusedLayers":
+        dtype = kv_caches[0][0].dtype
 
         def address(tensor: torch.Tensor | None) -> int:
             if tensor is None:
                 return 0
-            assert tensor.is_contiguous(), "the native layers read every weight densely"
+            assert tensor.is_contiguous() and tensor.dtype == dtype, "the native layers read every tensor densely"
             return tensor.data_ptr()
 
         rows = []
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+        for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
             assert isinstance(layer, DecoderLayer)
             linears = (layer.qkv, layer.o_proj)
             mlp = (layer.gate_up, layer.down)
@@ -70,18 +84,22 @@ class FusedDecode:
                 address(layer.post_norm.weight), *(address(t) for lin in mlp for t in (lin.weight, lin.bias)),
                 address(k_cache), address(v_cache),
             ])  # fmt: skip
-        return cls(model, function, torch.tensor(rows, dtype=torch.long), kv_caches[0][0].shape[1])
+        for table in rope:
+            address(table)  # checked: read densely too
+        function = _function(native, _ENTRY_POINTS[dtype], 13, 2, ctypes.c_double)
+        tensors = torch.tensor(rows, dtype=torch.long)
+        return cls(dataclasses.replace(cfg, num_layers=len(rows)), function, tensors, rope, scale, kv_caches[0][0].shape[1])
 
-    def hidden_states(
+    def run(
         self,
-        input_ids: torch.Tensor,  # [T] long
+        h: torch.Tensor,  # [T, hidden] contiguous: the first layer's input, overwritten with the last one's output
         positions: torch.Tensor,  # [T] long
         meta: AttentionMetadata,  # with the native kernel's ragged view
-    ) -> torch.Tensor:  # [T, hidden]: the last layer's output, before the final norm
-        model, cfg = self.model, self.model.cfg
-        h = model.embed(input_ids)  # [T, hidden], a fresh tensor the call overwrites
+    ) -> None:
+        cfg = self.cfg
         ragged = (meta.token_seq, meta.key_start, meta.key_end, meta.tree_base, meta.tree_bits)
         assert all(x is not None for x in ragged), "the pass's metadata has the native kernel's view"
+        assert h.is_contiguous() and h.dtype == self.rope[0].dtype
         positions = positions.contiguous()
         block_tables = meta.block_tables.contiguous()
         dims = (ctypes.c_int64 * _NUM_DIMS)(
@@ -89,11 +107,25 @@ class FusedDecode:
             cfg.num_layers, self.block_size, block_tables.shape[1], torch.get_num_threads(),
         )
         self.function(
-            h.data_ptr(), self.layer_tensors.data_ptr(), model.cos_table.data_ptr(), model.sin_table.data_ptr(),
+            h.data_ptr(), self.layer_tensors.data_ptr(), self.rope[0].data_ptr(), self.rope[1].data_ptr(),
             positions.data_ptr(), meta.slot_mapping.data_ptr(), block_tables.data_ptr(),
-            *(x.data_ptr() for x in ragged if x is not None), dims, cfg.rms_norm_eps, model.attn_scale,
+            *(x.data_ptr() for x in ragged if x is not None), dims, cfg.rms_norm_eps, self.scale,
         )
-        return h
+
+
+def for_model(
+    model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], native: NativeAttention
+) -> FusedLayers:
+    """Every layer of a model (its input: the embedding of the pass's tokens)."""
+    rope = (model.cos_table, model.sin_table)
+    return FusedLayers.bind(list(model.layers), model.cfg, kv_caches, rope, model.attn_scale, native)
+
+
+def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], native: NativeAttention) -> FusedLayers:
+    """An EAGLE head's one layer (its input: fc over [feature, next-token embedding]), on the target's rotary
+    tables."""
+    rope = (head.target.cos_table, head.target.sin_table)
+    return FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
 
 
 def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor,

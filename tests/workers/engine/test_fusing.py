@@ -1,5 +1,5 @@
-"""Native decoder layers in the engine (workers/engine/fusing.py): `on` runs the target's and the draft's small
-passes through them, and greedy output stays token-identical to the unfused engine for plain decoding, chains and
+"""Native decoder layers in the engine (workers/engine/fusing.py): `on` runs the small passes of the target, the
+draft and the EAGLE head through them, and greedy output stays token-identical to the unfused engine for plain decoding, chains and
 trees; `auto` times each small bucket against the path it would replace; `off` and an SDPA engine bind nothing;
 the decision is exported per model and bucket. float64 models have no native layers (spec_engine's default
 dtype), so these tests choose float32 or bfloat16."""
@@ -16,8 +16,11 @@ from workers.worker.engine_metrics import EngineMetrics
 SMALL_BUCKETS = {Bucket.DECODE, Bucket.SMALL}  # the engine's default thread policy: one thread up to 4 tokens
 
 
+MODELS = ("target", "draft", "eagle")
+
+
 def fused_buckets(engine) -> dict[str, frozenset[Bucket]]:
-    runners = {"target": engine.runner, "draft": engine.speculator.draft.runner}
+    runners = {"target": engine.runner, "draft": engine.speculator.draft.runner, "eagle": engine.speculator.eagle.runner}
     return {name: runner.fused_buckets for name, runner in runners.items()}
 
 
@@ -25,19 +28,19 @@ def fused_buckets(engine) -> dict[str, frozenset[Bucket]]:
 def unfused_plain(request, eagle_models) -> tuple[str, dict[str, list[int]]]:
     dtype = request.param
     engine = spec_engine(eagle_models, eagle="copy_head", speculative_method="none", dtype=dtype, fused_layers="off")
-    assert fused_buckets(engine) == dict.fromkeys(("target", "draft"), frozenset())
+    assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset())
     return dtype, {rid: tokens(o) for rid, o in run_all(engine, requests(make_prompts()[::3])).items()}
 
 
 @pytest.mark.parametrize(
     "method", [dict(speculative_method="none"), dict(speculative_method="draft"), dict(speculative_method="eagle"),
-               dict(speculative_method="draft", tree_size=5)],
-    ids=["plain", "draft-chain", "eagle-chain", "draft-tree"],
+               dict(speculative_method="eagle", tree_size=5), dict(speculative_method="draft", tree_size=5)],
+    ids=["plain", "draft-chain", "eagle-chain", "eagle-tree", "draft-tree"],
 )  # fmt: skip
 def test_fused_engines_decode_the_unfused_tokens(eagle_models, unfused_plain, method) -> None:
     dtype, want = unfused_plain
     engine = spec_engine(eagle_models, eagle="copy_head", dtype=dtype, fused_layers="on", **method)
-    assert fused_buckets(engine) == dict.fromkeys(("target", "draft"), frozenset(SMALL_BUCKETS))
+    assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset(SMALL_BUCKETS))
     outs = run_all(engine, requests(make_prompts()[::3]))
     assert {rid: tokens(o) for rid, o in outs.items()} == want
     if method["speculative_method"] != "none":
@@ -62,7 +65,7 @@ def test_off_and_sdpa_engines_bind_nothing(eagle_models) -> None:
     off = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="off")
     sdpa = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="on", attention_backend="sdpa")
     for engine, why in ((off, "off"), (sdpa, "needs the native kernel")):
-        assert fused_buckets(engine) == dict.fromkeys(("target", "draft"), frozenset())
+        assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset())
         assert engine.runner.fused is None
         for stats in engine.fusing.values():
             assert not any(stats.is_fused.values()) and not stats.timed_ms
@@ -73,7 +76,7 @@ def test_the_decision_is_exported_per_model_and_bucket(eagle_models) -> None:
     engine = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="on")
     registry = CollectorRegistry()
     EngineMetrics(registry).update(engine, [])
-    for name in ("target", "draft"):
+    for name in MODELS:
         for bucket in Bucket:
             value = registry.get_sample_value("specfleet_engine_fused_layers", {"model": name, "bucket": bucket.value})
             assert value == float(bucket in SMALL_BUCKETS)

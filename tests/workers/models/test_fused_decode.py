@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine.compile_stats import Bucket
+from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
-from workers.models.fused_decode import FusedDecode, native_linear, supports
+from workers.models.eagle_head import load_head
+from workers.models.fused_decode import native_linear
 from workers.models.loader import load_model
 from workers.models.native_attention import NativeAttention
 
@@ -45,8 +47,8 @@ def runners(model_dir: Path, dtype: torch.dtype, native: NativeAttention) -> tup
     eager, fused = (ModelRunner(load_model(model_dir, dtype), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
     for runner in (eager, fused):
         runner.use_native(native)
-    assert supports(fused.model, fused.native) and fused.native is not None
-    fused.fused = FusedDecode.bind(fused.model, fused.kv_caches, fused.native)
+    fused.fused = fused.bind_fused()
+    assert fused.fused is not None
     fused.fused_buckets = frozenset(Bucket)
     return eager, fused
 
@@ -82,6 +84,26 @@ def test_native_layers_equal_the_eager_path(
                                        **LOGITS_TOLERANCE[dtype])  # fmt: skip
 
 
+def test_an_eagle_heads_native_layer_equals_its_eager_pass(
+    eagle_models: dict[str, Path], native_kernel: NativeAttention
+) -> None:
+    """The head's one layer natively, over features and next tokens: the eager head's logits and h."""
+    target = load_model(eagle_models["target"], torch.float32)
+    eager, fused = (HeadRunner(load_head(eagle_models["copy_head"], target), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
+    for runner in (eager, fused):
+        runner.use_native(native_kernel)
+    fused.fused = fused.bind_fused()
+    assert fused.fused is not None and fused.fused.cfg.num_layers == 1
+    fused.fused_buckets = frozenset(Bucket)
+    gen = torch.Generator().manual_seed(5)
+    for items in PASSES:
+        num_tokens = sum(len(it.token_ids) for it in items)
+        features = torch.randn(num_tokens, target.cfg.hidden_size, generator=gen)  # [T, hidden]
+        (want, want_h), (got, got_h) = eager.forward(items, features), fused.forward(items, features)
+        torch.testing.assert_close(got, want, **LOGITS_TOLERANCE[torch.float32])
+        torch.testing.assert_close(got_h, want_h, atol=1e-4, rtol=0)
+
+
 def test_only_the_chosen_buckets_take_the_native_layers(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
     """A runner with the layers bound for one-token passes only runs larger passes eagerly: bit for bit the
     eager runner's logits there."""
@@ -96,7 +118,10 @@ def test_only_the_chosen_buckets_take_the_native_layers(tiny_models: dict[str, P
 
 
 def test_models_the_layers_cannot_serve(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
-    model = load_model(tiny_models["llama"], torch.float32)
-    assert supports(model, native_kernel)
-    assert not supports(model, None)  # no native attention kernel (SDPA backend, or none built)
-    assert not supports(load_model(tiny_models["llama"], torch.float64), native_kernel)  # no float64 entry point
+    runner = ModelRunner(load_model(tiny_models["llama"], torch.float32), NUM_BLOCKS, BLOCK_SIZE)
+    assert runner.bind_fused() is None  # no native attention kernel (SDPA backend, or none built)
+    runner.use_native(native_kernel)
+    assert runner.bind_fused() is not None
+    float64 = ModelRunner(load_model(tiny_models["llama"], torch.float64), NUM_BLOCKS, BLOCK_SIZE)
+    float64.use_native(native_kernel)  # the attention kernel serves float64 ...
+    assert float64.native is not None and float64.bind_fused() is None  # ... the layers have no float64 entry
