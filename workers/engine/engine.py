@@ -181,14 +181,18 @@ class Engine:
     def _fuse_layers(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, FusingStats]:
         """Choose the small passes each model and the EAGLE head run through their native layers (cfg.fused_layers;
         fusing.py), after compiling, against the path requests would otherwise take. The tensor-parallel target is
-        left as it is."""
+        left as it is. No pass is larger than max_num_batched_tokens, and the timed passes write from position 0
+        into blocks 0.. (no sequence holds them yet): they fit the cache and the model's length."""
+        cfg = self.cfg
+        mode = cfg.fused_layers
+        max_tokens = min(cfg.max_num_batched_tokens, self.block_manager.num_blocks * cfg.block_size, self.max_model_len)
         stats = {}
         if self.tp_group is None:
-            stats["target"] = fuse_runner(self.runner, self.cfg.fused_layers, "target")
+            stats["target"] = fuse_runner(self.runner, mode, "target", max_tokens)
         if draft is not None:
-            stats["draft"] = fuse_runner(draft.runner, self.cfg.fused_layers, "draft")
+            stats["draft"] = fuse_runner(draft.runner, mode, "draft", max_tokens)
         if eagle is not None:
-            stats["eagle"] = fuse_runner(eagle.runner, self.cfg.fused_layers, "eagle")
+            stats["eagle"] = fuse_runner(eagle.runner, mode, "eagle", max_tokens)
         return stats
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:

@@ -47,10 +47,10 @@ class HeadRunner:
         self.compiled: CompiledHead | None = None
         self.compile_stats = CompileStats()
         self.graphs: PassGraphs | None = None  # chain passes replayed from CUDA graphs (decode_graphs.py)
-        # the layer as one native call (workers/models/fused_decode.py), for the buckets in fused_buckets
-        # (workers/engine/fusing.py decides at start-up)
+        # the layer as one native call (workers/models/fused_decode.py), for passes of at most fused_max_tokens
+        # tokens (workers/engine/fusing.py decides at start-up)
         self.fused: fused_decode.FusedLayers | None = None
-        self.fused_buckets: frozenset[Bucket] = frozenset()
+        self.fused_max_tokens = 0
 
     @property
     def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -81,12 +81,11 @@ class HeadRunner:
         out = self._run_graphed(items, features) if self.graphs is not None else None
         if out is None:  # not a pass a captured graph serves: built and dispatched op by op
             batch = build_batch(items, self.block_size, self.head.layer_cfg.sliding_window, self.native)
-            bucket = self.bucket_of(num_tokens)
-            if self.fused is not None and bucket in self.fused_buckets and batch.meta.native is not None:
+            if self.fused is not None and num_tokens <= self.fused_max_tokens and batch.meta.native is not None:
                 out = self._run_fused(batch, features, self.fused)
             else:
                 out = run_compiled_or_eager(
-                    self.compile_stats, bucket, self.compiled,
+                    self.compile_stats, self.bucket_of(num_tokens), self.compiled,
                     lambda compiled: self._run(batch, features, compiled), f"head pass of {num_tokens} tokens",
                 )
         report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)

@@ -312,10 +312,10 @@ class ModelRunner:
         self.compiled: CompiledModel | None = None
         self.compile_stats = CompileStats()
         self.native: NativeAttention | None = None  # the attention kernel, where it serves (use_native)
-        # the layers as one native call (workers/models/fused_decode.py), for the buckets in fused_buckets
-        # (workers/engine/fusing.py decides at start-up)
+        # the layers as one native call (workers/models/fused_decode.py), for passes of at most fused_max_tokens
+        # tokens (workers/engine/fusing.py decides at start-up)
         self.fused: fused_decode.FusedLayers | None = None
-        self.fused_buckets: frozenset[Bucket] = frozenset()
+        self.fused_max_tokens = 0
         # called after every forward with its timing: the speculator's cost tables
         self.on_pass: Callable[[PassTiming], None] | None = None
         self.shapes_run = ShapesRun()  # the sizes of every pass run so far
@@ -366,11 +366,10 @@ class ModelRunner:
     def _forward_batch(
         self, batch: ForwardBatch, num_tokens: int, with_features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32, [T, hidden] or None)
-        bucket = self.bucket_of(num_tokens)
-        if self.fused is not None and bucket in self.fused_buckets and batch.meta.native is not None:
+        if self.fused is not None and num_tokens <= self.fused_max_tokens and batch.meta.native is not None:
             return self._run_fused(batch, self.fused, with_features)
         return run_compiled_or_eager(
-            self.compile_stats, bucket, self.compiled,
+            self.compile_stats, self.bucket_of(num_tokens), self.compiled,
             lambda compiled: self._run(batch, compiled, with_features), f"forward of {num_tokens} tokens",
         )
 

@@ -23,87 +23,119 @@
 
 namespace {
 
-constexpr int64_t kWeightRows = 4;  // weight rows per block: each x chunk loaded once for four dot products
-constexpr int64_t kInputRows = 4;  // input rows per block: each weight chunk loaded once for four rows
+// ---- linear layers over weights packed once at bind time (fused_decode.py), so that a vector of 16 outputs
+// accumulates with no horizontal sums: x [M, K] . W [N, K]^T, N padded to a multiple of 16 with zero rows ----
+//   pairs layout (bfloat16 where the CPU has AVX512-BF16): [ceil(K / 2), N_pad, 2]; element (k2, n, i) is
+//     W[n, 2 k2 + i] (0 past K): one dot instruction multiplies 16 outputs' pairs by a broadcast pair of x
+//   columns layout (float32, and bfloat16 elsewhere): [K, N_pad]; element (k, n) is W[n, k]
+constexpr int64_t kOutputs = 16;  // outputs per vector
+constexpr int kMaxRows = 4;  // input rows per tile: each weight vector loaded once for them all
+constexpr int kMaxVectors = 4;  // output vectors per tile: independent sums in flight (the dot's latency)
 
-// sums[r][j] = x[r] . w[j] for r < kRows input rows (row stride x_stride) and kWeightRows weight rows of K
-template <typename T, int kRows>
-void dot_block(const T* x, int64_t x_stride, const T* const* w, int64_t k_size, float (*sums)[kWeightRows]) {
-  f32x16 acc[kRows][kWeightRows] = {};
-  int64_t k = 0;
-  for (; k + 16 <= k_size; k += 16) {
-    f32x16 wv[kWeightRows];
-    for (int64_t j = 0; j < kWeightRows; ++j) wv[j] = load16(w[j] + k);
+inline int64_t padded_outputs(int64_t n_size) { return (n_size + kOutputs - 1) / kOutputs * kOutputs; }
+
+// acc[r][b] += x[r] . W[n0 + 16 b .. +16], the columns layout
+template <typename T, int kRows, int kVectors>
+void tile_columns(const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
+                  f32x16 (*acc)[kMaxVectors]) {
+  f32x16 sums[kRows][kVectors] = {};  // in registers: acc may alias x or w as far as the compiler knows
+  for (int64_t k = 0; k < k_size; ++k) {
+    f32x16 wv[kVectors];
+    for (int b = 0; b < kVectors; ++b) wv[b] = load16(w + k * n_pad + n0 + kOutputs * b);
     for (int r = 0; r < kRows; ++r) {
-      const f32x16 xv = load16(x + r * x_stride + k);
-      for (int64_t j = 0; j < kWeightRows; ++j) acc[r][j] += xv * wv[j];
+      const float xk = load(x + r * x_stride + k);
+      for (int b = 0; b < kVectors; ++b) sums[r][b] += xk * wv[b];
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    for (int64_t j = 0; j < kWeightRows; ++j) {
-      float s = hsum(acc[r][j]);
-      for (int64_t kk = k; kk < k_size; ++kk) s += load(x + r * x_stride + kk) * load(w[j] + kk);
-      sums[r][j] = s;
-    }
+    for (int b = 0; b < kVectors; ++b) acc[r][b] = sums[r][b];
   }
 }
 
 #ifdef SPECFLEET_BF16_DOT
-// bfloat16 pairs multiplied and summed into float32 lanes by the CPU's dot instruction (AVX512-BF16)
-template <int kRows>
-void dot_block_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* const* w, int64_t k_size,
-                    float (*sums)[kWeightRows]) {
-  __m512 acc[kRows][kWeightRows];
+// the pairs layout: bfloat16 pairs multiplied and summed into float32 lanes by the CPU's dot instruction
+template <int kRows, int kVectors>
+void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t n_pad, int64_t k_size, int64_t n0,
+                f32x16 (*acc)[kMaxVectors]) {
+  __m512 sums[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
-    for (int64_t j = 0; j < kWeightRows; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int b = 0; b < kVectors; ++b) sums[r][b] = _mm512_setzero_ps();
   }
-  for (int64_t k = 0; k < k_size; k += 32) {
-    const __mmask32 mask = k_size - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (k_size - k)) - 1;
-    __m512bh wv[kWeightRows];
-    for (int64_t j = 0; j < kWeightRows; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[j] + k);
+  const int64_t num_pairs = (k_size + 1) / 2;
+  for (int64_t k2 = 0; k2 < num_pairs; ++k2) {
+    __m512bh wv[kVectors];
+    for (int b = 0; b < kVectors; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + (k2 * n_pad + n0 + kOutputs * b) * 2);
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * x_stride + k);
-      for (int64_t j = 0; j < kWeightRows; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, wv[j]);
+      const uint16_t* xr = x + r * x_stride + 2 * k2;
+      const uint32_t pair = uint32_t(xr[0]) | (2 * k2 + 1 < k_size ? uint32_t(xr[1]) << 16 : 0u);  // 0 past K
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+      for (int b = 0; b < kVectors; ++b) sums[r][b] = _mm512_dpbf16_ps(sums[r][b], xv, wv[b]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    for (int64_t j = 0; j < kWeightRows; ++j) sums[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+    for (int b = 0; b < kVectors; ++b) _mm512_storeu_ps(reinterpret_cast<float*>(&acc[r][b]), sums[r][b]);
   }
 }
 #endif
 
-template <typename T, int kRows>
-void dot_rows(const T* x, int64_t x_stride, const T* const* w, int64_t k_size, float (*sums)[kWeightRows]) {
+template <typename T>
+constexpr bool uses_pairs() {
 #ifdef SPECFLEET_BF16_DOT
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    dot_block_bf16<kRows>(x, x_stride, w, k_size, sums);
+  return std::is_same_v<T, uint16_t>;
+#else
+  return false;
+#endif
+}
+
+template <typename T, int kRows, int kVectors>
+void tile(const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
+          f32x16 (*acc)[kMaxVectors]) {
+#ifdef SPECFLEET_BF16_DOT
+  if constexpr (uses_pairs<T>()) {
+    tile_pairs<kRows, kVectors>(x, x_stride, w, n_pad, k_size, n0, acc);
     return;
   }
 #endif
-  dot_block<T, kRows>(x, x_stride, w, k_size, sums);
+  tile_columns<T, kRows, kVectors>(x, x_stride, w, n_pad, k_size, n0, acc);
 }
 
-// out [M, N] = x [M, K] . w [N, K]^T (+ bias [N]), accumulated in float, rounded once
+template <typename T, int kRows>
+void tile_of_rows(int vectors, const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
+                  f32x16 (*acc)[kMaxVectors]) {
+  switch (vectors) {
+    case 1: tile<T, kRows, 1>(x, x_stride, w, n_pad, k_size, n0, acc); break;
+    case 2: tile<T, kRows, 2>(x, x_stride, w, n_pad, k_size, n0, acc); break;
+    case 3: tile<T, kRows, 3>(x, x_stride, w, n_pad, k_size, n0, acc); break;
+    default: tile<T, kRows, 4>(x, x_stride, w, n_pad, k_size, n0, acc); break;
+  }
+}
+
+// out [M, N] = x [M, K] . W^T (+ bias [N]) from W packed as above, accumulated in float, rounded once; output
+// tiles spread over num_threads (OpenMP) when there are several
 template <typename T>
-void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w, const T* bias, int64_t n_size,
-            int64_t k_size, T* out) {
-  float sums[kInputRows][kWeightRows];
-  for (int64_t m0 = 0; m0 < m_size; m0 += kInputRows) {
-    const int64_t rows = std::min(kInputRows, m_size - m0);
-    const T* x_block = x + m0 * x_stride;
-    for (int64_t n0 = 0; n0 < n_size; n0 += kWeightRows) {
-      const T* w_rows[kWeightRows];  // past the last row: the last row again, its sums dropped
-      for (int64_t j = 0; j < kWeightRows; ++j) w_rows[j] = w + std::min(n0 + j, n_size - 1) * k_size;
-      switch (rows) {
-        case 1: dot_rows<T, 1>(x_block, x_stride, w_rows, k_size, sums); break;
-        case 2: dot_rows<T, 2>(x_block, x_stride, w_rows, k_size, sums); break;
-        case 3: dot_rows<T, 3>(x_block, x_stride, w_rows, k_size, sums); break;
-        default: dot_rows<T, 4>(x_block, x_stride, w_rows, k_size, sums); break;
+void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias, int64_t n_size,
+            int64_t k_size, T* out, int64_t num_threads) {
+  const int64_t n_pad = padded_outputs(n_size), tile_width = kOutputs * kMaxVectors;
+  const int64_t num_tiles = (n_pad + tile_width - 1) / tile_width;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_tiles > 1)
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    const int64_t n0 = t * tile_width;
+    const int vectors = int(std::min<int64_t>(kMaxVectors, (n_pad - n0) / kOutputs));
+    for (int64_t m0 = 0; m0 < m_size; m0 += kMaxRows) {
+      f32x16 acc[kMaxRows][kMaxVectors] = {};
+      const T* x_rows = x + m0 * x_stride;
+      switch (std::min<int64_t>(kMaxRows, m_size - m0)) {
+        case 1: tile_of_rows<T, 1>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
+        case 2: tile_of_rows<T, 2>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
+        case 3: tile_of_rows<T, 3>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
+        default: tile_of_rows<T, 4>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
       }
-      const int64_t cols = std::min(kWeightRows, n_size - n0);
+      const int64_t rows = std::min<int64_t>(kMaxRows, m_size - m0);
+      const int64_t cols = std::min(tile_width, n_size - n0);
       for (int64_t r = 0; r < rows; ++r) {
+        const float* sums = reinterpret_cast<const float*>(acc[r]);  // [kMaxVectors * 16], output order
         for (int64_t j = 0; j < cols; ++j) {
-          const float value = bias != nullptr ? sums[r][j] + load(bias + n0 + j) : sums[r][j];
+          const float value = bias != nullptr ? sums[j] + load(bias + n0 + j) : sums[j];
           store(out + (m0 + r) * n_size + n0 + j, value);
         }
       }
@@ -160,16 +192,21 @@ void add_into(T* h, const T* update, int64_t count) {
   for (int64_t i = 0; i < count; ++i) store(h + i, load(h + i) + load(update + i));
 }
 
+// SiLU(x) = x / (1 + e^-x), written with e = e^-|x| (the vectorisable exp of paged_attention.cpp, which takes
+// arguments <= 0): x / (1 + e) for x >= 0, x e / (1 + e) below
+inline float silu(float x) {
+  const float e = exp_nonpositive(-std::fabs(x));
+  return (x >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
 // act [T, I] = SiLU(gate) * up, from gate_up [T, 2 I]
 template <typename T>
 void silu_mul(const T* gate_up, int64_t num_tokens, int64_t inter, T* act) {
   const T* tag = nullptr;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int64_t i = 0; i < inter; ++i) {
-      const float gate = load(gate_up + t * 2 * inter + i);
-      const float silu = rounded(gate / (1.0f + std::exp(-gate)), tag);
-      store(act + t * inter + i, silu * load(gate_up + t * 2 * inter + inter + i));
-    }
+    const T* gate = gate_up + t * 2 * inter;
+    const T* up = gate + inter;
+    for (int64_t i = 0; i < inter; ++i) store(act + t * inter + i, rounded(silu(load(gate + i)), tag) * load(up + i));
   }
 }
 
@@ -201,18 +238,18 @@ void decode_layers(T* h, const int64_t* layer_tensors, const T* cos_table, const
     const int64_t* tensors = layer_tensors + layer * kNumLayerTensors;
     auto weight = [&](LayerTensor which) { return reinterpret_cast<const T*>(tensors[which]); };
     rms_norm(h, weight(kInputNorm), num_tokens, s.hidden, eps_f, normed.data());
-    linear(normed.data(), s.hidden, num_tokens, weight(kQkvWeight), weight(kQkvBias), qkv_size, s.hidden, qkv.data());
+    linear(normed.data(), s.hidden, num_tokens, weight(kQkvWeight), weight(kQkvBias), qkv_size, s.hidden, qkv.data(), s.num_threads);
     rotate(qkv.data(), qkv_size, num_tokens, s.num_heads + s.num_kv_heads, s.head_dim, cos_table, sin_table, positions);
     attend(qkv.data(), qkv.data() + q_size, qkv.data() + q_size + kv_size, reinterpret_cast<T*>(tensors[kKCache]),
            reinterpret_cast<T*>(tensors[kVCache]), slot_mapping, block_tables, token_seq, key_start, key_end,
            tree_base, tree_bits, attn.data(), attention, scale);
-    linear(attn.data(), q_size, num_tokens, weight(kOWeight), weight(kOBias), s.hidden, q_size, update.data());
+    linear(attn.data(), q_size, num_tokens, weight(kOWeight), weight(kOBias), s.hidden, q_size, update.data(), s.num_threads);
     add_into(h, update.data(), num_tokens * s.hidden);
     rms_norm(h, weight(kPostNorm), num_tokens, s.hidden, eps_f, normed.data());
     linear(normed.data(), s.hidden, num_tokens, weight(kGateUpWeight), weight(kGateUpBias), 2 * s.inter, s.hidden,
-           gate_up.data());
+           gate_up.data(), s.num_threads);
     silu_mul(gate_up.data(), num_tokens, s.inter, act.data());
-    linear(act.data(), s.inter, num_tokens, weight(kDownWeight), weight(kDownBias), s.hidden, s.inter, update.data());
+    linear(act.data(), s.inter, num_tokens, weight(kDownWeight), weight(kDownBias), s.hidden, s.inter, update.data(), s.num_threads);
     add_into(h, update.data(), num_tokens * s.hidden);
   }
 }
@@ -236,13 +273,16 @@ void decode_layers(T* h, const int64_t* layer_tensors, const T* cos_table, const
 SPECFLEET_DECODE_ENTRY(specfleet_decode_layers_f32, float)
 SPECFLEET_DECODE_ENTRY(specfleet_decode_layers_bf16, uint16_t)
 
-// out [M, N] = x [M, K] . w [N, K]^T (+ bias [N]): the layers' product on its own (tests, benchmarks)
+// out [M, N] = x [M, K] . W^T (+ bias [N]), W packed: the layers' product on its own (tests, benchmarks)
 #define SPECFLEET_LINEAR_ENTRY(NAME, T)                                                                      \
-  extern "C" void NAME(const void* x, const void* w, const void* bias, void* out, int64_t m_size,            \
-                       int64_t n_size, int64_t k_size) {                                                     \
-    linear(static_cast<const T*>(x), k_size, m_size, static_cast<const T*>(w), static_cast<const T*>(bias),  \
-           n_size, k_size, static_cast<T*>(out));                                                            \
+  extern "C" void NAME(const void* x, const void* w_packed, const void* bias, void* out, int64_t m_size,     \
+                       int64_t n_size, int64_t k_size, int64_t num_threads) {                                \
+    linear(static_cast<const T*>(x), k_size, m_size, static_cast<const T*>(w_packed),                       \
+           static_cast<const T*>(bias), n_size, k_size, static_cast<T*>(out), num_threads);                 \
   }
 
 SPECFLEET_LINEAR_ENTRY(specfleet_linear_f32, float)
 SPECFLEET_LINEAR_ENTRY(specfleet_linear_bf16, uint16_t)
+
+// how linear() reads a weight of this dtype: 1 = the pairs layout, 0 = the columns layout (fused_decode.py packs)
+extern "C" int64_t specfleet_linear_pairs_bf16() { return uses_pairs<uint16_t>() ? 1 : 0; }

@@ -30,6 +30,7 @@ from workers.models.native_attention import NativeAttention
 _ENTRY_POINTS = {torch.float32: "specfleet_decode_layers_f32", torch.bfloat16: "specfleet_decode_layers_bf16"}
 _LINEAR_ENTRY_POINTS = {torch.float32: "specfleet_linear_f32", torch.bfloat16: "specfleet_linear_bf16"}
 _NUM_DIMS = 10
+PACKED_OUTPUTS = 16  # decode_layers.cpp's kOutputs: packed weights' outputs padded to a multiple of it
 
 
 def _function(native: NativeAttention, name: str, num_pointers: int, num_tail: int, tail_type: Any) -> Any:
@@ -37,6 +38,15 @@ def _function(native: NativeAttention, name: str, num_pointers: int, num_tail: i
     function.argtypes = [ctypes.c_void_p] * num_pointers + [tail_type] * num_tail
     function.restype = None
     return function
+
+
+def _uses_pairs(native: NativeAttention, dtype: torch.dtype) -> bool:
+    """Whether the library's linear layers read this dtype's weights in the pairs layout (pack_weight)."""
+    if dtype != torch.bfloat16:
+        return False
+    query = ctypes.CDLL(str(native.library_path)).specfleet_linear_pairs_bf16
+    query.argtypes, query.restype = [], ctypes.c_int64
+    return bool(query())
 
 
 def supports(weight: torch.Tensor, native: NativeAttention | None) -> bool:
@@ -52,6 +62,7 @@ class FusedLayers:
     cfg: ModelConfig  # the layers' shape: heads, sizes, eps (num_layers: how many)
     function: Any  # ctypes entry point
     layer_tensors: torch.Tensor  # [num_layers, 12] int64: decode_layers.cpp's LayerTensor order
+    packed_weights: list[torch.Tensor]  # the linear weights packed for the kernel (layer_tensors point at them)
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin tables [max_len, head_dim], the layers' dtype
     scale: float  # softmax scale
     block_size: int  # the caches' tokens per block
@@ -74,21 +85,31 @@ class FusedLayers:
             assert tensor.is_contiguous() and tensor.dtype == dtype, "the native layers read every tensor densely"
             return tensor.data_ptr()
 
+        is_pairs = _uses_pairs(native, dtype)
+        packed: list[torch.Tensor] = []  # the linear weights in the kernel's layouts, alive as long as this
+
+        def weight_address(tensor: torch.Tensor) -> int:
+            packed.append(pack_weight(tensor.detach(), is_pairs))
+            return packed[-1].data_ptr()
+
         rows = []
         for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
             assert isinstance(layer, DecoderLayer)
             linears = (layer.qkv, layer.o_proj)
             mlp = (layer.gate_up, layer.down)
             rows.append([
-                address(layer.input_norm.weight), *(address(t) for lin in linears for t in (lin.weight, lin.bias)),
-                address(layer.post_norm.weight), *(address(t) for lin in mlp for t in (lin.weight, lin.bias)),
+                address(layer.input_norm.weight),
+                *(a for lin in linears for a in (weight_address(lin.weight), address(lin.bias))),
+                address(layer.post_norm.weight),
+                *(a for lin in mlp for a in (weight_address(lin.weight), address(lin.bias))),
                 address(k_cache), address(v_cache),
             ])  # fmt: skip
         for table in rope:
             address(table)  # checked: read densely too
         function = _function(native, _ENTRY_POINTS[dtype], 13, 2, ctypes.c_double)
         tensors = torch.tensor(rows, dtype=torch.long)
-        return cls(dataclasses.replace(cfg, num_layers=len(rows)), function, tensors, rope, scale, kv_caches[0][0].shape[1])
+        layers_cfg = dataclasses.replace(cfg, num_layers=len(rows))
+        return cls(layers_cfg, function, tensors, packed, rope, scale, kv_caches[0][0].shape[1])
 
     def run(
         self,
@@ -128,12 +149,28 @@ def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], nativ
     return FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
 
 
-def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:  # x [M, K], weight [N, K] -> [M, N]
-    """The native layers' product on its own (tests and benchmarks compare it with F.linear)."""
-    function = _function(native, _LINEAR_ENTRY_POINTS[x.dtype], 4, 3, ctypes.c_int64)
-    x, weight = x.contiguous(), weight.contiguous()
+def pack_weight(weight: torch.Tensor, is_pairs: bool) -> torch.Tensor:  # [N, K] -> the kernel's layout
+    """A linear weight in decode_layers.cpp's layout, its outputs padded with zeros to a multiple of 16: pairs
+    [ceil(K / 2), N_pad, 2] (bfloat16 on CPUs with its dot instruction), else columns [K, N_pad]."""
+    num_out, num_in = weight.shape
+    num_out_padded = -(-num_out // PACKED_OUTPUTS) * PACKED_OUTPUTS
+    if not is_pairs:
+        padded = weight.new_zeros(num_out_padded, num_in)  # [N_pad, K]
+        padded[:num_out] = weight
+        return padded.t().contiguous()  # [K, N_pad]
+    num_pairs = -(-num_in // 2)
+    padded = weight.new_zeros(num_out_padded, 2 * num_pairs)  # [N_pad, 2 K2]
+    padded[:num_out, :num_in] = weight
+    return padded.view(num_out_padded, num_pairs, 2).transpose(0, 1).contiguous()  # [K2, N_pad, 2]
+
+
+def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  num_threads: int = 1) -> torch.Tensor:  # x [M, K], weight [N, K] -> [M, N]
+    """The native layers' product on its own, the weight packed on the way (tests compare it with F.linear)."""
+    is_pairs = _uses_pairs(native, x.dtype)
+    function = _function(native, _LINEAR_ENTRY_POINTS[x.dtype], 4, 4, ctypes.c_int64)
+    x, packed = x.contiguous(), pack_weight(weight, is_pairs)
     out = x.new_empty(x.shape[0], weight.shape[0])
-    function(x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-             x.shape[0], weight.shape[0], x.shape[1])
+    function(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
+             x.shape[0], weight.shape[0], x.shape[1], num_threads)
     return out

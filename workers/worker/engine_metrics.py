@@ -180,8 +180,7 @@ class CompileSnapshot:
     num_failures: dict[str, int] = field(default_factory=dict)  # model -> fell back to eager
     is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
     is_packed: dict[str, bool] = field(default_factory=dict)  # model -> its linear weights are prepacked
-    # (model, bucket) -> its native decoder layers serve the passes of this bucket
-    is_fused: dict[tuple[str, str], bool] = field(default_factory=dict)
+    fused_max_tokens: dict[str, int] = field(default_factory=dict)  # model -> its native layers' largest pass
     graph_capture_s: dict[str, float] = field(default_factory=dict)  # model -> its decode graphs' capture seconds
 
     @classmethod
@@ -199,7 +198,7 @@ class CompileSnapshot:
             num_failures={m: st.num_failures for m, st in compile_stats.items()},
             is_native_attention=dict(native_attention),
             is_packed={m: st.is_packed for m, st in packing.items()},
-            is_fused={(m, b): on for m, st in fusing.items() for b, on in st.is_fused.items()},
+            fused_max_tokens={m: st.max_tokens for m, st in fusing.items()},
             graph_capture_s=dict(graph_capture_s),
         )
 
@@ -218,12 +217,12 @@ class CompileCollector(Collector):
             compiled.add_metric([model, bucket], float(on))
         yield compiled
         fused = GaugeMetricFamily(
-            "specfleet_engine_fused_layers",
-            "1 where the model's decoder layers run as one native call for passes of this shape bucket",
-            labels=["model", "bucket"],
+            "specfleet_engine_fused_max_tokens",
+            "The model's passes of at most this many tokens run its decoder layers as one native call (0: none)",
+            labels=["model"],
         )
-        for (model, bucket), on in s.is_fused.items():
-            fused.add_metric([model, bucket], float(on))
+        for model, max_tokens in s.fused_max_tokens.items():
+            fused.add_metric([model], max_tokens)
         yield fused
         seconds = GaugeMetricFamily("specfleet_engine_compile_seconds", "Start-up compilation time", labels=["model"])
         failures = CounterMetricFamily(

@@ -1,8 +1,8 @@
-"""Native decoder layers in the engine (workers/engine/fusing.py): `on` runs the small passes of the target, the
-draft and the EAGLE head through them, and greedy output stays token-identical to the unfused engine for plain decoding, chains and
-trees; `auto` times each small bucket against the path it would replace; `off` and an SDPA engine bind nothing;
-the decision is exported per model and bucket. float64 models have no native layers (spec_engine's default
-dtype), so these tests choose float32 or bfloat16."""
+"""Native decoder layers in the engine (workers/engine/fusing.py): `on` runs every pass of the target, the draft
+and the EAGLE head through them, and greedy output stays token-identical to the unfused engine for plain
+decoding, chains and trees; `auto` times passes of growing size against the path they would replace and stops at
+the first it does not win; `off` and an SDPA engine bind nothing; the decision is exported per model. float64
+models have no native layers (spec_engine's default dtype), so these tests choose float32 or bfloat16."""
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -10,25 +10,31 @@ from prometheus_client import CollectorRegistry
 from tests.workers.engine_runs import run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_eagle import requests
 from tests.workers.spec.test_engine_speculation import make_prompts
-from workers.engine.compile_stats import Bucket
+from workers.engine.fusing import pass_sizes
 from workers.worker.engine_metrics import EngineMetrics
-
-SMALL_BUCKETS = {Bucket.DECODE, Bucket.SMALL}  # the engine's default thread policy: one thread up to 4 tokens
-
 
 MODELS = ("target", "draft", "eagle")
 
 
-def fused_buckets(engine) -> dict[str, frozenset[Bucket]]:
-    runners = {"target": engine.runner, "draft": engine.speculator.draft.runner, "eagle": engine.speculator.eagle.runner}
-    return {name: runner.fused_buckets for name, runner in runners.items()}
+def runners(engine) -> dict:
+    return {"target": engine.runner, "draft": engine.speculator.draft.runner, "eagle": engine.speculator.eagle.runner}
+
+
+def fused_max_tokens(engine) -> dict[str, int]:
+    return {name: runner.fused_max_tokens for name, runner in runners(engine).items()}
+
+
+def largest_pass(engine) -> int:
+    """What the engine lets the layers serve at most: its largest pass, within its cache and model length."""
+    cfg = engine.cfg
+    return min(cfg.max_num_batched_tokens, engine.block_manager.num_blocks * cfg.block_size, engine.max_model_len)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def unfused_plain(request, eagle_models) -> tuple[str, dict[str, list[int]]]:
     dtype = request.param
     engine = spec_engine(eagle_models, eagle="copy_head", speculative_method="none", dtype=dtype, fused_layers="off")
-    assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset())
+    assert fused_max_tokens(engine) == dict.fromkeys(MODELS, 0)
     return dtype, {rid: tokens(o) for rid, o in run_all(engine, requests(make_prompts()[::3])).items()}
 
 
@@ -38,45 +44,49 @@ def unfused_plain(request, eagle_models) -> tuple[str, dict[str, list[int]]]:
     ids=["plain", "draft-chain", "eagle-chain", "eagle-tree", "draft-tree"],
 )  # fmt: skip
 def test_fused_engines_decode_the_unfused_tokens(eagle_models, unfused_plain, method) -> None:
+    """Every pass (prefill chunks, decode batches, chains, trees) through the native layers."""
     dtype, want = unfused_plain
     engine = spec_engine(eagle_models, eagle="copy_head", dtype=dtype, fused_layers="on", **method)
-    assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset(SMALL_BUCKETS))
+    assert fused_max_tokens(engine) == dict.fromkeys(MODELS, largest_pass(engine))
     outs = run_all(engine, requests(make_prompts()[::3]))
     assert {rid: tokens(o) for rid, o in outs.items()} == want
     if method["speculative_method"] != "none":
         assert engine.speculator.stats.counts.num_accepted > 0  # the fused proposers drafted, and were kept
 
 
-def test_auto_times_each_small_bucket(eagle_models) -> None:
+def test_auto_times_growing_passes_until_one_does_not_win(eagle_models) -> None:
     engine = spec_engine(eagle_models, eagle="copy_head", dtype="bfloat16", fused_layers="auto")
-    for name, buckets in fused_buckets(engine).items():
+    for name, runner in runners(engine).items():
         stats = engine.fusing[name]
-        assert set(stats.timed_ms) == {b.value for b in SMALL_BUCKETS}
-        for bucket in SMALL_BUCKETS:
-            timed = stats.timed_ms[bucket.value]
-            assert set(timed) == {"unfused", "fused"} and all(ms > 0 for ms in timed.values())
-            reason = stats.reasons[bucket.value]
-            assert reason.startswith(("faster here", "not faster here", "chose another token"))
-            assert stats.is_fused[bucket.value] == reason.startswith("faster here") == (bucket in buckets)
-        assert not stats.is_fused[Bucket.BATCH.value]
+        sizes = pass_sizes(runner, largest_pass(engine))
+        assert sizes[:3] == [1, engine.cfg.single_thread_max_tokens, 2 * engine.cfg.single_thread_max_tokens]
+        timed = list(stats.timed_ms)
+        assert timed == sizes[: len(timed)] and timed  # in order, from one token, until the first loss
+        for ms in stats.timed_ms.values():
+            assert set(ms) == {"unfused", "fused"} and all(v > 0 for v in ms.values())
+        assert runner.fused_max_tokens == stats.max_tokens
+        if stats.reason.startswith("faster at every size"):
+            assert stats.max_tokens == timed[-1] == sizes[-1]
+        else:  # every size before the last timed one won; the last did not
+            assert stats.reason.startswith(("not faster at", "at ")) and f"{timed[-1]} tokens" in stats.reason
+            assert stats.max_tokens == (timed[-2] if len(timed) > 1 else 0)
 
 
 def test_off_and_sdpa_engines_bind_nothing(eagle_models) -> None:
     off = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="off")
     sdpa = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="on", attention_backend="sdpa")
     for engine, why in ((off, "off"), (sdpa, "needs the native kernel")):
-        assert fused_buckets(engine) == dict.fromkeys(MODELS, frozenset())
-        assert engine.runner.fused is None
+        assert fused_max_tokens(engine) == dict.fromkeys(MODELS, 0)
+        assert all(runner.fused is None for runner in runners(engine).values())
         for stats in engine.fusing.values():
-            assert not any(stats.is_fused.values()) and not stats.timed_ms
-            assert all(reason.startswith(why) for reason in stats.reasons.values())
+            assert stats.max_tokens == 0 and not stats.timed_ms and stats.reason.startswith(why)
 
 
-def test_the_decision_is_exported_per_model_and_bucket(eagle_models) -> None:
-    engine = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers="on")
-    registry = CollectorRegistry()
-    EngineMetrics(registry).update(engine, [])
-    for name in MODELS:
-        for bucket in Bucket:
-            value = registry.get_sample_value("specfleet_engine_fused_layers", {"model": name, "bucket": bucket.value})
-            assert value == float(bucket in SMALL_BUCKETS)
+def test_the_decision_is_exported_per_model(eagle_models) -> None:
+    for mode in ("on", "off"):
+        engine = spec_engine(eagle_models, eagle="copy_head", dtype="float32", fused_layers=mode)
+        registry = CollectorRegistry()
+        EngineMetrics(registry).update(engine, [])
+        for name in MODELS:
+            value = registry.get_sample_value("specfleet_engine_fused_max_tokens", {"model": name})
+            assert value == (largest_pass(engine) if mode == "on" else 0)

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.engine.compile_stats import Bucket
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.eagle_head import load_head
@@ -21,6 +20,7 @@ BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 # logits of the eager and native paths (tiny models: logits of magnitude ~10). float32: their sums run in
 # another order; bfloat16: an element rounded the other way at one op moves later ones by an ulp (2^-8)
+EVERY_PASS = 1 << 20  # fused_max_tokens: no pass is larger
 LOGITS_TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=0), torch.bfloat16: dict(atol=0.25, rtol=0.02)}
 
 
@@ -49,7 +49,7 @@ def runners(model_dir: Path, dtype: torch.dtype, native: NativeAttention) -> tup
         runner.use_native(native)
     fused.fused = fused.bind_fused()
     assert fused.fused is not None
-    fused.fused_buckets = frozenset(Bucket)
+    fused.fused_max_tokens = EVERY_PASS
     return eager, fused
 
 
@@ -94,7 +94,7 @@ def test_an_eagle_heads_native_layer_equals_its_eager_pass(
         runner.use_native(native_kernel)
     fused.fused = fused.bind_fused()
     assert fused.fused is not None and fused.fused.cfg.num_layers == 1
-    fused.fused_buckets = frozenset(Bucket)
+    fused.fused_max_tokens = EVERY_PASS
     gen = torch.Generator().manual_seed(5)
     for items in PASSES:
         num_tokens = sum(len(it.token_ids) for it in items)
@@ -104,11 +104,11 @@ def test_an_eagle_heads_native_layer_equals_its_eager_pass(
         torch.testing.assert_close(got_h, want_h, atol=1e-4, rtol=0)
 
 
-def test_only_the_chosen_buckets_take_the_native_layers(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
+def test_only_passes_up_to_the_limit_take_the_native_layers(tiny_models: dict[str, Path], native_kernel: NativeAttention) -> None:
     """A runner with the layers bound for one-token passes only runs larger passes eagerly: bit for bit the
     eager runner's logits there."""
     eager, fused = runners(tiny_models["llama"], torch.float32, native_kernel)
-    fused.fused_buckets = frozenset({Bucket.DECODE})
+    fused.fused_max_tokens = 1
     prefill = PASSES[0]
     assert torch.equal(fused.forward(prefill), eager.forward(prefill))  # 7 tokens: eager on both
     decode = [ForwardItem([40], 7, [7, 2, 30], num_logits=1)]
