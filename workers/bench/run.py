@@ -26,6 +26,8 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
     for model, st in compiled["stats"].items():
         typer.echo(f"{model}: compiled {st['is_compiled']} in {st['compile_time_s']:.1f} s; eager ms "
                    f"{st['eager_ms']}, compiled ms {st['compiled_ms']}, failures {st['num_failures']}")
+    for model, st in compiled["fused_layers"].items():
+        typer.echo(f"{model}: native layers for passes of up to {st['max_tokens']} tokens ({st['reason']})")
     for proposer in ("draft", "eagle"):
         if f"{proposer}_ms_per_token" in compiled:
             per_token = compiled[f"{proposer}_ms_per_token"]

@@ -19,6 +19,11 @@
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define SPECFLEET_BF16_DOT 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SPECFLEET_AMX 1
+#endif
 #endif
 
 namespace {
@@ -78,6 +83,109 @@ void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t 
 }
 #endif
 
+#ifdef SPECFLEET_AMX
+// ---- the pairs layout through AMX tiles (a 16 x 16 float tile += 16 rows x 32 bfloat16 . 16 pairs x 16
+// outputs per instruction), for passes of kAmxMinRows rows or more; the pairs layout's pair count is padded to a
+// multiple of kAmxPairs (pack_weight) so whole tiles load. Linux hands a process the tile state only on request.
+constexpr int64_t kAmxMinRows = 2;
+constexpr int64_t kAmxRows = 16;  // rows of x per tile
+constexpr int64_t kAmxPairs = 16;  // pairs of K per tile step (32 elements)
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_permitted() {
+  static const bool permitted = [] {
+    constexpr long kReqPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kTileData = 18;  // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kReqPermission, kTileData) == 0;
+  }();
+  return permitted;
+}
+
+// out rows [m0, m0 + rows) x outputs [n0, n0 + 16 vectors) of x [rows, K_pad] (zero-padded, row stride k_pad) .
+// W^T: tiles 0-3 the sums, 4 the x rows, 5 the weights
+void tile_amx(const uint16_t* x, int64_t k_pad, int64_t rows, const uint16_t* w, int64_t n_pad, int64_t n0,
+              int vectors, float* sums /* [rows, 64] */) {
+  TileConfig config;
+  for (int t = 0; t < 4; ++t) {
+    config.rows[t] = uint8_t(rows);
+    config.colsb[t] = 64;
+  }
+  config.rows[4] = uint8_t(rows);
+  config.colsb[4] = 64;
+  config.rows[5] = kAmxPairs;
+  config.colsb[5] = 64;
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t w_stride = n_pad * 2 * int64_t(sizeof(uint16_t));  // bytes between pair rows
+  for (int64_t k2 = 0; k2 < k_pad / 2; k2 += kAmxPairs) {
+    _tile_loadd(4, x + 2 * k2, k_pad * int64_t(sizeof(uint16_t)));
+    const uint16_t* w_step = w + (k2 * n_pad + n0) * 2;
+    _tile_loadd(5, w_step, w_stride);
+    _tile_dpbf16ps(0, 4, 5);
+    if (vectors > 1) {
+      _tile_loadd(5, w_step + 2 * kOutputs, w_stride);
+      _tile_dpbf16ps(1, 4, 5);
+    }
+    if (vectors > 2) {
+      _tile_loadd(5, w_step + 4 * kOutputs, w_stride);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if (vectors > 3) {
+      _tile_loadd(5, w_step + 6 * kOutputs, w_stride);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  constexpr int64_t kSumStride = kOutputs * kMaxVectors * int64_t(sizeof(float));
+  _tile_stored(0, sums, kSumStride);
+  if (vectors > 1) _tile_stored(1, sums + kOutputs, kSumStride);
+  if (vectors > 2) _tile_stored(2, sums + 2 * kOutputs, kSumStride);
+  if (vectors > 3) _tile_stored(3, sums + 3 * kOutputs, kSumStride);
+}
+
+// the whole product through tiles; false (nothing written) where the process may not use them
+bool linear_amx(const uint16_t* x, int64_t x_stride, int64_t m_size, const uint16_t* w_packed, const uint16_t* bias,
+                int64_t n_size, int64_t k_size, uint16_t* out, int64_t num_threads) {
+  if (!amx_permitted()) return false;
+  const int64_t n_pad = padded_outputs(n_size), tile_width = kOutputs * kMaxVectors;
+  const int64_t k_pad = (k_size + 2 * kAmxPairs - 1) / (2 * kAmxPairs) * (2 * kAmxPairs);
+  std::vector<uint16_t> x_padded(m_size * k_pad, 0);  // [M, K_pad]: whole tiles of x, zeros past K
+  for (int64_t m = 0; m < m_size; ++m) std::memcpy(&x_padded[m * k_pad], x + m * x_stride, k_size * sizeof(uint16_t));
+  const int64_t num_tiles = (n_pad + tile_width - 1) / tile_width;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1 && num_tiles > 1)
+  {
+    alignas(64) float sums[kAmxRows * kOutputs * kMaxVectors];
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < num_tiles; ++t) {
+      const int64_t n0 = t * tile_width;
+      const int vectors = int(std::min<int64_t>(kMaxVectors, (n_pad - n0) / kOutputs));
+      const int64_t cols = std::min(tile_width, n_size - n0);
+      for (int64_t m0 = 0; m0 < m_size; m0 += kAmxRows) {
+        const int64_t rows = std::min(kAmxRows, m_size - m0);
+        tile_amx(&x_padded[m0 * k_pad], k_pad, rows, w_packed, n_pad, n0, vectors, sums);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < cols; ++j) {
+            const float value = sums[r * tile_width + j];
+            store(out + (m0 + r) * n_size + n0 + j, bias != nullptr ? value + load(bias + n0 + j) : value);
+          }
+        }
+      }
+    }
+    _tile_release();
+  }
+  return true;
+}
+#endif
+
 template <typename T>
 constexpr bool uses_pairs() {
 #ifdef SPECFLEET_BF16_DOT
@@ -115,6 +223,13 @@ void tile_of_rows(int vectors, const T* x, int64_t x_stride, const T* w, int64_t
 template <typename T>
 void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias, int64_t n_size,
             int64_t k_size, T* out, int64_t num_threads) {
+#ifdef SPECFLEET_AMX
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (m_size >= kAmxMinRows && linear_amx(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads)) {
+      return;
+    }
+  }
+#endif
   const int64_t n_pad = padded_outputs(n_size), tile_width = kOutputs * kMaxVectors;
   const int64_t num_tiles = (n_pad + tile_width - 1) / tile_width;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_tiles > 1)
@@ -284,5 +399,12 @@ SPECFLEET_DECODE_ENTRY(specfleet_decode_layers_bf16, uint16_t)
 SPECFLEET_LINEAR_ENTRY(specfleet_linear_f32, float)
 SPECFLEET_LINEAR_ENTRY(specfleet_linear_bf16, uint16_t)
 
-// how linear() reads a weight of this dtype: 1 = the pairs layout, 0 = the columns layout (fused_decode.py packs)
-extern "C" int64_t specfleet_linear_pairs_bf16() { return uses_pairs<uint16_t>() ? 1 : 0; }
+// how linear() reads a bfloat16 weight (fused_decode.py packs): 0 = the columns layout; else the pairs layout,
+// its pair count padded to a multiple of this
+extern "C" int64_t specfleet_linear_pairs_bf16() {
+#ifdef SPECFLEET_AMX
+  return kAmxPairs;
+#else
+  return uses_pairs<uint16_t>() ? 1 : 0;
+#endif
+}

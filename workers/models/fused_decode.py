@@ -40,13 +40,14 @@ def _function(native: NativeAttention, name: str, num_pointers: int, num_tail: i
     return function
 
 
-def _uses_pairs(native: NativeAttention, dtype: torch.dtype) -> bool:
-    """Whether the library's linear layers read this dtype's weights in the pairs layout (pack_weight)."""
+def pair_rows(native: NativeAttention, dtype: torch.dtype) -> int:
+    """How the library's linear layers read this dtype's weights (pack_weight): 0 = in columns; else in pairs,
+    their count padded to a multiple of this (16 where AMX tiles read them)."""
     if dtype != torch.bfloat16:
-        return False
+        return 0
     query = ctypes.CDLL(str(native.library_path)).specfleet_linear_pairs_bf16
     query.argtypes, query.restype = [], ctypes.c_int64
-    return bool(query())
+    return int(query())
 
 
 def supports(weight: torch.Tensor, native: NativeAttention | None) -> bool:
@@ -85,11 +86,11 @@ class FusedLayers:
             assert tensor.is_contiguous() and tensor.dtype == dtype, "the native layers read every tensor densely"
             return tensor.data_ptr()
 
-        is_pairs = _uses_pairs(native, dtype)
+        pairs = pair_rows(native, dtype)
         packed: list[torch.Tensor] = []  # the linear weights in the kernel's layouts, alive as long as this
 
         def weight_address(tensor: torch.Tensor) -> int:
-            packed.append(pack_weight(tensor.detach(), is_pairs))
+            packed.append(pack_weight(tensor.detach(), pairs))
             return packed[-1].data_ptr()
 
         rows = []
@@ -149,16 +150,17 @@ def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], nativ
     return FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
 
 
-def pack_weight(weight: torch.Tensor, is_pairs: bool) -> torch.Tensor:  # [N, K] -> the kernel's layout
-    """A linear weight in decode_layers.cpp's layout, its outputs padded with zeros to a multiple of 16: pairs
-    [ceil(K / 2), N_pad, 2] (bfloat16 on CPUs with its dot instruction), else columns [K, N_pad]."""
+def pack_weight(weight: torch.Tensor, pairs: int) -> torch.Tensor:  # [N, K] -> the kernel's layout
+    """A linear weight in decode_layers.cpp's layout, its outputs padded with zeros to a multiple of 16: for
+    pairs > 0, pairs [K2, N_pad, 2] with K2 = ceil(K / 2) padded to a multiple of `pairs` (bfloat16 on CPUs
+    with its dot instruction or AMX), else columns [K, N_pad]."""
     num_out, num_in = weight.shape
     num_out_padded = -(-num_out // PACKED_OUTPUTS) * PACKED_OUTPUTS
-    if not is_pairs:
+    if not pairs:
         padded = weight.new_zeros(num_out_padded, num_in)  # [N_pad, K]
         padded[:num_out] = weight
         return padded.t().contiguous()  # [K, N_pad]
-    num_pairs = -(-num_in // 2)
+    num_pairs = -(-num_in // (2 * pairs)) * pairs
     padded = weight.new_zeros(num_out_padded, 2 * num_pairs)  # [N_pad, 2 K2]
     padded[:num_out, :num_in] = weight
     return padded.view(num_out_padded, num_pairs, 2).transpose(0, 1).contiguous()  # [K2, N_pad, 2]
@@ -167,9 +169,8 @@ def pack_weight(weight: torch.Tensor, is_pairs: bool) -> torch.Tensor:  # [N, K]
 def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   num_threads: int = 1) -> torch.Tensor:  # x [M, K], weight [N, K] -> [M, N]
     """The native layers' product on its own, the weight packed on the way (tests compare it with F.linear)."""
-    is_pairs = _uses_pairs(native, x.dtype)
     function = _function(native, _LINEAR_ENTRY_POINTS[x.dtype], 4, 4, ctypes.c_int64)
-    x, packed = x.contiguous(), pack_weight(weight, is_pairs)
+    x, packed = x.contiguous(), pack_weight(weight, pair_rows(native, x.dtype))
     out = x.new_empty(x.shape[0], weight.shape[0])
     function(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
              x.shape[0], weight.shape[0], x.shape[1], num_threads)

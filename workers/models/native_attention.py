@@ -95,12 +95,12 @@ def _rows(x: torch.Tensor) -> torch.Tensor:  # [T, heads, D] whose heads and ele
     return x.contiguous()
 
 
-def build_key(compiler: str) -> str:
+def build_key(compiler: str, extra_flags: tuple[str, ...] = ()) -> str:
     """What the library depends on: the sources, the flags, the compiler and the CPU it targets."""
     digest = hashlib.sha256()
     for source in SOURCES:
         digest.update(source.read_bytes())
-    digest.update(" ".join((*COMPILE_FLAGS, OPENMP_FLAG)).encode())
+    digest.update(" ".join((*COMPILE_FLAGS, *extra_flags, OPENMP_FLAG)).encode())
     digest.update(_compiler_version(compiler).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_flags().encode())
@@ -130,17 +130,18 @@ def _cpu_flags() -> str:
 
 
 @functools.cache
-def load(cache_dir: Path) -> NativeAttention | None:
+def load(cache_dir: Path, extra_flags: tuple[str, ...] = ()) -> NativeAttention | None:
     """The kernel library, built into `cache_dir` if it is not there yet; None (logged) where it can't be.
-    Safe for processes building at once: each writes its own file and renames it into place."""
+    Safe for processes building at once: each writes its own file and renames it into place. `extra_flags`
+    follow the usual ones (tests build the portable paths of a CPU's special instructions with them)."""
     compiler = _compiler()
     if compiler is None:
         log.warning("no C++ compiler found ($CXX, c++, g++, clang++): attention stays on the SDPA path")
         return None
-    path = cache_dir / f"paged_attention-{build_key(compiler)}.so"
+    path = cache_dir / f"paged_attention-{build_key(compiler, extra_flags)}.so"
     if not path.exists():
         try:
-            _build(compiler, path)
+            _build(compiler, path, extra_flags)
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("building the native attention kernel failed (%s): attention stays on the SDPA path", exc)
             return None
@@ -157,7 +158,7 @@ def load(cache_dir: Path) -> NativeAttention | None:
     return NativeAttention(path, functions)
 
 
-def _build(compiler: str, path: Path) -> None:
+def _build(compiler: str, path: Path, extra_flags: tuple[str, ...] = ()) -> None:
     """Compile with OpenMP, else without; raises SubprocessError with the compiler's message if both fail."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
@@ -165,7 +166,7 @@ def _build(compiler: str, path: Path) -> None:
     try:
         errors = []
         for extra in ([OPENMP_FLAG], []):
-            command = [compiler, *COMPILE_FLAGS, *extra, str(BUILD_SOURCE), "-o", tmp_name]
+            command = [compiler, *COMPILE_FLAGS, *extra_flags, *extra, str(BUILD_SOURCE), "-o", tmp_name]
             result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
             if result.returncode == 0:
                 os.replace(tmp_name, path)

@@ -2,6 +2,7 @@
 replace, for every layout and both dtypes, on decode tokens, chains, ragged batches and prefill chunks; and
 their product on its own against an exact reference."""
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,9 @@ import torch.nn.functional as F
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.eagle_head import load_head
-from workers.models.fused_decode import native_linear
+from workers.models.fused_decode import native_linear, pair_rows
 from workers.models.loader import load_model
-from workers.models.native_attention import NativeAttention
+from workers.models.native_attention import NativeAttention, load
 
 LAYOUTS = ("llama", "qwen2", "mistral")  # qwen2: q/k/v biases; mistral: a sliding window
 BLOCK_SIZE = 4
@@ -24,18 +25,45 @@ EVERY_PASS = 1 << 20  # fused_max_tokens: no pass is larger
 LOGITS_TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=0), torch.bfloat16: dict(atol=0.25, rtol=0.02)}
 
 
+@pytest.fixture(scope="module")
+def portable_kernel(tmp_path_factory: pytest.TempPathFactory) -> NativeAttention:
+    """The library built without AVX512-BF16 (on hosts without it, the same as native_kernel): bfloat16 products
+    through float FMAs over the columns layout, the path of AVX2 hosts."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("-mno-avx512bf16 is an x86 flag")
+    kernel = load(tmp_path_factory.mktemp("portable-kernel"), ("-mno-avx512bf16", "-mno-amx-tile"))
+    assert kernel is not None, "the native kernel did not build without AVX512-BF16 (see the log)"
+    return kernel
+
+
+def test_the_weight_layout_follows_the_cpu(native_kernel: NativeAttention, portable_kernel: NativeAttention) -> None:
+    """bfloat16 pairs for the dot instruction exactly where the build has it (padded for AMX tiles where it has
+    those too); float32 always in columns."""
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    want = 16 if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags else 1 if "avx512_bf16" in flags else 0
+    assert pair_rows(native_kernel, torch.bfloat16) == want
+    assert pair_rows(portable_kernel, torch.bfloat16) == 0
+    assert pair_rows(native_kernel, torch.float32) == 0
+
+
+@pytest.fixture(params=["native", "portable"])
+def kernel(request: pytest.FixtureRequest, native_kernel: NativeAttention) -> NativeAttention:
+    """Both builds: this host's (the pairs layout where it has AVX512-BF16) and the portable one."""
+    return native_kernel if request.param == "native" else request.getfixturevalue("portable_kernel")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9])  # blocks of 4 input rows and their remainders
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])  # tiles of 4 (16 for AMX) rows, remainders
 @pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96)])  # weight-row and K remainders
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_native_linear_matches_the_exact_product(
-    native_kernel: NativeAttention, dtype: torch.dtype, num_rows: int, num_out: int, num_in: int, has_bias: bool
+    kernel: NativeAttention, dtype: torch.dtype, num_rows: int, num_out: int, num_in: int, has_bias: bool
 ) -> None:
     gen = torch.Generator().manual_seed(num_rows * 1000 + num_out)
     x = torch.randn(num_rows, num_in, generator=gen).to(dtype)
     weight = torch.randn(num_out, num_in, generator=gen).to(dtype)
     bias = torch.randn(num_out, generator=gen).to(dtype) if has_bias else None
-    out = native_linear(native_kernel, x, weight, bias)
+    out = native_linear(kernel, x, weight, bias)
     exact = F.linear(x.double(), weight.double(), bias.double() if bias is not None else None)  # [M, N]
     assert out.dtype == dtype and out.shape == (num_rows, num_out)
     # float32 sums in another order; bfloat16 accumulates in float32 and rounds once: within its half-ulp
@@ -68,9 +96,9 @@ PASSES = [
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_layers_equal_the_eager_path(
-    tiny_models: dict[str, Path], native_kernel: NativeAttention, layout: str, dtype: torch.dtype
+    tiny_models: dict[str, Path], kernel: NativeAttention, layout: str, dtype: torch.dtype
 ) -> None:
-    eager, fused = runners(tiny_models[layout], dtype, native_kernel)
+    eager, fused = runners(tiny_models[layout], dtype, kernel)
     for items in PASSES:
         want, want_h = eager.forward_with_features(items, with_features=True)
         got, got_h = fused.forward_with_features(items, with_features=True)
