@@ -83,9 +83,10 @@ class EngineConfig:
     # where a timed one-token pass was faster and bit-identical; `on` = every float32/bfloat16 CPU model; `off`.
     # A packed copy sits beside each weight (more memory)
     linear_packing: PackingMode = PackingMode.AUTO
-    # small passes (one token; up to the single-thread limit) through the model's decoder layers as one native call
-    # (workers/models/fused_decode.py; needs the native attention kernel): `auto` = for the sizes where a timed pass
-    # was faster on this host and chose the same tokens (workers/engine/fusing.py); `on` = always; `off`
+    # passes through the model's decoder layers as one native call (workers/models/fused_decode.py; CPU float32 or
+    # bfloat16, needs the native attention kernel): `auto` = passes up to the largest size where timed passes of 1,
+    # the single-thread limit, then doubling, were faster on this host and chose the same tokens
+    # (workers/engine/fusing.py); `on` = every pass; `off`
     fused_layers: FusingMode = FusingMode.AUTO
     # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
     # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank
