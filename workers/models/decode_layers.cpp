@@ -29,24 +29,27 @@
 namespace {
 
 // ---- linear layers over weights packed once at bind time (fused_decode.py), so that a vector of 16 outputs
-// accumulates with no horizontal sums: x [M, K] . W [N, K]^T, N padded to a multiple of 16 with zero rows ----
-//   pairs layout (bfloat16 where the CPU has AVX512-BF16): [ceil(K / 2), N_pad, 2]; element (k2, n, i) is
-//     W[n, 2 k2 + i] (0 past K): one dot instruction multiplies 16 outputs' pairs by a broadcast pair of x
-//   columns layout (float32, and bfloat16 elsewhere): [K, N_pad]; element (k, n) is W[n, k]
+// accumulates with no horizontal sums: x [M, K] . W [N, K]^T, N padded with zero rows to a multiple of 64 and
+// stored a tile of 64 outputs after another, each tile one contiguous stream (what a decode step reads once):
+//   pairs layout (bfloat16 where the CPU has AVX512-BF16): [N_pad / 64, K2, 64, 2]; element (t, k2, n, i) is
+//     W[64 t + n, 2 k2 + i] (0 past K), K2 = ceil(K / 2) rounded up to a multiple of pair_multiple() (16 for AMX
+//     tiles): one dot instruction multiplies 16 outputs' pairs by a broadcast pair of x
+//   columns layout (float32, and bfloat16 elsewhere): [N_pad / 64, K, 64]; element (t, k, n) is W[64 t + n, k]
 constexpr int64_t kOutputs = 16;  // outputs per vector
 constexpr int kMaxRows = 4;  // input rows per tile: each weight vector loaded once for them all
 constexpr int kMaxVectors = 4;  // output vectors per tile: independent sums in flight (the dot's latency)
+constexpr int64_t kTileOutputs = kOutputs * kMaxVectors;
 
-inline int64_t padded_outputs(int64_t n_size) { return (n_size + kOutputs - 1) / kOutputs * kOutputs; }
+inline int64_t padded_outputs(int64_t n_size) { return (n_size + kTileOutputs - 1) / kTileOutputs * kTileOutputs; }
 
 // acc[r][b] += x[r] . W[n0 + 16 b .. +16], the columns layout
-template <typename T, int kRows, int kVectors>
-void tile_columns(const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
-                  f32x16 (*acc)[kMaxVectors]) {
+template <typename T, int kRows>
+void tile_columns(const T* x, int64_t x_stride, const T* w_tile, int64_t k_size, f32x16 (*acc)[kMaxVectors]) {
+  constexpr int kVectors = kMaxVectors;
   f32x16 sums[kRows][kVectors] = {};  // in registers: acc may alias x or w as far as the compiler knows
   for (int64_t k = 0; k < k_size; ++k) {
     f32x16 wv[kVectors];
-    for (int b = 0; b < kVectors; ++b) wv[b] = load16(w + k * n_pad + n0 + kOutputs * b);
+    for (int b = 0; b < kVectors; ++b) wv[b] = load16(w_tile + k * kTileOutputs + kOutputs * b);
     for (int r = 0; r < kRows; ++r) {
       const float xk = load(x + r * x_stride + k);
       for (int b = 0; b < kVectors; ++b) sums[r][b] += xk * wv[b];
@@ -59,9 +62,10 @@ void tile_columns(const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64
 
 #ifdef SPECFLEET_BF16_DOT
 // the pairs layout: bfloat16 pairs multiplied and summed into float32 lanes by the CPU's dot instruction
-template <int kRows, int kVectors>
-void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t n_pad, int64_t k_size, int64_t n0,
+template <int kRows>
+void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w_tile, int64_t k_size,
                 f32x16 (*acc)[kMaxVectors]) {
+  constexpr int kVectors = kMaxVectors;
   __m512 sums[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int b = 0; b < kVectors; ++b) sums[r][b] = _mm512_setzero_ps();
@@ -69,7 +73,7 @@ void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t 
   const int64_t num_pairs = (k_size + 1) / 2;
   for (int64_t k2 = 0; k2 < num_pairs; ++k2) {
     __m512bh wv[kVectors];
-    for (int b = 0; b < kVectors; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + (k2 * n_pad + n0 + kOutputs * b) * 2);
+    for (int b = 0; b < kVectors; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w_tile + (k2 * kTileOutputs + kOutputs * b) * 2);
     for (int r = 0; r < kRows; ++r) {
       const uint16_t* xr = x + r * x_stride + 2 * k2;
       const uint32_t pair = uint32_t(xr[0]) | (2 * k2 + 1 < k_size ? uint32_t(xr[1]) << 16 : 0u);  // 0 past K
@@ -108,17 +112,14 @@ bool amx_permitted() {
   return permitted;
 }
 
-// out rows [m0, m0 + rows) x outputs [n0, n0 + 16 vectors) of x [rows, K_pad] (zero-padded, row stride k_pad) .
-// W^T: tiles 0-3 the sums, 4 the x rows, 5 the weights
-void tile_amx(const uint16_t* x, int64_t k_pad, int64_t rows, const uint16_t* w, int64_t n_pad, int64_t n0,
-              int vectors, float* sums /* [rows, 64] */) {
+// rows x 64 outputs of x [rows, K_pad] (zero-padded, row stride k_pad) . one weight tile [K2, 64, 2] (K2 =
+// K_pad / 2): tiles 0-3 the sums, 4 the x rows, 5 the weights
+void tile_amx(const uint16_t* x, int64_t k_pad, int64_t rows, const uint16_t* w_tile, float* sums /* [rows, 64] */) {
   TileConfig config;
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < 5; ++t) {
     config.rows[t] = uint8_t(rows);
     config.colsb[t] = 64;
   }
-  config.rows[4] = uint8_t(rows);
-  config.colsb[4] = 64;
   config.rows[5] = kAmxPairs;
   config.colsb[5] = 64;
   _tile_loadconfig(&config);
@@ -126,55 +127,46 @@ void tile_amx(const uint16_t* x, int64_t k_pad, int64_t rows, const uint16_t* w,
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t w_stride = n_pad * 2 * int64_t(sizeof(uint16_t));  // bytes between pair rows
+  constexpr int64_t kPairRowBytes = kTileOutputs * 2 * int64_t(sizeof(uint16_t));
   for (int64_t k2 = 0; k2 < k_pad / 2; k2 += kAmxPairs) {
     _tile_loadd(4, x + 2 * k2, k_pad * int64_t(sizeof(uint16_t)));
-    const uint16_t* w_step = w + (k2 * n_pad + n0) * 2;
-    _tile_loadd(5, w_step, w_stride);
+    const uint16_t* w_step = w_tile + k2 * kTileOutputs * 2;
+    _tile_loadd(5, w_step, kPairRowBytes);
     _tile_dpbf16ps(0, 4, 5);
-    if (vectors > 1) {
-      _tile_loadd(5, w_step + 2 * kOutputs, w_stride);
-      _tile_dpbf16ps(1, 4, 5);
-    }
-    if (vectors > 2) {
-      _tile_loadd(5, w_step + 4 * kOutputs, w_stride);
-      _tile_dpbf16ps(2, 4, 5);
-    }
-    if (vectors > 3) {
-      _tile_loadd(5, w_step + 6 * kOutputs, w_stride);
-      _tile_dpbf16ps(3, 4, 5);
-    }
+    _tile_loadd(5, w_step + 2 * kOutputs, kPairRowBytes);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_loadd(5, w_step + 4 * kOutputs, kPairRowBytes);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(5, w_step + 6 * kOutputs, kPairRowBytes);
+    _tile_dpbf16ps(3, 4, 5);
   }
-  constexpr int64_t kSumStride = kOutputs * kMaxVectors * int64_t(sizeof(float));
+  constexpr int64_t kSumStride = kTileOutputs * int64_t(sizeof(float));
   _tile_stored(0, sums, kSumStride);
-  if (vectors > 1) _tile_stored(1, sums + kOutputs, kSumStride);
-  if (vectors > 2) _tile_stored(2, sums + 2 * kOutputs, kSumStride);
-  if (vectors > 3) _tile_stored(3, sums + 3 * kOutputs, kSumStride);
+  _tile_stored(1, sums + kOutputs, kSumStride);
+  _tile_stored(2, sums + 2 * kOutputs, kSumStride);
+  _tile_stored(3, sums + 3 * kOutputs, kSumStride);
 }
 
 // the whole product through tiles; false (nothing written) where the process may not use them
 bool linear_amx(const uint16_t* x, int64_t x_stride, int64_t m_size, const uint16_t* w_packed, const uint16_t* bias,
                 int64_t n_size, int64_t k_size, uint16_t* out, int64_t num_threads) {
   if (!amx_permitted()) return false;
-  const int64_t n_pad = padded_outputs(n_size), tile_width = kOutputs * kMaxVectors;
   const int64_t k_pad = (k_size + 2 * kAmxPairs - 1) / (2 * kAmxPairs) * (2 * kAmxPairs);
   std::vector<uint16_t> x_padded(m_size * k_pad, 0);  // [M, K_pad]: whole tiles of x, zeros past K
   for (int64_t m = 0; m < m_size; ++m) std::memcpy(&x_padded[m * k_pad], x + m * x_stride, k_size * sizeof(uint16_t));
-  const int64_t num_tiles = (n_pad + tile_width - 1) / tile_width;
+  const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && num_tiles > 1)
   {
-    alignas(64) float sums[kAmxRows * kOutputs * kMaxVectors];
+    alignas(64) float sums[kAmxRows * kTileOutputs];
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < num_tiles; ++t) {
-      const int64_t n0 = t * tile_width;
-      const int vectors = int(std::min<int64_t>(kMaxVectors, (n_pad - n0) / kOutputs));
-      const int64_t cols = std::min(tile_width, n_size - n0);
+      const int64_t n0 = t * kTileOutputs, cols = std::min(kTileOutputs, n_size - n0);
       for (int64_t m0 = 0; m0 < m_size; m0 += kAmxRows) {
         const int64_t rows = std::min(kAmxRows, m_size - m0);
-        tile_amx(&x_padded[m0 * k_pad], k_pad, rows, w_packed, n_pad, n0, vectors, sums);
+        tile_amx(&x_padded[m0 * k_pad], k_pad, rows, w_packed + t * (k_pad / 2) * kTileOutputs * 2, sums);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = 0; j < cols; ++j) {
-            const float value = sums[r * tile_width + j];
+            const float value = sums[r * kTileOutputs + j];
             store(out + (m0 + r) * n_size + n0 + j, bias != nullptr ? value + load(bias + n0 + j) : value);
           }
         }
@@ -195,27 +187,25 @@ constexpr bool uses_pairs() {
 #endif
 }
 
-template <typename T, int kRows, int kVectors>
-void tile(const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
-          f32x16 (*acc)[kMaxVectors]) {
+// the pair count K2 of a packed weight of K inputs (the pairs layout)
+inline int64_t packed_pairs(int64_t k_size) {
+#ifdef SPECFLEET_AMX
+  return (k_size + 2 * kAmxPairs - 1) / (2 * kAmxPairs) * kAmxPairs;
+#else
+  return (k_size + 1) / 2;
+#endif
+}
+
+// acc[r][b] = x[r] . the 64 outputs of weight tile t
+template <typename T, int kRows>
+void tile(const T* x, int64_t x_stride, const T* w_packed, int64_t t, int64_t k_size, f32x16 (*acc)[kMaxVectors]) {
 #ifdef SPECFLEET_BF16_DOT
   if constexpr (uses_pairs<T>()) {
-    tile_pairs<kRows, kVectors>(x, x_stride, w, n_pad, k_size, n0, acc);
+    tile_pairs<kRows>(x, x_stride, w_packed + t * packed_pairs(k_size) * kTileOutputs * 2, k_size, acc);
     return;
   }
 #endif
-  tile_columns<T, kRows, kVectors>(x, x_stride, w, n_pad, k_size, n0, acc);
-}
-
-template <typename T, int kRows>
-void tile_of_rows(int vectors, const T* x, int64_t x_stride, const T* w, int64_t n_pad, int64_t k_size, int64_t n0,
-                  f32x16 (*acc)[kMaxVectors]) {
-  switch (vectors) {
-    case 1: tile<T, kRows, 1>(x, x_stride, w, n_pad, k_size, n0, acc); break;
-    case 2: tile<T, kRows, 2>(x, x_stride, w, n_pad, k_size, n0, acc); break;
-    case 3: tile<T, kRows, 3>(x, x_stride, w, n_pad, k_size, n0, acc); break;
-    default: tile<T, kRows, 4>(x, x_stride, w, n_pad, k_size, n0, acc); break;
-  }
+  tile_columns<T, kRows>(x, x_stride, w_packed + t * k_size * kTileOutputs, k_size, acc);
 }
 
 // out [M, N] = x [M, K] . W^T (+ bias [N]) from W packed as above, accumulated in float, rounded once; output
@@ -230,25 +220,22 @@ void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, con
     }
   }
 #endif
-  const int64_t n_pad = padded_outputs(n_size), tile_width = kOutputs * kMaxVectors;
-  const int64_t num_tiles = (n_pad + tile_width - 1) / tile_width;
+  const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_tiles > 1)
   for (int64_t t = 0; t < num_tiles; ++t) {
-    const int64_t n0 = t * tile_width;
-    const int vectors = int(std::min<int64_t>(kMaxVectors, (n_pad - n0) / kOutputs));
+    const int64_t n0 = t * kTileOutputs, cols = std::min(kTileOutputs, n_size - n0);
     for (int64_t m0 = 0; m0 < m_size; m0 += kMaxRows) {
       f32x16 acc[kMaxRows][kMaxVectors] = {};
       const T* x_rows = x + m0 * x_stride;
       switch (std::min<int64_t>(kMaxRows, m_size - m0)) {
-        case 1: tile_of_rows<T, 1>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
-        case 2: tile_of_rows<T, 2>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
-        case 3: tile_of_rows<T, 3>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
-        default: tile_of_rows<T, 4>(vectors, x_rows, x_stride, w_packed, n_pad, k_size, n0, acc); break;
+        case 1: tile<T, 1>(x_rows, x_stride, w_packed, t, k_size, acc); break;
+        case 2: tile<T, 2>(x_rows, x_stride, w_packed, t, k_size, acc); break;
+        case 3: tile<T, 3>(x_rows, x_stride, w_packed, t, k_size, acc); break;
+        default: tile<T, 4>(x_rows, x_stride, w_packed, t, k_size, acc); break;
       }
       const int64_t rows = std::min<int64_t>(kMaxRows, m_size - m0);
-      const int64_t cols = std::min(tile_width, n_size - n0);
       for (int64_t r = 0; r < rows; ++r) {
-        const float* sums = reinterpret_cast<const float*>(acc[r]);  // [kMaxVectors * 16], output order
+        const float* sums = reinterpret_cast<const float*>(acc[r]);  // [64], output order
         for (int64_t j = 0; j < cols; ++j) {
           const float value = bias != nullptr ? sums[j] + load(bias + n0 + j) : sums[j];
           store(out + (m0 + r) * n_size + n0 + j, value);

@@ -30,7 +30,7 @@ from workers.models.native_attention import NativeAttention
 _ENTRY_POINTS = {torch.float32: "specfleet_decode_layers_f32", torch.bfloat16: "specfleet_decode_layers_bf16"}
 _LINEAR_ENTRY_POINTS = {torch.float32: "specfleet_linear_f32", torch.bfloat16: "specfleet_linear_bf16"}
 _NUM_DIMS = 10
-PACKED_OUTPUTS = 16  # decode_layers.cpp's kOutputs: packed weights' outputs padded to a multiple of it
+PACKED_TILE_OUTPUTS = 64  # decode_layers.cpp's kTileOutputs: packed weights' outputs, a tile after another
 
 
 def _function(native: NativeAttention, name: str, num_pointers: int, num_tail: int, tail_type: Any) -> Any:
@@ -151,19 +151,20 @@ def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], nativ
 
 
 def pack_weight(weight: torch.Tensor, pairs: int) -> torch.Tensor:  # [N, K] -> the kernel's layout
-    """A linear weight in decode_layers.cpp's layout, its outputs padded with zeros to a multiple of 16: for
-    pairs > 0, pairs [K2, N_pad, 2] with K2 = ceil(K / 2) padded to a multiple of `pairs` (bfloat16 on CPUs
-    with its dot instruction or AMX), else columns [K, N_pad]."""
+    """A linear weight in decode_layers.cpp's layout: outputs padded with zeros to a multiple of 64 and stored a
+    tile of 64 after another; for pairs > 0, pairs [N_pad / 64, K2, 64, 2] with K2 = ceil(K / 2) padded to a
+    multiple of `pairs` (bfloat16 on CPUs with its dot instruction or AMX), else columns [N_pad / 64, K, 64]."""
     num_out, num_in = weight.shape
-    num_out_padded = -(-num_out // PACKED_OUTPUTS) * PACKED_OUTPUTS
+    num_tiles = -(-num_out // PACKED_TILE_OUTPUTS)
     if not pairs:
-        padded = weight.new_zeros(num_out_padded, num_in)  # [N_pad, K]
+        padded = weight.new_zeros(num_tiles * PACKED_TILE_OUTPUTS, num_in)  # [N_pad, K]
         padded[:num_out] = weight
-        return padded.t().contiguous()  # [K, N_pad]
+        return padded.view(num_tiles, PACKED_TILE_OUTPUTS, num_in).transpose(1, 2).contiguous()  # [tiles, K, 64]
     num_pairs = -(-num_in // (2 * pairs)) * pairs
-    padded = weight.new_zeros(num_out_padded, 2 * num_pairs)  # [N_pad, 2 K2]
+    padded = weight.new_zeros(num_tiles * PACKED_TILE_OUTPUTS, 2 * num_pairs)  # [N_pad, 2 K2]
     padded[:num_out, :num_in] = weight
-    return padded.view(num_out_padded, num_pairs, 2).transpose(0, 1).contiguous()  # [K2, N_pad, 2]
+    tiles = padded.view(num_tiles, PACKED_TILE_OUTPUTS, num_pairs, 2)  # [tiles, 64, K2, 2]
+    return tiles.transpose(1, 2).contiguous()  # [tiles, K2, 64, 2]
 
 
 def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -196,10 +196,31 @@ inline float hsum(f32x16 v) {  // pairwise in registers: the same order as fold(
 }
 
 template <typename T, int kChunks>
-inline float dot_chunks(const f32x16* q, const T* k) {
+inline f32x16 dot_lanes(const f32x16* q, const T* k) {  // q . k as 16 partial sums
   f32x16 acc = {};
   for (int c = 0; c < kChunks; ++c) acc += q[c] * load16(k + 16 * c);
-  return hsum(acc);
+  return acc;
+}
+
+template <typename T, int kChunks>
+inline float dot_chunks(const f32x16* q, const T* k) {
+  return hsum(dot_lanes<T, kChunks>(q, k));
+}
+
+// hsum of four vectors at once, in hsum's order for each (halves, then quarters, ...): their pairs of halves
+// side by side in one register at each step, so the four share one chain of shuffles instead of four
+inline void hsum4(const f32x16* v, float* out) {
+  const f32x16 ab = __builtin_shufflevector(v[0], v[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(v[0], v[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const f32x16 cd = __builtin_shufflevector(v[2], v[3], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(v[2], v[3], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // ab: v0's halves summed (lanes 0-7), v1's (8-15); cd likewise for v2, v3
+  const f32x16 quarters = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                          __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const f32x8 pairs = __builtin_shufflevector(quarters, quarters, 0, 1, 4, 5, 8, 9, 12, 13) +
+                      __builtin_shufflevector(quarters, quarters, 2, 3, 6, 7, 10, 11, 14, 15);
+  const f32x4 sums = __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+  std::memcpy(out, &sums, sizeof sums);
 }
 
 // A run: consecutive query tokens of one sequence (a decode token, a chain to verify, a piece of a prefill
@@ -249,10 +270,25 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
-  for_each_seen_key(k_cache, key_rows, lo, num_keys, seen, run_len, num_heads, kv_offset.data(), row_bytes,
-                    [&](int64_t i, int64_t j, const T* k_head) {  // scores [rows, keys]
-                      scores[i * num_keys + j] = dot_chunks<T, kChunks>(&qv[i * kChunks], k_head) * scale_f;
-                    });
+  for (int64_t j = 0; j < num_keys; ++j) {  // scores [rows, keys], a slot row at a time (as for_each_seen_key)
+    if (j + kPrefetchKeys < num_keys) prefetch_row(k_cache + key_rows[j + kPrefetchKeys], row_bytes);
+    const T* slot_row = k_cache + key_rows[j];
+    for (int64_t r = 0; r < run_len; ++r) {
+      if (!seen[r].sees(lo + j)) continue;
+      const int64_t i0 = r * num_heads;
+      int64_t h = 0;
+      for (; h + 4 <= num_heads; h += 4) {  // four heads' sums reduced together: the same bits as one by one
+        f32x16 lanes[4];
+        float dots[4];
+        for (int g = 0; g < 4; ++g) lanes[g] = dot_lanes<T, kChunks>(&qv[(i0 + h + g) * kChunks], slot_row + kv_offset[h + g]);
+        hsum4(lanes, dots);
+        for (int g = 0; g < 4; ++g) scores[(i0 + h + g) * num_keys + j] = dots[g] * scale_f;
+      }
+      for (; h < num_heads; ++h) {
+        scores[(i0 + h) * num_keys + j] = dot_chunks<T, kChunks>(&qv[(i0 + h) * kChunks], slot_row + kv_offset[h]) * scale_f;
+      }
+    }
+  }
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
