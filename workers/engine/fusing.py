@@ -26,6 +26,10 @@ from workers.models import fused_decode
 
 log = logging.getLogger(__name__)
 
+# pairs per size at most (interleaved.py's default allows 48): the large passes cost tens of ms each, and a size
+# the pairs cannot tell apart ends the search anyway; 16 keep the whole search to a few seconds at start-up
+MAX_PAIRS = 16
+
 
 class FusingMode(StrEnum):
     AUTO = "auto"
@@ -91,7 +95,7 @@ def _measure(runner: FusableRunner, max_tokens: int, stats: FusingStats) -> tupl
     of each size (into blocks no sequence holds at start-up) through both paths."""
     won = 0
     for num_tokens in pass_sizes(runner, max_tokens):
-        comparison, logits = time_interleaved(_paired_run(runner, num_tokens))
+        comparison, logits = time_interleaved(_paired_run(runner, num_tokens), max_pairs=MAX_PAIRS)
         runner.fused_max_tokens = 0
         stats.timed_ms[num_tokens] = {"unfused": comparison.base_ms, "fused": comparison.variant_ms}
         if not torch.equal(logits[False].argmax(-1), logits[True].argmax(-1)):
