@@ -179,8 +179,8 @@ class Engine:
         return stats
 
     def _fuse_layers(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, FusingStats]:
-        """Choose the small passes each model and the EAGLE head run through their native layers (cfg.fused_layers;
-        fusing.py), after compiling, against the path requests would otherwise take. The tensor-parallel target is
+        """Choose the passes (up to a size) each model and the EAGLE head run through their native layers
+        (cfg.fused_layers; fusing.py), after compiling, against the path requests would otherwise take. The tensor-parallel target is
         left as it is. No pass is larger than max_num_batched_tokens, and the timed passes write from position 0
         into blocks 0.. (no sequence holds them yet): they fit the cache and the model's length."""
         cfg = self.cfg

@@ -1,5 +1,4 @@
-"""A model's decoder layers (or an EAGLE head's one) as one native call (decode_layers.cpp), for passes of a
-few tokens.
+"""A model's decoder layers (or an EAGLE head's one) as one native call (decode_layers.cpp).
 
 At one token a layer's dense path is ~25 tensor ops, each 3-70 us to dispatch, against a few microseconds of
 arithmetic: the eager pass of the 12-layer demo target spends most of its ~6-8 ms there. The native call
@@ -8,8 +7,9 @@ model's own weights and KV caches, the same arithmetic as the eager path (see th
 layer's output: the embedding (the head's fc) and the final norm and LM head stay in torch.
 
 It serves CPU models in float32 or bfloat16 whose passes the native attention kernel serves (the metadata
-carries its ragged view). Which passes take it is the engine's decision, measured at start-up
-(workers/engine/fusing.py).
+carries its ragged view). Which passes take it (those up to some number of tokens) is the engine's decision,
+measured at start-up (workers/engine/fusing.py). The linear weights are repacked here once (pack_weight) into
+the layout the library's products read.
 """
 
 import ctypes
