@@ -21,7 +21,7 @@ thread never reads the engine's live dicts) and rendered at scrape time by a col
 
 import enum
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,14 +216,11 @@ class CompileCollector(Collector):
         for (model, bucket), on in s.is_compiled.items():
             compiled.add_metric([model, bucket], float(on))
         yield compiled
-        fused = GaugeMetricFamily(
+        yield _gauge_per_model(
             "specfleet_engine_fused_max_tokens",
             "The model's passes of at most this many tokens run its decoder layers as one native call (0: none)",
-            labels=["model"],
+            s.fused_max_tokens,
         )
-        for model, max_tokens in s.fused_max_tokens.items():
-            fused.add_metric([model], max_tokens)
-        yield fused
         seconds = GaugeMetricFamily("specfleet_engine_compile_seconds", "Start-up compilation time", labels=["model"])
         failures = CounterMetricFamily(
             "specfleet_engine_compile_failures", "Compilations or compiled forwards that failed (now eager)",
@@ -245,21 +242,22 @@ class CompileCollector(Collector):
             "1 where the model's linear weights are prepacked for oneDNN (EngineConfig.linear_packing)",
             s.is_packed,
         )
-        capture = GaugeMetricFamily(
+        yield _gauge_per_model(
             "specfleet_engine_cuda_graph_capture_seconds",
             "Start-up capture time of the model's decode graphs (present where they serve its decode passes)",
-            labels=["model"],
+            s.graph_capture_s,
         )
-        for model, value in s.graph_capture_s.items():
-            capture.add_metric([model], value)
-        yield capture
+
+
+def _gauge_per_model(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily(name, documentation, labels=["model"])
+    for model, value in values.items():
+        gauge.add_metric([model], value)
+    return gauge
 
 
 def _flag_per_model(name: str, documentation: str, flags: dict[str, bool]) -> GaugeMetricFamily:
-    gauge = GaugeMetricFamily(name, documentation, labels=["model"])
-    for model, on in flags.items():
-        gauge.add_metric([model], float(on))
-    return gauge
+    return _gauge_per_model(name, documentation, {model: float(on) for model, on in flags.items()})
 
 
 class EngineMetrics:
