@@ -1,11 +1,12 @@
-// A Llama-family model's decoder layers for a pass of a few tokens, in one native call: for each layer,
+// A Llama-family model's decoder layers for one forward pass, in one native call: for each layer,
 // RMSNorm -> qkv -> rotary -> paged attention (paged_attention.cpp's kernel, in this same library) -> o-proj ->
 // residual -> RMSNorm -> gate/up -> SiLU * up -> down -> residual. At one token a layer's ~25 tensor ops cost
 // ~25 us each to dispatch from Python, more than the arithmetic; here a layer is a few loops over its weights.
 //
-// Layouts (row-major): h [T, hidden], the residual stream, read and overwritten; every weight [out, in] as
-// nn.Linear holds it (qkv rows: q heads, then k heads, then v heads; gate_up rows: gate, then up); cos/sin
-// tables [max_len, head_dim]; caches and the attention metadata as in paged_attention.cpp.
+// Layouts (row-major): h [T, hidden], the residual stream, read and overwritten; every linear weight packed as
+// described at linear() below from nn.Linear's [out, in] (qkv outputs: q heads, then k heads, then v heads;
+// gate_up outputs: gate, then up); norm weights and biases as the model holds them; cos/sin tables [max_len,
+// head_dim]; caches and the attention metadata as in paged_attention.cpp.
 //
 // Arithmetic mirrors the eager path (workers/models/llama.py) op by op: float32 stays float32 throughout; for
 // bfloat16 every op's result is rounded to bfloat16 where the eager op's output tensor would be (a norm
