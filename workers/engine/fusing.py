@@ -1,14 +1,15 @@
-"""Start-up decision to run a runner's passes of up to some number of tokens through its native decoder layers
-(`EngineConfig.fused_layers`, see workers/models/fused_decode.py), for the target, the draft and an EAGLE head:
+"""Start-up decision to run a runner's passes through its native decoder layers (`EngineConfig.fused_layers`, see
+workers/models/fused_decode.py), for the target, the draft and an EAGLE head:
 
 - `auto`: time a pass of 1 token (batch-1 decode, every draft token), then of the thread policy's
-  single-thread limit (a short chain, a small decode batch), then of twice as many tokens, and so on, each
-  through the path the runner would otherwise take (compiled or eager) and through the native layers, in pairs
-  on this host, now (interleaved.py). Stop at the first size where the native layers were not faster beyond
-  noise, or chose another token in some row (their sums run in another order than ATen's: logits agree to
-  rounding, not bit for bit); passes up to the last size that won take them. At one token they win by skipping
-  per-op dispatch; with more rows the products' arithmetic grows and oneDNN's blocked kernels (AMX) catch up.
-- `on`: every pass up to the limit the engine gives (its largest pass), without measuring.
+  single-thread limit, then of twice as many tokens, and so on up to the engine's largest pass, each through the
+  path the runner would otherwise take (compiled or eager) and through the native layers, in pairs on this host,
+  now (interleaved.py). All or nothing: the native layers serve every pass where they won the one-token pass
+  beyond noise and one pass of each size took no longer through them in all; otherwise none. A size limit would
+  let a row's bits depend on the size of the pass it falls in (their sums run in another order than oneDNN's:
+  logits agree to rounding, not bit for bit), and decoding, a verified chain and a resumed job's prefill must
+  agree. They also give up where some row chose another token than the other path.
+- `on`: every pass, without measuring.
 - `off`: none.
 """
 
@@ -91,19 +92,26 @@ def pass_sizes(runner: FusableRunner, max_tokens: int) -> list[int]:
 
 
 def _measure(runner: FusableRunner, max_tokens: int, stats: FusingStats) -> tuple[int, str]:
-    """(the largest size whose timed pass the native layers won, why it stops there): paired passes of a chain
-    of each size (into blocks no sequence holds at start-up) through both paths."""
-    won = 0
-    for num_tokens in pass_sizes(runner, max_tokens):
+    """(max_tokens, or 0 for none; why): paired passes of a chain of each size of pass_sizes (into blocks no
+    sequence holds at start-up) through both paths. All or nothing: see the module's docstring."""
+    sizes = pass_sizes(runner, max_tokens)
+    one_token = ""
+    for num_tokens in sizes:
         comparison, logits = time_interleaved(_paired_run(runner, num_tokens), max_pairs=MAX_PAIRS)
         runner.fused_max_tokens = 0
         stats.timed_ms[num_tokens] = {"unfused": comparison.base_ms, "fused": comparison.variant_ms}
         if not torch.equal(logits[False].argmax(-1), logits[True].argmax(-1)):
-            return won, f"at {num_tokens} tokens they chose another token than the unfused pass"
-        if comparison.verdict is not Verdict.FASTER:
-            return won, f"not faster at {num_tokens} tokens: {comparison.describe()}"
-        won = num_tokens
-    return won, f"faster at every size timed, up to {won} tokens"
+            return 0, f"at {num_tokens} tokens they chose another token than the unfused pass"
+        if num_tokens == 1:
+            if comparison.verdict is not Verdict.FASTER:
+                return 0, f"not faster at one token: {comparison.describe()}"
+            one_token = comparison.describe()
+    fused_ms = sum(ms["fused"] for ms in stats.timed_ms.values())
+    unfused_ms = sum(ms["unfused"] for ms in stats.timed_ms.values())
+    total = f"{fused_ms:.1f} vs {unfused_ms:.1f} ms over one pass of each size up to {sizes[-1]} tokens"
+    if fused_ms > unfused_ms:
+        return 0, f"faster at one token ({one_token}), but slower in all: {total}"
+    return max_tokens, f"faster at one token ({one_token}), and in all: {total}"
 
 
 def _paired_run(runner: FusableRunner, num_tokens: int) -> Callable[[bool], torch.Tensor]:

@@ -90,9 +90,11 @@ void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w_tile, int
 
 #ifdef SPECFLEET_AMX
 // ---- the pairs layout through AMX tiles (a 16 x 16 float tile += 16 rows x 32 bfloat16 . 16 pairs x 16
-// outputs per instruction), for passes of kAmxMinRows rows or more; the pairs layout's pair count is padded to a
-// multiple of kAmxPairs (pack_weight) so whole tiles load. Linux hands a process the tile state only on request.
-constexpr int64_t kAmxMinRows = 2;
+// outputs per instruction), for every pass, one row included: each row's sums then run in the same order
+// whatever the pass's size, so a token gets the same bits decoded alone, in a batch or in a prefill. The pairs
+// layout's pair count is padded to a multiple of kAmxPairs (pack_weight) so whole tiles load. Linux hands a
+// process the tile state only on request.
+constexpr int64_t kAmxMinRows = 1;
 constexpr int64_t kAmxRows = 16;  // rows of x per tile
 constexpr int64_t kAmxPairs = 16;  // pairs of K per tile step (32 elements)
 

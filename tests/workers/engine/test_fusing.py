@@ -1,7 +1,7 @@
 """Native decoder layers in the engine (workers/engine/fusing.py): `on` runs every pass of the target, the draft
 and the EAGLE head through them, and greedy output stays token-identical to the unfused engine for plain
-decoding, chains and trees; `auto` times passes of growing size against the path they would replace and stops at
-the first it does not win; `off` and an SDPA engine bind nothing; the decision is exported per model. float64
+decoding, chains and trees; `auto` times passes of every size against the path they would replace and serves all
+of them or none; `off` and an SDPA engine bind nothing; the decision is exported per model. float64
 models have no native layers (spec_engine's default dtype), so these tests choose float32 or bfloat16."""
 
 import pytest
@@ -54,22 +54,24 @@ def test_fused_engines_decode_the_unfused_tokens(eagle_models, unfused_plain, me
         assert engine.speculator.stats.counts.num_accepted > 0  # the fused proposers drafted, and were kept
 
 
-def test_auto_times_growing_passes_until_one_does_not_win(eagle_models) -> None:
+def test_auto_serves_every_pass_or_none(eagle_models) -> None:
     engine = spec_engine(eagle_models, eagle="copy_head", dtype="bfloat16", fused_layers="auto")
     for name, runner in runners(engine).items():
         stats = engine.fusing[name]
         sizes = pass_sizes(runner, largest_pass(engine))
         assert sizes[:3] == [1, engine.cfg.single_thread_max_tokens, 2 * engine.cfg.single_thread_max_tokens]
         timed = list(stats.timed_ms)
-        assert timed == sizes[: len(timed)] and timed  # in order, from one token, until the first loss
+        assert timed == sizes[: len(timed)] and timed  # in order, from one token
         for ms in stats.timed_ms.values():
             assert set(ms) == {"unfused", "fused"} and all(v > 0 for v in ms.values())
-        assert runner.fused_max_tokens == stats.max_tokens
-        if stats.reason.startswith("faster at every size"):
-            assert stats.max_tokens == timed[-1] == sizes[-1]
-        else:  # every size before the last timed one won; the last did not
-            assert stats.reason.startswith(("not faster at", "at ")) and f"{timed[-1]} tokens" in stats.reason
-            assert stats.max_tokens == (timed[-2] if len(timed) > 1 else 0)
+        assert runner.fused_max_tokens == stats.max_tokens in (0, largest_pass(engine))  # all or nothing
+        if stats.max_tokens:
+            assert timed == sizes and stats.reason.startswith("faster at one token") and "and in all" in stats.reason
+            assert sum(ms["fused"] for ms in stats.timed_ms.values()) <= sum(
+                ms["unfused"] for ms in stats.timed_ms.values()
+            )
+        else:
+            assert stats.reason.startswith(("not faster at one token", "at ")) or "slower in all" in stats.reason
 
 
 def test_off_and_sdpa_engines_bind_nothing(eagle_models) -> None:

@@ -70,6 +70,18 @@ def test_native_linear_matches_the_exact_product(
     torch.testing.assert_close(out.double(), exact.to(dtype).double(), atol=1e-4, rtol=2**-8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_product_does_not_depend_on_the_pass_size(kernel: NativeAttention, dtype: torch.dtype) -> None:
+    """The same bits for a row alone, in a small batch and in a long pass: decoding, a verified chain and a
+    resumed job's prefill agree."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 96, generator=gen).to(dtype)
+    weight, bias = torch.randn(80, 96, generator=gen).to(dtype), torch.randn(80, generator=gen).to(dtype)
+    whole = native_linear(kernel, x, weight, bias)  # [37, 80]
+    for num_rows in (1, 2, 5, 16, 17):
+        assert torch.equal(native_linear(kernel, x[:num_rows], weight, bias), whole[:num_rows])
+
+
 def runners(model_dir: Path, dtype: torch.dtype, native: NativeAttention) -> tuple[ModelRunner, ModelRunner]:
     """(eager, native layers for every pass): the same weights, caches of their own."""
     eager, fused = (ModelRunner(load_model(model_dir, dtype), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
