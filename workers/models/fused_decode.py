@@ -7,8 +7,8 @@ model's own weights and KV caches, the same arithmetic as the eager path (see th
 layer's output: the embedding (the head's fc) and the final norm and LM head stay in torch.
 
 It serves CPU models in float32 or bfloat16 whose passes the native attention kernel serves (the metadata
-carries its ragged view). Which passes take it (those up to some number of tokens) is the engine's decision,
-measured at start-up (workers/engine/fusing.py). The linear weights are repacked here once (pack_weight) into
+carries its ragged view). Which passes take it (every pass up to the runner's fused_max_tokens: `auto` sets
+all or none) is the engine's decision, measured at start-up (workers/engine/fusing.py). The linear weights are repacked here once (pack_weight) into
 the layout the library's products read.
 """
 
