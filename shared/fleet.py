@@ -3,7 +3,8 @@ unless a URL is given), then the Celery worker, the engine worker and the gatewa
 stopped gateway first, then the worker (it hands unfinished jobs back), the Celery worker, Redis last.
 
 Each side is started by its command line, so this module imports neither gateway/ nor workers/; the caller
-resolves the models first. Children run in their own process groups (a terminal's Ctrl-C reaches only the
+resolves the models first. With a CPU placement (shared/cpu_placement.py), Redis, the Celery worker and the
+gateway start bound to its I/O cores and the worker is told its engine cores (SPECFLEET_ENGINE_CPUS). Children run in their own process groups (a terminal's Ctrl-C reaches only the
 launcher, which stops them in order) and get SIGTERM if the launcher dies anyway (PR_SET_PDEATHSIG).
 """
 
@@ -18,8 +19,9 @@ from types import TracebackType
 import httpx
 import redis
 
-from shared import keys
+from shared import cpu_placement, keys
 from shared import redis_url as redis_urls
+from shared.cpu_placement import Placement
 from shared.procs import die_with_parent
 from shared.redis_server import RedisServer, free_port
 
@@ -36,6 +38,7 @@ class Fleet:
     redis_url: use that Redis (nothing to start); else a private redis-server under redis_dir.
     log_dir: each child's output goes to <log_dir>/<role>.log (its tail is in the error when it exits);
     None: children write to this process's stdout/stderr.
+    placement: which cores run the engine and which the I/O (cpu_placement.for_fleet); None: not bound.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class Fleet:
         log_dir: Path | None = None,
         cwd: Path | None = None,
         ready_poll_s: float = 0.1,
+        placement: Placement | None = None,
     ) -> None:
         self.redis_dir = redis_dir
         self.external_redis_url = redis_url
@@ -60,6 +64,9 @@ class Fleet:
         self.log_dir = log_dir
         self.cwd = cwd
         self.ready_poll_s = ready_poll_s
+        self.placement = placement
+        if placement is not None:
+            log.info("cpu placement: %s", placement.describe())
         self.redis_server: RedisServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.num_gateway_procs = 0
@@ -82,7 +89,8 @@ class Fleet:
         if self.external_redis_url:
             log.info("using the Redis at %s", self.external_redis_url)
         else:
-            self.redis_server = RedisServer(self.redis_dir, appendonly=self.appendonly).start()
+            io_cpus = self.placement.io_cpus if self.placement else None
+            self.redis_server = RedisServer(self.redis_dir, appendonly=self.appendonly, cpus=io_cpus).start()
         return self.redis_url
 
     def start_celery(self) -> None:
@@ -130,14 +138,21 @@ class Fleet:
 
     def _spawn(self, role: str, args: list[str]) -> None:
         env = {**os.environ, **self.extra_env, "REDIS_URL": self.redis_url}
+        preexec = die_with_parent
+        if self.placement is not None:
+            cpus = self.placement.io_cpus
+            if role == "worker":  # all the placement's cores: it binds its engine and its helpers itself
+                cpus = self.placement.engine_cpus | self.placement.io_cpus
+                env["SPECFLEET_ENGINE_CPUS"] = cpu_placement.format_cpu_list(self.placement.engine_cpus)
+            preexec = cpu_placement.binder(cpus, die_with_parent) or die_with_parent
         command = [sys.executable, "-m", "shared.cli", *args]
         options = {"cwd": self.cwd, "env": env, "stdin": subprocess.DEVNULL, "start_new_session": True}
         if self.log_dir is None:
-            process = subprocess.Popen(command, preexec_fn=die_with_parent, **options)  # type: ignore[call-overload]
+            process = subprocess.Popen(command, preexec_fn=preexec, **options)  # type: ignore[call-overload]
         else:
             with open(self.log_dir / f"{role}.log", "wb") as out:
                 process = subprocess.Popen(  # type: ignore[call-overload]
-                    command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, **options
+                    command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec, **options
                 )
         self.procs[role] = process
         log.info("started %s (pid %d)", role, process.pid)

@@ -15,6 +15,7 @@ from types import TracebackType
 
 import redis
 
+from shared import cpu_placement
 from shared.procs import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class RedisServer:
         appendonly: bool = True,
         start_timeout_s: float = 10.0,
         extra_args: list[str] | None = None,
+        cpus: frozenset[int] | None = None,  # run it on these cores only (shared/cpu_placement.py); None: any
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.unix_socket = unix_socket
@@ -63,6 +65,7 @@ class RedisServer:
         self.appendonly = appendonly
         self.start_timeout_s = start_timeout_s
         self.extra_args = extra_args or []  # e.g. --cluster-enabled yes, --replicaof HOST PORT
+        self.cpus = cpus
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -101,7 +104,8 @@ class RedisServer:
         args += self.extra_args
         if self.unix_socket:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        preexec = cpu_placement.binder(self.cpus, die_with_parent)
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=preexec)
         self._wait_until_ready()
         log.info("redis-server pid %d at %s (aof %s)", self.process.pid, self.url, self.appendonly)
         return self

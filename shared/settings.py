@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from shared import keys
+from shared.cpu_placement import parse_cpu_list
 from shared.redis_url import parse as parse_redis_url
 from shared.schemas import MODEL_VERSION_PATTERN, Priority
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
@@ -116,6 +117,20 @@ class ServiceSettings(BaseSettings):
     price_per_worker_hour: float = Field(default=0.0, ge=0)
     # Prometheus /metrics of a worker process (workers/worker/engine_metrics.py) on `host`; 0 = off
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    # CPU placement (shared/cpu_placement.py). cpu_bind auto: `specfleet up` keeps the lowest `reserved_cpus`
+    # cores for Redis, the gateway, the Celery worker and the worker's writer, and gives the engine the rest
+    # (nothing is bound on a host with fewer cores than reserved_cpus + 1); off: the kernel places everything.
+    cpu_bind: Literal["auto", "off"] = "auto"
+    reserved_cpus: int = Field(default=1, ge=1)
+    # a worker's engine cores (a CPU list, `1-3,5`): its torch threads run there, its writer process and heartbeat
+    # on its other cores. Set by `specfleet up`; set it yourself for a worker started alone. Empty: not bound.
+    engine_cpus: str = ""
+
+    @field_validator("engine_cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        parse_cpu_list(value)  # ValueError names the form expected
+        return value
 
     # webhooks (workers/tasks/webhooks.py); the secret only from the environment (SPECFLEET_WEBHOOK_SECRET)
     webhook_secret: SecretStr = SecretStr(DEV_WEBHOOK_SECRET)  # whsec_<base64>; refused outside dev

@@ -5,6 +5,7 @@ as docker-compose.yml runs them. The services log their own INFO lines.
 """
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -14,8 +15,11 @@ from typing import Annotated
 
 import typer
 
+from shared import cpu_placement
 from shared import redis_url as redis_urls
 from shared.cli.common import DEMO_MODEL_NAME
+
+log = logging.getLogger(__name__)
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported
 
@@ -33,7 +37,12 @@ def up(
     """Everything in one command: private Redis, demo models (built if missing), one worker, the gateway."""
     from shared.cli.up import Up
 
-    raise typer.Exit(Up(port=port, target=target, draft=draft, model_version=model_version).run())
+    try:
+        up_ = Up(port=port, target=target, draft=draft, model_version=model_version)
+    except ValueError as exc:  # a setting it cannot start with (engine_cpus outside this process's cores)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(up_.run())
 
 
 def gateway(
@@ -133,6 +142,14 @@ def worker(
             typer.echo(f"error: --model-version: {exc}", err=True)
             raise typer.Exit(2) from exc
     try:
+        placement = cpu_placement.for_worker(settings)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if placement is not None:  # before the engine starts its torch threads: they inherit the main thread's cores
+        cpu_placement.bind(placement.engine_cpus)
+        log.info("worker cpu placement: %s", placement.describe())
+    try:
         cfg = EngineConfig.load(
             engine_config or settings.engine_config,
             target_dir=target,
@@ -155,7 +172,8 @@ def worker(
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     try:
         Worker(
-            engine, client, settings, worker_id=name, burst=burst, model_name=target or DEMO_MODEL_NAME, metrics=metrics
+            engine, client, settings, worker_id=name, burst=burst, model_name=target or DEMO_MODEL_NAME, metrics=metrics,
+            io_cpus=placement.io_cpus if placement is not None else frozenset(),
         ).run()
     except RankFailedError as exc:  # the worker handed its jobs back (or they are reclaimed); exit non-zero
         typer.echo(f"error: {exc}", err=True)

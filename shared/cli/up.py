@@ -2,6 +2,7 @@
 
     private redis-server (AOF on; skipped when REDIS_URL is set) -> demo models (built if missing)
     -> the Celery worker (webhooks, batches) -> one worker -> the gateway; then print the URL and wait.
+    On a host of 2+ cores the engine gets cores of its own, the rest the I/O (shared/cpu_placement.py).
 
 Ctrl-C / SIGTERM stops the gateway, then the worker (it hands unfinished jobs back to the queue), then the
 Celery worker (unfinished tasks stay in Redis: acks_late), then Redis: the launcher, shared/fleet.py.
@@ -13,6 +14,7 @@ from types import FrameType
 
 import typer
 
+from shared import cpu_placement
 from shared import redis_url as redis_urls
 from shared.fleet import Fleet
 from shared.settings import ServiceSettings, get_settings
@@ -40,6 +42,7 @@ class Up:
             redis_url=self.settings.redis_url,
             host=self.settings.host,
             port=self.settings.port if port is None else port,
+            placement=cpu_placement.for_fleet(self.settings),  # ValueError: engine_cpus none of ours
         )
 
     def run(self) -> int:

@@ -25,6 +25,7 @@ same cores, so its CPU use is reported too.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from shared import cpu_placement
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
@@ -111,8 +113,14 @@ def _interleaved(
             if system == "fleet":
                 fleet_t.merge(asyncio.run(run_fleet(fleet.endpoint, bodies, concurrency)))
             else:
-                engine_t.merge(run_engine(engine, bodies, concurrency))
+                with _on_engine_cpus(fleet):
+                    engine_t.merge(run_engine(engine, bodies, concurrency))
     return fleet_t, engine_t
+
+
+def _on_engine_cpus(fleet: BenchFleet) -> contextlib.AbstractContextManager[None]:
+    """The block on the fleet engine's cores: the in-process engine, and the submit phase's clients."""
+    return cpu_placement.bound(fleet.placement.engine_cpus if fleet.placement else None)
 
 
 def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -154,7 +162,8 @@ def bench_e2e(
     with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
         fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
                            num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs, env=env)
-        with fleet:
+        io_cpus = fleet.placement.io_cpus if fleet.placement else None
+        with fleet, cpu_placement.bound(io_cpus):  # this process is the fleet's clients: on the I/O cores
             cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
                                     max_num_seqs=plan.max_num_seqs)  # fmt: skip
             if only != "mixed":
@@ -171,7 +180,8 @@ def bench_e2e(
             )
             rows += mixed_rows + fairness_rows
             ratios.update(mixed_ratios | fairness_ratios)
-    info = {**_engine_info(cfg, plan), "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
+    info = {**_engine_info(cfg, plan), "cpu_placement": fleet.placement.describe() if fleet.placement else "off",
+            "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}
     return {"rows": rows, "ratios": ratios, "engine": info}
 
 
@@ -203,11 +213,13 @@ def _fleet_phases(
     cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
                             draft_dir=str(draft_dir) if draft_dir else None,
                             num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
-    engine = Engine(cfg, target_dir, draft_dir)
-    engine.warm_pass_shapes()  # as the fleet's worker did in its warm-up
+    with _on_engine_cpus(fleet):
+        engine = Engine(cfg, target_dir, draft_dir)
+        engine.warm_pass_shapes()  # as the fleet's worker did in its warm-up
     warm = request_mix(2, 4)
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
-    run_engine(engine, warm, 1)
+    with _on_engine_cpus(fleet):
+        run_engine(engine, warm, 1)
     latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
     rows.extend(latency)
     ratios.update(_overheads(latency))
@@ -246,11 +258,13 @@ def _ceiling_rows(fleet: BenchFleet, plan: E2EBenchPlan, settings: ServiceSettin
 
 
 def _submit_row(fleet: BenchFleet, plan: E2EBenchPlan) -> dict[str, Any]:
-    """POST /v1/jobs at full speed, no worker running; then the queue is flushed."""
-    asyncio.run(submit_rate(fleet.endpoint, min(200, plan.num_submit_jobs), plan.num_submit_clients))  # warm-up
-    cpu0 = fleet.cpu_seconds()
-    sub = asyncio.run(submit_rate(fleet.endpoint, plan.num_submit_jobs, plan.num_submit_clients))
-    cpu1 = fleet.cpu_seconds()
+    """POST /v1/jobs at full speed, no worker running; then the queue is flushed. The clients stand in for other
+    machines: on the engine's cores, idle without a worker (the gateway and Redis keep the I/O cores)."""
+    with _on_engine_cpus(fleet):
+        asyncio.run(submit_rate(fleet.endpoint, min(200, plan.num_submit_jobs), plan.num_submit_clients))  # warm-up
+        cpu0 = fleet.cpu_seconds()
+        sub = asyncio.run(submit_rate(fleet.endpoint, plan.num_submit_jobs, plan.num_submit_clients))
+        cpu1 = fleet.cpu_seconds()
     fleet.reset_data()
     log.info("submit, %d gateway processes: %.0f jobs/s", fleet.num_gateway_procs, sub.jobs_per_s)
     return {

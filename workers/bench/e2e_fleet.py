@@ -6,10 +6,12 @@ import logging
 import os
 from pathlib import Path
 
+from shared import cpu_placement
 from shared import redis_url as redis_urls
 from shared.api_keys import KeyRegistry
 from shared.fleet import Fleet
 from shared.procs import ProcessGroup
+from shared.settings import ServiceSettings
 from workers.bench.http_client import Endpoint, cpu_seconds
 
 log = logging.getLogger(__name__)
@@ -41,9 +43,11 @@ class BenchFleet(ProcessGroup):
         self.max_num_seqs = max_num_seqs
         self.initial_gateway_procs = num_gateway_procs
         work_dir.mkdir(parents=True, exist_ok=True)
+        # as `specfleet up` places them: the engine's cores, the I/O's (Redis, gateway, Celery, writer, client)
+        self.placement = cpu_placement.for_fleet(ServiceSettings())
         self.fleet = Fleet(
             work_dir / "redis", appendonly=True, env={**FLEET_ENV, **(env or {})}, log_dir=work_dir, cwd=ROOT,
-            ready_poll_s=READY_POLL_S,
+            ready_poll_s=READY_POLL_S, placement=self.placement,
         )
         self.port = self.fleet.port
         self.url = self.fleet.url

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared import keys, lua
+from shared import cpu_placement, keys, lua
 from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings
 from workers.worker.queue_reader import Lease
@@ -30,6 +30,7 @@ class Heartbeat(threading.Thread):
         worker_id: str,
         held: Callable[[], list[Lease]],
         model_info: dict[str, str] | None = None,
+        cpus: frozenset[int] = frozenset(),  # the thread runs there (shared/cpu_placement.py); empty: anywhere
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.redis = client
@@ -41,6 +42,7 @@ class Heartbeat(threading.Thread):
         )
         self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self._script = client.register_script(lua.HEARTBEAT)
+        self.cpus = cpus
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._lost: set[str] = set()
@@ -75,6 +77,7 @@ class Heartbeat(threading.Thread):
         return lost
 
     def run(self) -> None:
+        cpu_placement.bind(self.cpus)  # this thread only: off the engine's cores
         while not self._stopping.wait(self.interval_s):
             try:
                 self.beat()

@@ -91,6 +91,7 @@ class Worker:
         model_name: str = "",
         params_factory: Callable[..., Any] = sampling_params,
         metrics: Any = None,  # an EngineMetrics (workers/worker/engine_metrics.py), updated once per step
+        io_cpus: frozenset[int] = frozenset(),  # the writer process and heartbeat run there; empty: anywhere
     ) -> None:
         self.engine = engine
         self.redis = client
@@ -108,9 +109,9 @@ class Worker:
             "tokenizer_path": str(getattr(engine.tokenizer, "name_or_path", "") or ""),
             "model": model_name,
         }
-        self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info)
+        self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info, io_cpus)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
-        self.writer = StepWriter(settings)  # a process of its own (workers/worker/writer_process.py)
+        self.writer = StepWriter(settings, io_cpus=io_cpus)  # a process of its own (writer_process.py)
         self.deadlines = Deadlines(settings.job_timeout_s)  # execution deadlines of held jobs
         self.costs = CostMeter(settings.price_per_worker_hour)  # engine seconds per held job
         self._timed_out: set[str] = set()  # jobs whose `timeout` failure is written, not yet landed

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 import redis
 
+from shared import cpu_placement
 from shared.settings import ServiceSettings
 from workers.child_process import spawn_connected
 from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
@@ -34,11 +35,14 @@ __all__ = ["Report", "StepWrite", "StepWriter"]
 
 
 class StepWriter:
-    def __init__(self, settings: ServiceSettings, max_pending: int = MAX_PENDING_STEPS) -> None:
+    def __init__(
+        self, settings: ServiceSettings, max_pending: int = MAX_PENDING_STEPS, io_cpus: frozenset[int] = frozenset()
+    ) -> None:
         if settings.redis_url is None:
             raise ValueError("the worker's writer needs settings.redis_url")
         self.settings = settings
         self.max_pending = max_pending
+        self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
@@ -55,6 +59,7 @@ class StepWriter:
         self._process, self._conn = spawn_connected(
             lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd})"]
         )
+        cpu_placement.bind(self.io_cpus, self._process.pid)  # one thread, all its life: binding it binds the process
         self._conn.send(self.settings)
         try:
             is_ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == READY

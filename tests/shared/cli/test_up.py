@@ -4,6 +4,8 @@ from pathlib import Path
 
 import httpx
 
+from shared import cpu_placement
+from tests.helpers.cpus import ALLOWED, cores_of, threads_of
 from tests.helpers.up_process import children_of, running_up
 
 
@@ -14,6 +16,7 @@ def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path
         assert httpx.get(f"{up.url}/v1/models", timeout=10).status_code == 401  # every route needs a key
         children = children_of(up.process.pid)
         assert len(children) == 4  # redis-server, celery, worker, gateway
+        _assert_placed(children)
         job = httpx.post(
             f"{up.url}/v1/jobs",
             json={"prompt": "def f(x):", "max_tokens": 6, "temperature": 0},
@@ -27,3 +30,20 @@ def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path
     assert any("curl" in line for line in output)
     hints = [line for line in output if "--stream --url" in line]  # the hints name the installed command
     assert len(hints) == 1 and "specfleet submit " in hints[0] and "python -m" not in hints[0]
+
+
+def _assert_placed(children: list[int]) -> None:
+    """On 2+ cores: Redis, Celery and the gateway on the I/O cores; the worker's engine thread on the others, its
+    writer process and heartbeat thread on the I/O cores (shared/cpu_placement.py). One core: nothing bound."""
+    placement = cpu_placement.plan(ALLOWED, 1)
+    if placement is None:
+        assert {cores_of(pid) for pid in children} == {ALLOWED}
+        return
+    role_of = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in children}
+    (worker,) = [pid for pid, argv in role_of.items() if b"worker" in argv]
+    for pid in set(children) - {worker}:  # redis-server, celery (`tasks`), the gateway
+        assert cores_of(pid) == placement.io_cpus, role_of[pid]
+    assert cores_of(worker) == placement.engine_cpus  # its main thread: the engine's (and its torch threads')
+    assert placement.io_cpus in {cores_of(worker, tid) for tid in threads_of(worker)}  # the heartbeat thread
+    (writer,) = [pid for pid in children_of(worker) if b"writer_process" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert cores_of(writer) == placement.io_cpus

@@ -1,11 +1,13 @@
 """Heartbeats keep a held job from being reclaimed, mark the worker alive, and report jobs lost."""
 
+import os
 import time
 
 import redis
 
-from shared import keys
+from shared import cpu_placement, keys
 from shared.settings import ServiceSettings
+from tests.helpers.cpus import ALLOWED, cores_of, needs_two_cores
 from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.heartbeat import Heartbeat
@@ -46,3 +48,18 @@ def test_heartbeat_reports_lost_jobs(rclient: redis.Redis, settings: ServiceSett
     assert heartbeat.take_lost() == {cancelled}
     assert heartbeat.take_lost() == set()
     assert rclient.hget(keys.job_hash(kept), "status") == "running"
+
+
+@needs_two_cores
+def test_the_heartbeat_thread_runs_on_the_io_cores(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    io_cpus = frozenset({min(ALLOWED)})
+    heartbeat = Heartbeat(rclient, settings, "w1", list, cpus=io_cpus)
+    with cpu_placement.bound(ALLOWED - io_cpus):  # started by the worker's main thread, on its engine cores
+        heartbeat.start()
+    try:
+        assert heartbeat.native_id is not None
+        wait_until(lambda: cores_of(os.getpid(), heartbeat.native_id) == io_cpus, what="the thread to bind itself")
+        assert os.sched_getaffinity(0) == ALLOWED  # the caller's own cores are untouched
+        wait_until(lambda: rclient.zscore(keys.WORKERS_ZSET, "w1"), timeout_s=5, what="a beat from there")
+    finally:
+        heartbeat.stop()

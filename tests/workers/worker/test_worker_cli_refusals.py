@@ -11,8 +11,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_worker(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens there: never reached
+def run_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens there
     return subprocess.run([sys.executable, "-m", "shared.cli", "worker", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
 
@@ -27,3 +27,10 @@ def test_a_malformed_device_is_refused_with_its_field(tiny_target: Path) -> None
 def test_a_cuda_device_is_refused_where_none_is_visible(tiny_target: Path) -> None:
     proc = run_worker("--target", str(tiny_target), "--device", "cuda")
     assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr, proc.stderr
+
+
+def test_engine_cpus_outside_the_workers_cores_are_refused(tiny_target: Path) -> None:
+    outside = max(os.sched_getaffinity(0)) + 1
+    proc = run_worker("--target", str(tiny_target), env={"SPECFLEET_ENGINE_CPUS": str(outside)})
+    assert proc.returncode == 2, proc.stderr
+    assert "none of them is allowed" in proc.stderr and "Traceback" not in proc.stderr

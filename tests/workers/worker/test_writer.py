@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared import keys
+from shared import cpu_placement, keys
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
+from tests.helpers.cpus import ALLOWED, cores_of, needs_two_cores
 from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
 from workers.worker.emitter import JobWrite, Running
 from workers.worker.queue_reader import QueueReader
@@ -120,3 +121,20 @@ def test_a_replayed_write_lands_once(rclient: redis.Redis, settings: ServiceSett
     assert not any(r.gone for r in reports)
     assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "7"
     assert len(_streamed(rclient, job.job_id)) == 1
+
+
+@needs_two_cores
+def test_the_writer_process_runs_on_the_io_cores(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    (job,) = _take(rclient, settings, 1).values()
+    io_cpus = frozenset({min(ALLOWED)})
+    writer = StepWriter(settings, io_cpus=io_cpus)
+    with cpu_placement.bound(ALLOWED - io_cpus):  # the worker's main thread, on its engine cores
+        writer.start()
+    try:
+        assert writer._process is not None
+        assert cores_of(writer._process.pid) == io_cpus
+        writer.submit(StepWrite(0, [_tokens(job, 0)]))
+        assert writer.drain(30) == [Report([], [])]  # it writes from there
+    finally:
+        writer.stop()
+    assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "0"
