@@ -155,4 +155,6 @@ class HeadRunner:
         x = self.head.layer_input(batch.input_ids, features)  # [T, hidden]: the layer's input, then its output
         fused.run(x, batch.positions, batch.meta)
         h = x.index_select(0, batch.logits_indices)  # [S, hidden]
+        if fused.logits is not None:
+            return self.head.widen(fused.logits.run(x, batch.logits_indices)), h
         return self.head.logits(h), h

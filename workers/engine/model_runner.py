@@ -407,6 +407,8 @@ class ModelRunner:
             self.threads.apply(batch.input_ids.shape[0])
         h = self.model.embed(batch.input_ids)  # [T, hidden]: a fresh tensor, the layers' input and output
         fused.run(h, batch.positions, batch.meta)
+        if fused.logits is not None:
+            return fused.logits.run(h, batch.logits_indices), h if with_features else None
         return self.model.logits(h, batch.logits_indices), h if with_features else None
 
     def bind_fused(self) -> fused_decode.FusedLayers | None:

@@ -378,6 +378,36 @@ void decode_layers(T* h, const int64_t* layer_tensors, const T* cos_table, const
 SPECFLEET_DECODE_ENTRY(specfleet_decode_layers_f32, float)
 SPECFLEET_DECODE_ENTRY(specfleet_decode_layers_bf16, uint16_t)
 
+namespace {
+
+// out [S, N] float32 = LMHead(RMSNorm(h[rows])): the final norm and LM head over the pass's logits rows, the
+// eager path's arithmetic (the head's product rounded to T, as the eager F.linear's output, then widened)
+template <typename T>
+void final_logits(const T* h, const int64_t* rows, int64_t num_rows, int64_t hidden, const T* norm_weight,
+                  const T* w_packed, int64_t n_size, float eps, float* out, int64_t num_threads) {
+  std::vector<T> picked(num_rows * hidden), normed(num_rows * hidden), logits(num_rows * n_size);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    std::memcpy(picked.data() + r * hidden, h + rows[r] * hidden, hidden * sizeof(T));
+  }
+  rms_norm(picked.data(), norm_weight, num_rows, hidden, eps, normed.data());
+  linear(normed.data(), hidden, num_rows, w_packed, static_cast<const T*>(nullptr), n_size, hidden, logits.data(),
+         num_threads);
+  for (int64_t i = 0; i < num_rows * n_size; ++i) out[i] = load(logits.data() + i);
+}
+
+}  // namespace
+
+#define SPECFLEET_LOGITS_ENTRY(NAME, T)                                                                        \
+  extern "C" void NAME(const void* h, const int64_t* rows, const void* norm_weight, const void* w_packed,     \
+                       float* out, int64_t num_rows, int64_t hidden, int64_t n_size, double eps,             \
+                       int64_t num_threads) {                                                                \
+    final_logits(static_cast<const T*>(h), rows, num_rows, hidden, static_cast<const T*>(norm_weight),       \
+                 static_cast<const T*>(w_packed), n_size, static_cast<float>(eps), out, num_threads);        \
+  }
+
+SPECFLEET_LOGITS_ENTRY(specfleet_final_logits_f32, float)
+SPECFLEET_LOGITS_ENTRY(specfleet_final_logits_bf16, uint16_t)
+
 // out [M, N] = x [M, K] . W^T (+ bias [N]), W packed: the layers' product on its own (tests, benchmarks)
 #define SPECFLEET_LINEAR_ENTRY(NAME, T)                                                                      \
   extern "C" void NAME(const void* x, const void* w_packed, const void* bias, void* out, int64_t m_size,     \

@@ -211,10 +211,18 @@ class EagleHead(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         """The target's norm and LM head over h; with a draft vocabulary, its rows only and -inf elsewhere."""
         target = self.target
-        if self.draft_lm_head is None or self.draft_vocab is None:
-            return linear(target.norm(h), target.lm_head).float()
-        drafted = linear(target.norm(h), self.draft_lm_head).float()  # [S, Vd]
-        out = drafted.new_full((h.shape[0], self.cfg.vocab_size), float("-inf"))  # [S, V]
+        head = target.lm_head if self.draft_lm_head is None else self.draft_lm_head
+        return self.widen(linear(target.norm(h), head).float())
+
+    def head_weight(self) -> torch.Tensor:  # [V or Vd, hidden]
+        """The LM head's weight the logits use: the draft vocabulary's rows, or the target's whole head."""
+        return (self.target.lm_head if self.draft_lm_head is None else self.draft_lm_head).weight
+
+    def widen(self, drafted: torch.Tensor) -> torch.Tensor:  # [S, Vd] float32 -> [S, V]
+        """Logits over the head's outputs as logits over the target's vocabulary (-inf outside a draft one)."""
+        if self.draft_vocab is None:
+            return drafted
+        out = drafted.new_full((drafted.shape[0], self.cfg.vocab_size), float("-inf"))  # [S, V]
         return out.index_copy_(1, self.draft_vocab, drafted)
 
 

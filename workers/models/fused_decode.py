@@ -29,6 +29,7 @@ from workers.models.native_attention import NativeAttention
 
 _ENTRY_POINTS = {torch.float32: "specfleet_decode_layers_f32", torch.bfloat16: "specfleet_decode_layers_bf16"}
 _LINEAR_ENTRY_POINTS = {torch.float32: "specfleet_linear_f32", torch.bfloat16: "specfleet_linear_bf16"}
+_LOGITS_ENTRY_POINTS = {torch.float32: "specfleet_final_logits_f32", torch.bfloat16: "specfleet_final_logits_bf16"}
 _NUM_DIMS = 10
 PACKED_TILE_OUTPUTS = 64  # decode_layers.cpp's kTileOutputs: packed weights' outputs, a tile after another
 
@@ -67,6 +68,7 @@ class FusedLayers:
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin tables [max_len, head_dim], the layers' dtype
     scale: float  # softmax scale
     block_size: int  # the caches' tokens per block
+    logits: "NativeLogits | None" = None  # the final norm and LM head after the layers (for_model, for_head)
 
     @classmethod
     def bind(
@@ -135,19 +137,58 @@ class FusedLayers:
         )
 
 
+@dataclass
+class NativeLogits:
+    """The final norm and an LM head as one native call: the logits of a pass's rows, over the last layer's output
+    (the weights packed once, as the layers' are; the norm's weight is read in place and must outlive this)."""
+
+    function: Any  # ctypes entry point
+    norm_weight: torch.Tensor  # [hidden]
+    packed: torch.Tensor  # the LM head's weight [V, hidden] in the kernel's layout (pack_weight)
+    vocab_size: int  # V: the head's outputs
+    eps: float
+
+    @classmethod
+    def bind(cls, norm_weight: torch.Tensor, head_weight: torch.Tensor, eps: float, native: NativeAttention,
+             ) -> "NativeLogits":  # fmt: skip
+        dtype = head_weight.dtype
+        assert norm_weight.is_contiguous() and norm_weight.dtype == dtype
+        packed = pack_weight(head_weight.detach(), pair_rows(native, dtype))
+        function = _function(native, _LOGITS_ENTRY_POINTS[dtype], 5, 3, ctypes.c_int64)
+        function.argtypes += [ctypes.c_double, ctypes.c_int64]  # eps, num_threads
+        return cls(function, norm_weight.detach(), packed, head_weight.shape[0], eps)
+
+    def run(
+        self,
+        h: torch.Tensor,  # [T, hidden] contiguous: the last layer's output
+        rows: torch.Tensor,  # [S] long: the rows that take logits
+    ) -> torch.Tensor:  # [S, V] float32
+        assert h.is_contiguous() and h.dtype == self.norm_weight.dtype
+        rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.vocab_size, dtype=torch.float32)
+        self.function(h.data_ptr(), rows.data_ptr(), self.norm_weight.data_ptr(), self.packed.data_ptr(),
+                      out.data_ptr(), rows.shape[0], h.shape[1], self.vocab_size, self.eps, torch.get_num_threads())
+        return out
+
+
 def for_model(
     model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], native: NativeAttention
 ) -> FusedLayers:
     """Every layer of a model (its input: the embedding of the pass's tokens)."""
     rope = (model.cos_table, model.sin_table)
-    return FusedLayers.bind(list(model.layers), model.cfg, kv_caches, rope, model.attn_scale, native)
+    layers = FusedLayers.bind(list(model.layers), model.cfg, kv_caches, rope, model.attn_scale, native)
+    layers.logits = NativeLogits.bind(model.norm.weight, model.lm_head.weight, model.cfg.rms_norm_eps, native)
+    return layers
 
 
 def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], native: NativeAttention) -> FusedLayers:
     """An EAGLE head's one layer (its input: fc over [feature, next-token embedding]), on the target's rotary
     tables."""
-    rope = (head.target.cos_table, head.target.sin_table)
-    return FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
+    target = head.target
+    rope = (target.cos_table, target.sin_table)
+    layers = FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
+    layers.logits = NativeLogits.bind(target.norm.weight, head.head_weight(), target.cfg.rms_norm_eps, native)
+    return layers
 
 
 def pack_weight(weight: torch.Tensor, pairs: int) -> torch.Tensor:  # [N, K] -> the kernel's layout

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.eagle_head import load_head
-from workers.models.fused_decode import native_linear, pair_rows
+from workers.models.fused_decode import NativeLogits, native_linear, pair_rows
 from workers.models.loader import load_model
 from workers.models.native_attention import NativeAttention, load
 
@@ -124,12 +124,33 @@ def test_native_layers_equal_the_eager_path(
                                        **LOGITS_TOLERANCE[dtype])  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_logits_equal_the_eager_norm_and_head(
+    tiny_models: dict[str, Path], kernel: NativeAttention, dtype: torch.dtype
+) -> None:
+    """The final norm and LM head natively: the eager logits of the rows asked for, and a row's bits the same
+    whatever the rows beside it (a decode, a verified chain and a resumed job's prefill agree)."""
+    model = load_model(tiny_models["llama"], dtype)
+    head = NativeLogits.bind(model.norm.weight, model.lm_head.weight, model.cfg.rms_norm_eps, kernel)
+    h = (torch.randn(23, model.cfg.hidden_size, generator=torch.Generator().manual_seed(9)) * 3).to(dtype)
+    rows = torch.tensor([0, 4, 5, 11, 22, 7, 19, 2, 3, 13, 16, 17, 18, 20, 21, 1, 6, 8])  # 18 rows: an AMX tile and more
+    with torch.inference_mode():
+        want = model.logits(h, rows)  # [S, V] float32
+    got = head.run(h, rows)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, **LOGITS_TOLERANCE[dtype])
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    for num_rows in (1, 2, 5, 16, 17):
+        assert torch.equal(head.run(h, rows[:num_rows]), got[:num_rows])
+
+
+@pytest.mark.parametrize("head_name", ["copy_head", "vocab_head"])  # vocab_head: a draft vocabulary
 def test_an_eagle_heads_native_layer_equals_its_eager_pass(
-    eagle_models: dict[str, Path], native_kernel: NativeAttention
+    eagle_models: dict[str, Path], native_kernel: NativeAttention, head_name: str
 ) -> None:
     """The head's one layer natively, over features and next tokens: the eager head's logits and h."""
     target = load_model(eagle_models["target"], torch.float32)
-    eager, fused = (HeadRunner(load_head(eagle_models["copy_head"], target), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
+    eager, fused = (HeadRunner(load_head(eagle_models[head_name], target), NUM_BLOCKS, BLOCK_SIZE) for _ in range(2))
     for runner in (eager, fused):
         runner.use_native(native_kernel)
     fused.fused = fused.bind_fused()
@@ -140,7 +161,7 @@ def test_an_eagle_heads_native_layer_equals_its_eager_pass(
         num_tokens = sum(len(it.token_ids) for it in items)
         features = torch.randn(num_tokens, target.cfg.hidden_size, generator=gen)  # [T, hidden]
         (want, want_h), (got, got_h) = eager.forward(items, features), fused.forward(items, features)
-        torch.testing.assert_close(got, want, **LOGITS_TOLERANCE[torch.float32])
+        torch.testing.assert_close(got, want, **LOGITS_TOLERANCE[torch.float32])  # -inf where want has -inf
         torch.testing.assert_close(got_h, want_h, atol=1e-4, rtol=0)
 
 
