@@ -91,6 +91,8 @@ class _Feed:
         """Read the events not held yet, when a wake-up could not hand them over (or `force`). A read that began
         after the caller's wake-up saw every event it announced, so the caller waits for it and reads nothing.
         The reads of the feeds one wake-up round woke go to Redis as one pipelined write (redis_batch.py)."""
+        if not (self.is_stale or force) or self.is_complete:  # the common case, a wake-up that carried its event
+            return
         async with self.read_lock:
             if not (self.is_stale or force) or self.is_complete:
                 return
@@ -235,7 +237,8 @@ class EventHub:
                     if event.type.is_final:
                         return
                 try:
-                    await asyncio.wait_for(wake.wait(), self.keepalive_s)
+                    async with asyncio.timeout(self.keepalive_s):  # a timer, not wait_for's task per event
+                        await wake.wait()
                 except TimeoutError:
                     check_finished = True
                     yield None

@@ -27,7 +27,9 @@ from gateway.streaming import EventHub, sse_frame
 from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import Job, JobRequest
+from shared.schemas import EventType, Job, JobRequest
+
+SSE_EVENTS_BY_TYPE = {t: SSE_EVENTS.labels(t.value) for t in EventType}  # one lookup per type, not per event
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 # the submit: its key is read by the submit's own script call (gateway/auth.py), not by the router's dependency;
@@ -137,7 +139,7 @@ async def stream_job(
             async with aclosing(gw.hub.follow(job_id, last_event_id or "0-0")) as events:
                 async for event in events:
                     if event is not None:
-                        SSE_EVENTS.labels(event.type.value).inc()
+                        SSE_EVENTS_BY_TYPE[event.type].inc()
                     yield sse_frame(event)
         finally:
             SSE_STREAMS.dec()
