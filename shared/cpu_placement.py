@@ -9,7 +9,7 @@ gateway, the Celery worker, the worker's writer process and heartbeat) on the ot
 Why: with everything on two shared cores, each engine step's hand-off woke the writer, Redis and the gateway,
 and the kernel ran them on the engine's core as often as not (a woken task goes where its waker ran): the
 engine's step waited behind them. Bound apart, the demo target's fleet TPOT at one client fell from 2.9 ms to
-2.05 ms, the in-process engine's 2.1 (2026-12-02, 2-core host; README, "CPU placement").
+2.05 ms, the in-process engine's 2.1 (main f3209ae, 2026-12-02, a 2-core host; README, "The worker loop").
 Anchor: vLLM's CPU backend binds its OpenMP threads to cores and keeps a core for its front-end process.
 
 The I/O takes the lowest-numbered cores (where the kernel's own interrupts and housekeeping usually land), the

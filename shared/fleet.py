@@ -4,8 +4,9 @@ stopped gateway first, then the worker (it hands unfinished jobs back), the Cele
 
 Each side is started by its command line, so this module imports neither gateway/ nor workers/; the caller
 resolves the models first. With a CPU placement (shared/cpu_placement.py), Redis, the Celery worker and the
-gateway start bound to its I/O cores and the worker is told its engine cores (SPECFLEET_ENGINE_CPUS). Children run in their own process groups (a terminal's Ctrl-C reaches only the
-launcher, which stops them in order) and get SIGTERM if the launcher dies anyway (PR_SET_PDEATHSIG).
+gateway start bound to its I/O cores and the worker is told its engine cores (SPECFLEET_ENGINE_CPUS). Children
+run in their own process groups (a terminal's Ctrl-C reaches only the launcher, which stops them in order) and
+get SIGTERM if the launcher dies anyway (PR_SET_PDEATHSIG).
 """
 
 import logging
