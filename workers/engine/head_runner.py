@@ -152,7 +152,10 @@ class HeadRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
-        x = self.head.layer_input(batch.input_ids, features)  # [T, hidden]: the layer's input, then its output
+        if fused.first is not None:  # [T, hidden]: the layer's input (fc), then its output
+            x = fused.first.run(self.head.fc_input(batch.input_ids, features))
+        else:
+            x = self.head.layer_input(batch.input_ids, features)
         fused.run(x, batch.positions, batch.meta)
         h = x.index_select(0, batch.logits_indices)  # [S, hidden]
         if fused.logits is not None:

@@ -205,8 +205,14 @@ class EagleHead(nn.Module):
         input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
         features: torch.Tensor,  # [T, hidden]
     ) -> torch.Tensor:  # [T, hidden]: fc over [feature, next-token embedding], the layer's input
-        x = torch.cat([features.to(self.fc.weight.dtype), self.target.embed(input_ids)], dim=-1)  # [T, 2 hidden]
-        return linear(x, self.fc)
+        return linear(self.fc_input(input_ids, features), self.fc)
+
+    def fc_input(
+        self,
+        input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
+        features: torch.Tensor,  # [T, hidden]
+    ) -> torch.Tensor:  # [T, 2 hidden]: [feature, next-token embedding], what fc reads
+        return torch.cat([features.to(self.fc.weight.dtype), self.target.embed(input_ids)], dim=-1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         """The target's norm and LM head over h; with a draft vocabulary, its rows only and -inf elsewhere."""

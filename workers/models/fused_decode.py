@@ -4,12 +4,14 @@ At one token a layer's dense path is ~25 tensor ops, each 3-70 us to dispatch, a
 arithmetic: the eager pass of the 12-layer demo target spends most of its ~6-8 ms there. The native call
 runs every layer (norms, qkv, rotary, the paged attention kernel, o-proj, the MLP, residuals) in C++ over the
 model's own weights and KV caches, the same arithmetic as the eager path (see the .cpp), and returns the last
-layer's output: the embedding (the head's fc) and the final norm and LM head stay in torch.
+layer's output. A second call (NativeLogits) runs the final norm and the LM head over the rows that take
+logits, and an EAGLE head's fc is a native product before its layer (NativeLinear); the embedding stays in
+torch.
 
 It serves CPU models in float32 or bfloat16 whose passes the native attention kernel serves (the metadata
 carries its ragged view). Which passes take it (every pass up to the runner's fused_max_tokens: `auto` sets
-all or none) is the engine's decision, measured at start-up (workers/engine/fusing.py). The linear weights are repacked here once (pack_weight) into
-the layout the library's products read.
+all or none) is the engine's decision, measured at start-up (workers/engine/fusing.py). The linear weights are
+repacked here once (pack_weight) into the layout the library's products read.
 """
 
 import ctypes
@@ -69,6 +71,7 @@ class FusedLayers:
     scale: float  # softmax scale
     block_size: int  # the caches' tokens per block
     logits: "NativeLogits | None" = None  # the final norm and LM head after the layers (for_model, for_head)
+    first: "NativeLinear | None" = None  # a product before the layers: an EAGLE head's fc (for_head)
 
     @classmethod
     def bind(
@@ -138,6 +141,39 @@ class FusedLayers:
 
 
 @dataclass
+class NativeLinear:
+    """One linear layer as a native call, the weight packed once: x [M, K] -> [M, N] in x's dtype (the layers'
+    product, rounded once as the eager F.linear's output)."""
+
+    function: Any  # ctypes entry point
+    packed: torch.Tensor  # the weight [N, K] in the kernel's layout (pack_weight)
+    bias: torch.Tensor | None  # [N], read in place
+    num_out: int  # N
+    num_in: int  # K
+
+    @classmethod
+    def bind(cls, layer: nn.Linear, native: NativeAttention) -> "NativeLinear":
+        return cls.of(layer.weight.detach(), layer.bias.detach() if layer.bias is not None else None, native)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, native: NativeAttention) -> "NativeLinear":
+        """weight [N, K], bias [N] or None."""
+        assert bias is None or (bias.is_contiguous() and bias.dtype == weight.dtype)
+        function = _function(native, _LINEAR_ENTRY_POINTS[weight.dtype], 4, 4, ctypes.c_int64)
+        packed = pack_weight(weight, pair_rows(native, weight.dtype))
+        return cls(function, packed, bias, weight.shape[0], weight.shape[1])
+
+    def run(self, x: torch.Tensor, num_threads: int | None = None) -> torch.Tensor:  # [M, K] -> [M, N]
+        """num_threads: torch's current count unless given."""
+        x = x.contiguous()
+        assert x.shape[1] == self.num_in and x.dtype == self.packed.dtype
+        out = x.new_empty(x.shape[0], self.num_out)
+        self.function(x.data_ptr(), self.packed.data_ptr(), self.bias.data_ptr() if self.bias is not None else None,
+                      out.data_ptr(), x.shape[0], self.num_out, self.num_in, num_threads or torch.get_num_threads())
+        return out
+
+
+@dataclass
 class NativeLogits:
     """The final norm and an LM head as one native call: the logits of a pass's rows, over the last layer's output
     (the weights packed once, as the layers' are; the norm's weight is read in place and must outlive this)."""
@@ -149,8 +185,13 @@ class NativeLogits:
     eps: float
 
     @classmethod
-    def bind(cls, norm_weight: torch.Tensor, head_weight: torch.Tensor, eps: float, native: NativeAttention,
-             ) -> "NativeLogits":  # fmt: skip
+    def bind(
+        cls,
+        norm_weight: torch.Tensor,  # [hidden]: the final norm's
+        head_weight: torch.Tensor,  # [V, hidden]: the LM head's
+        eps: float,
+        native: NativeAttention,
+    ) -> "NativeLogits":
         dtype = head_weight.dtype
         assert norm_weight.is_contiguous() and norm_weight.dtype == dtype
         packed = pack_weight(head_weight.detach(), pair_rows(native, dtype))
@@ -182,12 +223,13 @@ def for_model(
 
 
 def for_head(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor], native: NativeAttention) -> FusedLayers:
-    """An EAGLE head's one layer (its input: fc over [feature, next-token embedding]), on the target's rotary
-    tables."""
+    """An EAGLE head's one layer (its input: fc over [feature, next-token embedding], natively too), on the
+    target's rotary tables."""
     target = head.target
     rope = (target.cos_table, target.sin_table)
     layers = FusedLayers.bind([head.layer], head.layer_cfg, [kv_cache], rope, head.attn_scale, native)
     layers.logits = NativeLogits.bind(target.norm.weight, head.head_weight(), target.cfg.rms_norm_eps, native)
+    layers.first = NativeLinear.bind(head.fc, native)
     return layers
 
 
@@ -211,9 +253,4 @@ def pack_weight(weight: torch.Tensor, pairs: int) -> torch.Tensor:  # [N, K] -> 
 def native_linear(native: NativeAttention, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   num_threads: int = 1) -> torch.Tensor:  # x [M, K], weight [N, K] -> [M, N]
     """The native layers' product on its own, the weight packed on the way (tests compare it with F.linear)."""
-    function = _function(native, _LINEAR_ENTRY_POINTS[x.dtype], 4, 4, ctypes.c_int64)
-    x, packed = x.contiguous(), pack_weight(weight, pair_rows(native, x.dtype))
-    out = x.new_empty(x.shape[0], weight.shape[0])
-    function(x.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-             x.shape[0], weight.shape[0], x.shape[1], num_threads)
-    return out
+    return NativeLinear.of(weight, bias, native).run(x, num_threads)
