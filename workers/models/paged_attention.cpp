@@ -237,21 +237,31 @@ inline void prefetch_row(const T* slot_row, int64_t row_bytes) {  // every cache
   for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(bytes + b);
 }
 
-// Every (key j, token r, head h) of a run where token r sees key j, in key order: the slot row of key j is
-// prefetched kPrefetchKeys ahead and read once for all of them. visit(i = r * num_heads + h, j, head's row).
+// Every (key j, token r) of a run where token r sees key j, in key order: the slot row of key j is prefetched
+// kPrefetchKeys ahead and read once for all of them. visit(r, j, key j's slot row).
 template <typename T, typename Visit>
-inline void for_each_seen_key(const T* cache, const int64_t* key_rows, int64_t lo, int64_t num_keys,
-                              const Visibility* seen, int64_t run_len, int64_t num_heads, const int64_t* kv_offset,
-                              int64_t row_bytes, Visit visit) {
+inline void for_each_seen_row(const T* cache, const int64_t* key_rows, int64_t lo, int64_t num_keys,
+                              const Visibility* seen, int64_t run_len, int64_t row_bytes, Visit visit) {
   for (int64_t j = 0; j < num_keys; ++j) {
     if (j + kPrefetchKeys < num_keys) prefetch_row(cache + key_rows[j + kPrefetchKeys], row_bytes);
     const T* slot_row = cache + key_rows[j];
     const int64_t pos = lo + j;
     for (int64_t r = 0; r < run_len; ++r) {
-      if (!seen[r].sees(pos)) continue;
-      for (int64_t h = 0; h < num_heads; ++h) visit(r * num_heads + h, j, slot_row + kv_offset[h]);
+      if (seen[r].sees(pos)) visit(r, j, slot_row);
     }
   }
+}
+
+// Every (key j, token r, head h) of a run where token r sees key j, in that order (for_each_seen_row's walk).
+// visit(i = r * num_heads + h, j, head's row).
+template <typename T, typename Visit>
+inline void for_each_seen_key(const T* cache, const int64_t* key_rows, int64_t lo, int64_t num_keys,
+                              const Visibility* seen, int64_t run_len, int64_t num_heads, const int64_t* kv_offset,
+                              int64_t row_bytes, Visit visit) {
+  for_each_seen_row(cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                    [&](int64_t r, int64_t j, const T* slot_row) {
+    for (int64_t h = 0; h < num_heads; ++h) visit(r * num_heads + h, j, slot_row + kv_offset[h]);
+  });
 }
 
 template <typename T, int kChunks>
@@ -270,25 +280,21 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
-  for (int64_t j = 0; j < num_keys; ++j) {  // scores [rows, keys], a slot row at a time (as for_each_seen_key)
-    if (j + kPrefetchKeys < num_keys) prefetch_row(k_cache + key_rows[j + kPrefetchKeys], row_bytes);
-    const T* slot_row = k_cache + key_rows[j];
-    for (int64_t r = 0; r < run_len; ++r) {
-      if (!seen[r].sees(lo + j)) continue;
-      const int64_t i0 = r * num_heads;
-      int64_t h = 0;
-      for (; h + 4 <= num_heads; h += 4) {  // four heads' sums reduced together: the same bits as one by one
-        f32x16 lanes[4];
-        float dots[4];
-        for (int g = 0; g < 4; ++g) lanes[g] = dot_lanes<T, kChunks>(&qv[(i0 + h + g) * kChunks], slot_row + kv_offset[h + g]);
-        hsum4(lanes, dots);
-        for (int g = 0; g < 4; ++g) scores[(i0 + h + g) * num_keys + j] = dots[g] * scale_f;
-      }
-      for (; h < num_heads; ++h) {
-        scores[(i0 + h) * num_keys + j] = dot_chunks<T, kChunks>(&qv[(i0 + h) * kChunks], slot_row + kv_offset[h]) * scale_f;
-      }
+  for_each_seen_row(k_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                    [&](int64_t r, int64_t j, const T* slot_row) {  // scores [rows, keys]
+    const int64_t i0 = r * num_heads;
+    int64_t h = 0;
+    for (; h + 4 <= num_heads; h += 4) {  // four heads' sums reduced together: the same bits as one by one
+      f32x16 lanes[4];
+      float dots[4];
+      for (int g = 0; g < 4; ++g) lanes[g] = dot_lanes<T, kChunks>(&qv[(i0 + h + g) * kChunks], slot_row + kv_offset[h + g]);
+      hsum4(lanes, dots);
+      for (int g = 0; g < 4; ++g) scores[(i0 + h + g) * num_keys + j] = dots[g] * scale_f;
     }
-  }
+    for (; h < num_heads; ++h) {
+      scores[(i0 + h) * num_keys + j] = dot_chunks<T, kChunks>(&qv[(i0 + h) * kChunks], slot_row + kv_offset[h]) * scale_f;
+    }
+  });
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
