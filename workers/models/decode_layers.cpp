@@ -94,7 +94,6 @@ void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w_tile, int
 // whatever the pass's size, so a token gets the same bits decoded alone, in a batch or in a prefill. The pairs
 // layout's pair count is padded to a multiple of kAmxPairs (pack_weight) so whole tiles load. Linux hands a
 // process the tile state only on request.
-constexpr int64_t kAmxMinRows = 1;
 constexpr int64_t kAmxRows = 16;  // rows of x per tile
 constexpr int64_t kAmxPairs = 16;  // pairs of K per tile step (32 elements)
 
@@ -218,7 +217,7 @@ void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, con
             int64_t k_size, T* out, int64_t num_threads) {
 #ifdef SPECFLEET_AMX
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (m_size >= kAmxMinRows && linear_amx(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads)) {
+    if (linear_amx(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads)) {
       return;
     }
   }
