@@ -179,10 +179,11 @@ class Engine:
         return stats
 
     def _fuse_layers(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, FusingStats]:
-        """Choose the passes (up to a size) each model and the EAGLE head run through their native layers
-        (cfg.fused_layers; fusing.py), after compiling, against the path requests would otherwise take. The tensor-parallel target is
-        left as it is. No pass is larger than max_num_batched_tokens, and the timed passes write from position 0
-        into blocks 0.. (no sequence holds them yet): they fit the cache and the model's length."""
+        """Choose whether each model and the EAGLE head run their passes through their native layers (all or
+        none: cfg.fused_layers; fusing.py), after compiling, against the path requests would otherwise take. The
+        tensor-parallel target is left as it is. No pass is larger than max_num_batched_tokens, and the timed
+        passes write from position 0 into blocks 0.. (no sequence holds them yet): they fit the cache and the
+        model's length."""
         cfg = self.cfg
         mode = cfg.fused_layers
         max_tokens = min(cfg.max_num_batched_tokens, self.block_manager.num_blocks * cfg.block_size, self.max_model_len)
