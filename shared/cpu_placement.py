@@ -127,14 +127,13 @@ def bound(cpus: frozenset[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, previous)
 
 
-def binder(cpus: frozenset[int] | None, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
-    """A subprocess preexec_fn: bind the child to `cpus` (when given), then call `then` (when given)."""
+def binder(cpus: frozenset[int] | None, then: Callable[[], None]) -> Callable[[], None]:
+    """A subprocess preexec_fn: bind the child to `cpus` (when given), then call `then`."""
     if not cpus:
         return then
 
     def preexec() -> None:
         bind(cpus)
-        if then is not None:
-            then()
+        then()
 
     return preexec

@@ -145,7 +145,7 @@ class Fleet:
             if role == "worker":  # all the placement's cores: it binds its engine and its helpers itself
                 cpus = self.placement.engine_cpus | self.placement.io_cpus
                 env["SPECFLEET_ENGINE_CPUS"] = cpu_placement.format_cpu_list(self.placement.engine_cpus)
-            preexec = cpu_placement.binder(cpus, die_with_parent) or die_with_parent
+            preexec = cpu_placement.binder(cpus, die_with_parent)
         command = [sys.executable, "-m", "shared.cli", *args]
         options = {"cwd": self.cwd, "env": env, "stdin": subprocess.DEVNULL, "start_new_session": True}
         if self.log_dir is None:
