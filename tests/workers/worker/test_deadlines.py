@@ -98,11 +98,12 @@ def test_job_pulled_past_its_deadline_never_runs(
 def test_worker_process_stops_a_long_job_at_the_default_deadline(
     settings: ServiceSettings, rclient: redis.Redis, tiny_pair: tuple[Path, Path], redis_url: str, tmp_path: Path
 ) -> None:
-    """`specfleet worker` with job_timeout_s 0.3: a 480-token job (plain decoding would need 1,600 tok/s) is
-    stopped 0.3 s after it started, and the worker's /metrics count it."""
+    """`specfleet worker` with job_timeout_s 0.05: a 480-token job (9,600 tok/s would finish it first; the tiny
+    pair decodes ~2,500-2,900 tok/s alone since its LM head is native, so 0.3 s no longer sufficed) is stopped
+    0.05 s after it started, and the worker's /metrics count it."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_")}
-    env.update({"REDIS_URL": redis_url, "SPECFLEET_JOB_TIMEOUT_S": "0.3", "SPECFLEET_WARM_UP": "false",
+    env.update({"REDIS_URL": redis_url, "SPECFLEET_JOB_TIMEOUT_S": "0.05", "SPECFLEET_WARM_UP": "false",
                 "SPECFLEET_WORKER_METRICS_PORT": str(port), "SPECFLEET_IDLE_BLOCK_MS": "50"})
     target, draft = tiny_pair
     args = [sys.executable, "-m", "shared.cli", "worker", "--target", str(target), "--draft", str(draft),
