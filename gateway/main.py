@@ -60,7 +60,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             settings=settings,
             redis=redis,
             store=JobStore(redis, settings),
-            hub=EventHub(redis, settings.sse_keepalive_s),
+            hub=EventHub(redis, redis_url, settings.sse_keepalive_s),
             prompt_limit=PromptLimit(redis, settings.model_info_refresh_s),
             limiter=RateLimiter(settings),
         )

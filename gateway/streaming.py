@@ -1,10 +1,11 @@
-"""The token path on the gateway side: ONE pub/sub connection per process, fanned out to every follower.
+"""The token path on the gateway side: ONE pub/sub connection per process (gateway/pubsub.py), fanned out to
+every follower.
 
 Per job followed in this process there is one feed: a pub/sub subscription (shared by the job's followers)
 and the job's events held so far (one list, shared: a gapless run of the job's event stream). A follower (an
 SSE client, or a `Prefer: wait` submit) subscribes first, reads the job's event stream, yields what it has not
-sent, and sleeps until a wake-up (or a keepalive tick, which also re-reads: a lost wake-up or a pub/sub
-reconnect costs latency, never an event). A wake-up carries its event and the id of the one before it
+sent, and sleeps until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads:
+a lost wake-up costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its event and the id of the one before it
 (shared.lua.EventWake): when that is the feed's last event, the event is appended and no follower reads Redis.
 Any other wake-up (a bare one for a large event, one after a gap) marks the feed stale, and ONE of the followers
 it woke reads the stream: a read that began after a follower's wake-up saw every event published before it.
@@ -25,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.pubsub import Subscriber
 from gateway.redis_batch import CommandBatcher
 from shared import keys
 from shared.job_state import JobStatus
@@ -55,11 +55,21 @@ class Event:
     key: tuple[int, int] = (0, 0)  # entry_key(id)
 
 
+class _Wake(asyncio.Event):
+    """A follower's wake-up: set by each announcement of its job, and by the hub's keepalive tick (`ticked`) once
+    it has waited keepalive_s (one timer for every follower, not one per wait)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticked = False
+        self.waiting_since_s = time.monotonic()
+
+
 @dataclass
 class _Feed:
     """One job as followed in this process."""
 
-    waiters: set[asyncio.Event] = field(default_factory=set)  # one per follower, set on each wake-up
+    waiters: set[_Wake] = field(default_factory=set)  # one per follower, set on each wake-up
     subscribed: asyncio.Event = field(default_factory=asyncio.Event)  # SUBSCRIBE confirmed
     idle_since: float | None = None  # when its last follower left
     events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
@@ -70,9 +80,12 @@ class _Feed:
     def is_complete(self) -> bool:
         return bool(self.events) and self.events[-1].type.is_final
 
-    def events_after(self, after_key: tuple[int, int]) -> list[Event]:
-        """The events read so far that come after the one with key `after_key`."""
-        return self.events[bisect.bisect_right(self.events, after_key, key=lambda e: e.key) :]
+    def position_after(self, after_key: tuple[int, int], hint: int = 0) -> int:
+        """The index in `events` of the first event after the one with key `after_key`; `hint`: the index just
+        after the caller's last event, taken when it still holds (`events` only grows at its end)."""
+        if 0 < hint <= len(self.events) and self.events[hint - 1].key == after_key:
+            return hint
+        return bisect.bisect_right(self.events, after_key, key=lambda e: e.key)
 
     def take(self, wake: EventWake | None) -> None:
         """A wake-up: append the event it carries when it follows the last one held (`events` stays a gapless run
@@ -113,30 +126,25 @@ class _Feed:
 
 
 class EventHub:
-    def __init__(self, redis: Redis, keepalive_s: float, linger_s: float = CHANNEL_LINGER_S) -> None:
+    def __init__(
+        self, redis: Redis, redis_url: str, keepalive_s: float, linger_s: float = CHANNEL_LINGER_S
+    ) -> None:
         self.redis = redis
         self.reads = CommandBatcher(redis)  # the feeds' XRANGEs of one loop turn: one write
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
-        self._pubsub = redis.pubsub()
+        self.pubsub = Subscriber(redis_url, self._on_message, self._on_subscribed, self._on_lost)
         self._feeds: dict[str, _Feed] = {}  # pub/sub channel -> feed
         self._task: asyncio.Task[None] | None = None
-        self._subscribe_lock = asyncio.Lock()
 
     @property
     def num_followers(self) -> int:
         return sum(len(feed.waiters) for feed in self._feeds.values())
 
     async def start(self) -> None:
-        try:  # connect now, before any follower: concurrent first SUBSCRIBEs could open two connections
-            await self._subscribe(keys.HUB_CHANNEL)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            log.warning("pub/sub unavailable at start (%s); retrying in the background", exc)
-        self._task = asyncio.create_task(self._read_loop(), name="event-hub")
-
-    async def _subscribe(self, *channels: str) -> None:
-        async with self._subscribe_lock:  # one (re)connect at a time on the shared connection
-            await self._pubsub.subscribe(*channels)
+        self.pubsub.subscribe(keys.HUB_CHANNEL)
+        self.pubsub.start()
+        self._task = asyncio.create_task(self._tick_loop(), name="event-hub")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -145,43 +153,54 @@ class EventHub:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self._pubsub.aclose()
+        await self.pubsub.stop()
 
-    async def _read_loop(self) -> None:
+    async def _tick_loop(self) -> None:
+        """Keepalive ticks for followers that waited keepalive_s (checked every quarter of it), and the sweep of
+        idle feeds every linger_s."""
         next_sweep_s = time.monotonic() + self.linger_s
         while True:
-            try:
-                if not self._pubsub.subscribed:  # first, or after failures at startup
-                    await self._subscribe(keys.HUB_CHANNEL)
-                message = await self._pubsub.get_message(timeout=1.0)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("pub/sub connection lost (%s); waking every follower to re-read", exc)
-                for feed in self._feeds.values():
-                    feed.is_stale = True
-                    for waiter in feed.waiters:
+            await asyncio.sleep(self.keepalive_s / 4)
+            now = time.monotonic()
+            for feed in self._feeds.values():
+                for waiter in feed.waiters:
+                    if not waiter.is_set() and now - waiter.waiting_since_s >= self.keepalive_s:
+                        waiter.ticked = True
                         waiter.set()
-                await asyncio.sleep(0.5)
-                continue
-            if message is not None:
-                self._dispatch(message)
-            if time.monotonic() >= next_sweep_s:  # not per message: a sweep visits every feed
-                next_sweep_s = time.monotonic() + self.linger_s
-                await self._drop_idle_feeds()
+            if now >= next_sweep_s:
+                next_sweep_s = now + self.linger_s
+                self._drop_idle_feeds()
 
-    def _dispatch(self, message: dict[str, object]) -> None:
-        feed = self._feeds.get(str(message["channel"]))
-        if feed is None:
-            return
-        if message["type"] == "subscribe":
-            feed.subscribed.set()
-        elif message["type"] == "message":
-            feed.take(parse_event_wake(str(message["data"])))
+    def _on_message(self, channel: str, data: str) -> None:
+        feed = self._feeds.get(channel)
+        if feed is not None:
+            feed.take(parse_event_wake(data))
             for waiter in feed.waiters:
                 waiter.set()
 
-    async def _drop_idle_feeds(self) -> None:
+    def _on_subscribed(self, channel: str) -> None:
+        """A SUBSCRIBE confirmed: a new feed may read; a feed subscribed again after a reconnect re-reads what
+        was published while the connection was down."""
+        feed = self._feeds.get(channel)
+        if feed is None:
+            return
+        if feed.subscribed.is_set():
+            self._wake_to_reread(feed)
+        feed.subscribed.set()
+
+    def _on_lost(self) -> None:
+        for feed in self._feeds.values():
+            self._wake_to_reread(feed)
+
+    @staticmethod
+    def _wake_to_reread(feed: _Feed) -> None:
+        feed.is_stale = True
+        for waiter in feed.waiters:
+            waiter.set()
+
+    def _drop_idle_feeds(self) -> None:
         """Drop feeds nobody followed for linger_s and unsubscribe their channels (lingering avoids subscribe
-        churn and the race of a SUBSCRIBE confirmation arriving for an older subscription of the channel)."""
+        churn for a job followed again, e.g. a client resuming its stream)."""
         now = time.monotonic()
         idle = [
             name
@@ -191,17 +210,17 @@ class EventHub:
         for name in idle:
             del self._feeds[name]
         if idle:
-            await self._pubsub.unsubscribe(*idle)
+            self.pubsub.unsubscribe(*idle)
 
     @asynccontextmanager
-    async def watch(self, job_id: str) -> AsyncIterator[tuple[asyncio.Event, _Feed]]:
+    async def watch(self, job_id: str) -> AsyncIterator[tuple[_Wake, _Feed]]:
         """(this follower's wake-up event, the job's feed); subscribed (confirmed) before it is yielded."""
         name = keys.job_channel(job_id)
         feed = self._feeds.get(name)
         if feed is None:
             feed = self._feeds[name] = _Feed()
-            await self._subscribe(name)
-        waiter = asyncio.Event()
+            self.pubsub.subscribe(name)
+        waiter = _Wake()
         feed.waiters.add(waiter)
         feed.idle_since = None
         try:
@@ -218,28 +237,31 @@ class EventHub:
     async def follow(self, job_id: str, after_id: str = "0-0") -> AsyncGenerator[Event | None, None]:
         """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick."""
         after_key = entry_key(after_id)
+        position = 0  # in feed.events, of the first event not yielded yet
         check_finished = True  # on the first pass and after each tick: a resume after the final event ends
         async with self.watch(job_id) as (wake, feed):
             while True:
                 wake.clear()
                 await feed.catch_up(self.reads, job_id, force=check_finished)
-                new = feed.events_after(after_key)
+                position = feed.position_after(after_key, position)
+                new = feed.events[position:]
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     if not feed.is_complete:  # the job may have ended after the events were read: read them again
                         await feed.catch_up(self.reads, job_id, force=True)
-                        new = feed.events_after(after_key)
+                        position = feed.position_after(after_key, position)
+                        new = feed.events[position:]
                     if not new:
                         return
                 check_finished = False
                 for event in new:
                     after_key = event.key
+                    position += 1
                     yield event
                     if event.type.is_final:
                         return
-                try:
-                    async with asyncio.timeout(self.keepalive_s):  # a timer, not wait_for's task per event
-                        await wake.wait()
-                except TimeoutError:
+                wake.ticked, wake.waiting_since_s = False, time.monotonic()
+                await wake.wait()
+                if wake.ticked:
                     check_finished = True
                     yield None
 

@@ -15,7 +15,7 @@ from shared import keys, lua
 def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
     async def scenario() -> tuple[int, int, bool, int]:
         redis = Redis.from_url(redis_url, decode_responses=True)
-        hub = EventHub(redis, keepalive_s=1.0, linger_s=0.1)
+        hub = EventHub(redis, redis_url, keepalive_s=1.0, linger_s=0.1)
         await hub.start()
         try:
             channel = keys.job_channel("j1")
@@ -55,7 +55,7 @@ def test_a_job_that_ends_between_the_reads_of_its_events_and_of_its_status_is_st
     async def scenario() -> list[str]:
         redis = Redis.from_url(redis_url, decode_responses=True)
         await redis.hset(keys.job_hash("j2"), mapping={"id": "j2", "status": "queued"})  # no event yet
-        hub = _FinishesWhileAsked(redis, keepalive_s=30.0, linger_s=0.1)
+        hub = _FinishesWhileAsked(redis, redis_url, keepalive_s=30.0, linger_s=0.1)
         await hub.start()
         try:
             return [event.type.value async for event in hub.follow("j2") if event is not None]
@@ -123,7 +123,7 @@ def test_followers_take_announced_events_without_reading_and_read_after_a_gap(re
 
     async def scenario() -> tuple[list[list[str]], list[str], int, int]:
         redis = Redis.from_url(redis_url, decode_responses=True)
-        hub = EventHub(redis, keepalive_s=30.0, linger_s=0.1)
+        hub = EventHub(redis, redis_url, keepalive_s=30.0, linger_s=0.1)
         await hub.start()
         try:
             started = [asyncio.Event(), asyncio.Event()]

@@ -1,0 +1,253 @@
+"""The gateway's one pub/sub connection, its replies parsed by hiredis as they come off the socket.
+
+Every event a stream carries arrives here first, so this is the hottest path of a loaded gateway. A reply is
+parsed in the transport's `data_received` and handed to the hub's callback in the same loop turn: no task, no
+timer and no coroutine per message (redis-py's `PubSub.get_message` spends about as much per message as the
+rest of the gateway's work for the event; see the README's "The submit path").
+
+Where it connects: REDIS_URL's data node, with its credentials and TLS. Standalone: its host and port or its
+unix socket. Sentinel: the master the sentinels name at each connect. Cluster: a seed node, each connect the
+next one (every node of a cluster hears every PUBLISH).
+
+A lost connection (or one silent for two ping intervals) is reported (`on_lost`: the hub has every follower
+re-read its stream) and made again after `reconnect_s`, subscribing every wanted channel again. Each SUBSCRIBE
+confirmation is reported (`on_subscribed`), so a feed re-reads what was published while it was away.
+"""
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+from redis.asyncio.connection import parse_url
+from redis.asyncio.sentinel import Sentinel
+
+from shared import redis_url as redis_urls
+from shared.redis_url import Topology
+
+log = logging.getLogger(__name__)
+
+RECONNECT_S = 0.5  # pause after a lost connection or a failed connect
+PING_INTERVAL_S = 15.0  # a PING after this long without a reply; none for two intervals: the connection is dead
+CONNECT_TIMEOUT_S = 5.0
+
+
+def encode_command(*args: str) -> bytes:
+    """A command as RESP: an array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where one connect goes, and how it identifies itself."""
+
+    host: str = "localhost"
+    port: int = 6379
+    path: str | None = None  # a unix socket (then host and port are unused)
+    username: str | None = None
+    password: str | None = None
+    tls: ssl.SSLContext | None = None
+
+
+def tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """An SSL context as redis-py's SSLConnection makes one from the URL's options: the peer's certificate and
+    host name checked unless `ssl_cert_reqs=none` (or `optional`, or `ssl_check_hostname=false`)."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    cert_reqs = str(options.get("ssl_cert_reqs", "required")).lower()
+    if cert_reqs == "none":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context.check_hostname = bool(options.get("ssl_check_hostname", True))
+        if cert_reqs == "optional":
+            context.verify_mode = ssl.CERT_OPTIONAL
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    return context
+
+
+class _Protocol(asyncio.Protocol):
+    """One connection: bytes in, replies out to `on_reply`, in order."""
+
+    def __init__(self, on_reply: Callable[[Any], None]) -> None:
+        self._reader = hiredis.Reader(encoding="utf-8", errors="replace")
+        self._on_reply = on_reply
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.last_reply_s = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.last_reply_s = time.monotonic()
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except hiredis.ProtocolError as exc:  # not RESP: nothing more on this connection can be trusted
+                log.error("pub/sub: unreadable reply (%s); reconnecting", exc)
+                self.close()
+                return
+            if reply is False:
+                return
+            self._on_reply(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Subscriber:
+    """`subscribe`/`unsubscribe` channels; `on_message(channel, data)` for each message published on them."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        on_message: Callable[[str, str], None],
+        on_subscribed: Callable[[str], None],
+        on_lost: Callable[[], None],
+        reconnect_s: float = RECONNECT_S,
+        ping_interval_s: float = PING_INTERVAL_S,
+    ) -> None:
+        self.target = redis_urls.parse(redis_url)
+        self.on_message = on_message
+        self.on_subscribed = on_subscribed
+        self.on_lost = on_lost
+        self.reconnect_s = reconnect_s
+        self.ping_interval_s = ping_interval_s
+        self.channels: set[str] = set()  # wanted: subscribed on each (re)connect
+        self.num_connects = 0
+        self._num_attempts = 0
+        self._protocol: _Protocol | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_connected(self) -> bool:
+        return self._protocol is not None and not self._protocol.closed.done()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="pubsub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._protocol is not None:
+            self._protocol.close()
+
+    def subscribe(self, *channels: str) -> None:
+        self.channels.update(channels)
+        if self._protocol is not None:  # else the connect subscribes them
+            self._protocol.write(encode_command("SUBSCRIBE", *channels))
+
+    def unsubscribe(self, *channels: str) -> None:
+        self.channels.difference_update(channels)
+        if self._protocol is not None:
+            self._protocol.write(encode_command("UNSUBSCRIBE", *channels))
+
+    def _on_reply(self, reply: Any) -> None:
+        if isinstance(reply, list) and len(reply) >= 3:
+            kind = reply[0]
+            if kind == "message":
+                self.on_message(reply[1], reply[2])
+            elif kind == "subscribe":
+                self.on_subscribed(reply[1])
+        elif isinstance(reply, hiredis.ReplyError):  # AUTH refused, a command refused: connect again later
+            log.error("pub/sub: redis refused a command: %s", reply)
+            if self._protocol is not None:
+                self._protocol.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self._protocol = await self._connect()
+            except Exception as exc:  # unreachable, refused, TLS, no master named yet: try again
+                log.warning("pub/sub: cannot connect (%s); retrying in %.1fs", exc, self.reconnect_s)
+                await asyncio.sleep(self.reconnect_s)
+                continue
+            reason = await self._serve(self._protocol)
+            self._protocol = None
+            log.warning("pub/sub connection lost (%s); every follower re-reads its stream", reason or "closed")
+            self.on_lost()
+            await asyncio.sleep(self.reconnect_s)
+
+    async def _connect(self) -> _Protocol:
+        address = await self._address()
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            if address.path is not None:
+                _, protocol = await loop.create_unix_connection(
+                    lambda: _Protocol(self._on_reply), address.path, ssl=address.tls
+                )
+            else:
+                _, protocol = await loop.create_connection(
+                    lambda: _Protocol(self._on_reply), address.host, address.port, ssl=address.tls
+                )
+        self.num_connects += 1
+        hello = b""
+        if address.password is not None:
+            credentials = [address.username, address.password] if address.username else [address.password]
+            hello += encode_command("AUTH", *credentials)
+        if self.channels:
+            hello += encode_command("SUBSCRIBE", *sorted(self.channels))
+        protocol.write(hello)
+        return protocol
+
+    async def _serve(self, protocol: _Protocol) -> Exception | None:
+        """Until the connection closes: a PING after each quiet interval; closed when two go unanswered."""
+        while True:
+            try:
+                async with asyncio.timeout(self.ping_interval_s):
+                    return await asyncio.shield(protocol.closed)
+            except TimeoutError:
+                if time.monotonic() - protocol.last_reply_s > 2 * self.ping_interval_s:
+                    log.warning("pub/sub: no reply for %.0fs; reconnecting", 2 * self.ping_interval_s)
+                    protocol.close()
+                elif time.monotonic() - protocol.last_reply_s > self.ping_interval_s:
+                    protocol.write(encode_command("PING"))
+
+    async def _address(self) -> Address:
+        target = self.target
+        self._num_attempts += 1
+        if target.topology is Topology.STANDALONE:
+            options: dict[str, Any] = dict(parse_url(target.url))
+            is_tls = target.url.lower().startswith("rediss://")
+            return Address(
+                host=options.get("host", "localhost"),
+                port=int(options.get("port", 6379)),
+                path=options.get("path"),
+                username=options.get("username"),
+                password=options.get("password"),
+                tls=tls_context(options) if is_tls else None,
+            )
+        tls = tls_context({}) if target.is_tls else None
+        if target.topology is Topology.SENTINEL:
+            sentinel = Sentinel(list(target.nodes), socket_timeout=CONNECT_TIMEOUT_S)
+            try:
+                host, port = await sentinel.discover_master(target.master_name)
+            finally:
+                for node in sentinel.sentinels:
+                    await node.aclose()
+        else:  # a cluster: the seed nodes in turn
+            host, port = target.nodes[(self._num_attempts - 1) % len(target.nodes)]
+        return Address(host, int(port), None, target.username, target.password, tls)
