@@ -128,22 +128,39 @@ def may_access(key: ApiKey, owner: str | None) -> bool:
     return key.is_admin or (owner is not None and owner == key.id)
 
 
-async def owned_resources(request: Request, key: CallerDep) -> ApiKey:
-    """The calling key, after checking that the job or batch named in the path (if any) is its own: 404 if not."""
-    redis = request.app.state.gateway.redis
-    for param, hash_of, what in (
-        ("job_id", keys.job_hash, "job"),
-        ("batch_id", keys.batch_hash, "batch"),
-    ):
-        resource_id = request.path_params.get(param)
-        if param == "job_id" and resource_id is not None:
+_PATH_RESOURCES = (("job_id", keys.job_hash, "job"), ("batch_id", keys.batch_hash, "batch"))
+
+
+async def owned_resources(request: Request, credentials: Credentials) -> ApiKey:
+    """The calling key, after checking that the job or batch named in the path (if any) is its own: 404 if not.
+    One round trip: the key's record and the resource's owner and status are read together (a 401 still comes
+    before a 404). The status stays on the request (`resource_exists`), so a route need not read it again."""
+    secret = _secret(credentials)
+    gw = request.app.state.gateway
+    digest = api_keys.digest(secret)
+    named = [
+        (param, hash_of(resource_id), what, resource_id)
+        for param, hash_of, what in _PATH_RESOURCES
+        if (resource_id := request.path_params.get(param)) is not None
+    ]
+    pipe = gw.redis.pipeline(transaction=False)
+    pipe.hgetall(keys.api_key_record(digest, gw.store.tenant_partition(digest)))
+    for _, hash_key, _, _ in named:
+        pipe.hmget(hash_key, [keys.OWNER_FIELD, "status"])
+    record, *fields = await pipe.execute()
+    key = key_of(record)
+    for (param, _, what, resource_id), (owner, status) in zip(named, fields, strict=True):
+        if param == "job_id":
             logs.JOB_ID.set(resource_id)
-        if resource_id is None or key.is_admin:
-            continue
-        owner: str | None = await redis.hget(hash_of(resource_id), keys.OWNER_FIELD)
         if not may_access(key, owner):
             raise ApiError(404, ErrorCode.NOT_FOUND, f"no {what} {resource_id}", field=param)
+        request.state.resource_status = status
     return key
+
+
+def resource_exists(request: Request) -> bool:
+    """Whether the job or batch in the path exists (as `owned_resources` read it)."""
+    return getattr(request.state, "resource_status", None) is not None
 
 
 async def num_active_keys(redis: Redis) -> int:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
 from gateway import admission
+from gateway.auth import resource_exists
 from gateway.cancel_after import with_cancel_after
 from gateway.deps import GatewayDep, SubmitCallerDep
 from gateway.errors import ERROR_RESPONSES, ApiError
@@ -126,11 +127,12 @@ async def get_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
 )
 async def stream_job(
     job_id: JobId,
+    request: Request,
     gw: GatewayDep,
     last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
 ) -> StreamingResponse:
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
-    if await gw.store.get(job_id) is None:
+    if not resource_exists(request):  # read with the key (gateway/auth.py owned_resources)
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
 
     async def frames() -> AsyncIterator[bytes]:

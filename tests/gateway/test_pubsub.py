@@ -3,13 +3,14 @@
 answering, and a Sentinel failover (the master the sentinels name at each connect)."""
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio import Redis
 
-from gateway.pubsub import Subscriber, encode_command
+from gateway.pubsub import Subscriber, encode_command, tls_context
 from shared import redis_url as redis_urls
 from shared.redis_server import RedisServer
 from shared.redis_topologies import LocalSentinel
@@ -233,3 +234,14 @@ def test_sentinel_the_master_named_at_each_connect(tmp_path: Path) -> None:
         messages, old_port, new_port = asyncio.run(scenario())
     assert new_port != old_port
     assert ("s", "before") in messages and messages[-1] == ("s", "after")
+
+
+def test_tls_options_as_redis_py_reads_them() -> None:
+    """rediss:// (no TLS-enabled redis-server here to connect to): the context checks the peer as redis-py's
+    SSLConnection would, unless the URL says otherwise."""
+    default = tls_context({})
+    assert default.verify_mode == ssl.CERT_REQUIRED and default.check_hostname
+    no_check = tls_context({"ssl_cert_reqs": "none"})
+    assert no_check.verify_mode == ssl.CERT_NONE and not no_check.check_hostname
+    optional = tls_context({"ssl_cert_reqs": "optional", "ssl_check_hostname": False})
+    assert optional.verify_mode == ssl.CERT_OPTIONAL and not optional.check_hostname
