@@ -72,6 +72,7 @@ def gateway(
             access_log=access_log,
             log_level="info",
             ws="none",  # http: uvicorn's "auto" serves with httptools, a dependency (README, Dependencies)
+            loop="auto",  # uvloop, a dependency, when installed (README, Dependencies)
             timeout_graceful_shutdown=5,
             log_config=log_config or LOGGING_CONFIG,  # uvicorn's own unless JSON logs
         )
