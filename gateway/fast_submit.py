@@ -1,6 +1,6 @@
 """POST /v1/jobs on a short path: the request's parts handed to the route function directly.
 
-FastAPI solves a route's dependencies anew on every request (the body, three headers, the gateway, the caller
+FastAPI solves a route's dependencies anew on every request (the body, four headers, the gateway, the caller
 and its bearer scheme), and on the submit route that cost a quarter of the gateway's CPU per submit (py-spy on
 `bench e2e`'s submit phase). `FastSubmitRoute` reads the same parts itself for a well-formed request:
 
@@ -27,8 +27,8 @@ from gateway.errors import ApiError
 from shared.schemas import JobRequest
 
 # the route function's parameters, and the limits FastAPI checks on its headers (routes/jobs.py: create_job)
-PARAMETERS = ("body", "request", "gw", "caller", "idempotency_key", "prefer", "cancel_after")
-HEADER_MAX_CHARS = {"idempotency-key": 256, "prefer": None, "cancel-after": 64}
+PARAMETERS = ("body", "request", "gw", "caller", "idempotency_key", "prefer", "cancel_after", "accept")
+HEADER_MAX_CHARS = {"idempotency-key": 256, "prefer": None, "cancel-after": 64, "accept": None}
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -83,4 +83,5 @@ async def _arguments(request: Request) -> dict[str, Any] | None:
         "idempotency_key": values["idempotency-key"],
         "prefer": values["prefer"],
         "cancel_after": values["cancel-after"],
+        "accept": values["accept"],
     }

@@ -23,6 +23,7 @@ from gateway.metrics import (
     SSE_STREAMS,
     SUBMIT_SECONDS,
 )
+from gateway.openai_api import JOB_ID_HEADER
 from gateway.store import JobStore
 from gateway.streaming import EventHub, sse_frame
 from gateway.webhook_guard import check_webhook
@@ -67,7 +68,41 @@ async def _load(store: JobStore, job_id: str, base: str) -> Job:
     return job_from_fields(fields, base)
 
 
-@submit_router.post("", status_code=202, response_model=Job, response_model_exclude_none=False)
+def wants_events(accept: str | None) -> bool:
+    """`Accept: text/event-stream`: the submit answers with the job's event stream."""
+    return accept is not None and "text/event-stream" in accept.lower()
+
+
+def event_stream(hub: EventHub, job_id: str, after_id: str, headers: dict[str, str]) -> StreamingResponse:
+    """The job's events after `after_id` as server-sent events, up to its final one."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        SSE_STREAMS.inc()
+        try:
+            async with aclosing(hub.follow(job_id, after_id)) as events:
+                async for event in events:
+                    if event is not None:
+                        SSE_EVENTS_BY_TYPE[event.type].inc()
+                    yield sse_frame(event)
+        finally:
+            SSE_STREAMS.dec()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
+
+
+@submit_router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    response_model_exclude_none=False,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "with `Accept: text/event-stream`: the job's events, as GET /v1/jobs/{id}/stream",
+        }
+    },
+)
 async def create_job(
     body: JobRequest,
     request: Request,
@@ -76,8 +111,11 @@ async def create_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
     prefer: Annotated[str | None, Header()] = None,
     cancel_after: Annotated[str | None, Header(max_length=64)] = None,
+    accept: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish."""
+    """Queue a job: 202 with its `urls`; 200 with the finished job when `Prefer: wait=N` saw it finish; with
+    `Accept: text/event-stream`, 200 and the job's events from its first (one request, as a streaming OpenAI
+    call; the job's id in `x-specfleet-job-id` and `Location`)."""
     started = time.perf_counter()
     body = with_cancel_after(body, cancel_after)
     store, settings, base = gw.store, gw.settings, gw.base_url(request)
@@ -87,6 +125,12 @@ async def create_job(
     wait_s = prefer_wait_s(prefer, settings.max_wait_s)
     if submitted.is_new:
         JOBS_SUBMITTED.labels(body.priority.value).inc()
+    if wants_events(accept):
+        if submitted.is_new:
+            SUBMIT_SECONDS.observe(time.perf_counter() - started)
+        urls = job_urls(base, submitted.job_id)
+        headers = {**admitted.headers, "Location": urls.get, JOB_ID_HEADER: submitted.job_id}
+        return event_stream(gw.hub, submitted.job_id, "0-0", headers)
     if wait_s > 0:
         await _wait_until_final(gw.hub, submitted.job_id, wait_s)
     if submitted.is_new and wait_s == 0:
@@ -134,20 +178,7 @@ async def stream_job(
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
     if not resource_exists(request):  # read with the key (gateway/auth.py owned_resources)
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")
-
-    async def frames() -> AsyncIterator[bytes]:
-        SSE_STREAMS.inc()
-        try:
-            async with aclosing(gw.hub.follow(job_id, last_event_id or "0-0")) as events:
-                async for event in events:
-                    if event is not None:
-                        SSE_EVENTS_BY_TYPE[event.type].inc()
-                    yield sse_frame(event)
-        finally:
-            SSE_STREAMS.dec()
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
+    return event_stream(gw.hub, job_id, last_event_id or "0-0", {})
 
 
 @router.post("/{job_id}/cancel", response_model=Job)

@@ -59,6 +59,36 @@ def test_stream_text_equals_result(
     assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))) and len(set(ids)) == len(ids)
 
 
+def test_a_submit_that_accepts_an_event_stream_answers_with_the_jobs_events(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """One request: POST /v1/jobs with `Accept: text/event-stream` answers 200 with the job's events from its
+    first, the job named in `x-specfleet-job-id` and `Location`; the same Idempotency-Key again streams the same
+    job's events, all of them, once it has ended."""
+    body = {"prompt": "x", "max_tokens": 2 * NUM_STEPS}
+    headers = {"Accept": "text/event-stream", "Idempotency-Key": "one-request"}
+    with FleetClient(gateway.url) as client:
+        worker = PlayedWorker(rclient, settings)
+        with client.http.stream("POST", "/v1/jobs", json=body, headers=headers) as response:
+            job_id = response.headers["x-specfleet-job-id"]
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["location"].endswith(f"/v1/jobs/{job_id}")
+            assert worker.take() == job_id
+            producer = threading.Thread(target=_produce, args=(worker, job_id))
+            producer.start()
+            events = list(iter_sse(response.iter_lines()))
+            producer.join()
+        with client.http.stream("POST", "/v1/jobs", json=body, headers=headers) as again:
+            replayed = list(iter_sse(again.iter_lines()))
+            replayed_id = again.headers["x-specfleet-job-id"]
+        job = client.get(job_id)
+    assert [e.event for e in events][0] == "status" and events[-1].event == "done"
+    assert _text(events) == job["output"]["text"] == "".join(f"<{i}>" for i in range(NUM_STEPS))
+    assert _token_ids(events) == job["output"]["token_ids"]
+    assert replayed_id == job_id and replayed == events
+
+
 def test_resume_with_last_event_id_mid_generation(
     gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
 ) -> None:

@@ -6,6 +6,9 @@
    request mix straight into an in-process engine (same engine settings and torch thread count as the worker),
    in `latency_rounds` interleaved rounds (fleet then engine, engine then fleet, ...): each system's figures
    pool its rounds (tokens/s = all tokens over all seconds), so one noisy second moves neither side alone.
+   A fleet client submits and streams in one request (POST /v1/jobs with `Accept: text/event-stream`, as a
+   streaming OpenAI call); one more round per N with POST then GET /stream (`system` fleet_two_requests,
+   ratios `..._two_requests`).
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
    The fleet's TTFT split by the times Redis recorded: `queued_ms_p50` (created -> started) and
    `first_write_ms_p50` (started -> first token written) on its rows (workers/bench/e2e_ttft.py).
@@ -96,6 +99,9 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
             rows.append({"phase": "latency", "system": system, "concurrency": c, "rounds": plan.latency_rounds,
                          **summary(t)})  # fmt: skip
         rows[-2].update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
+        two = asyncio.run(run_fleet(fleet.endpoint, bodies, c, one_request=False))
+        rows.append({"phase": "latency", "system": "fleet_two_requests", "concurrency": c, "rounds": 1,
+                     **summary(two)})  # fmt: skip
         log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
                  rows[-1]["ttft_ms_p50"])
         rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
@@ -133,6 +139,10 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
         engine_tokens_per_s = pair["engine"]["tokens_per_s"]
         if engine_tokens_per_s > 0:
             ratios[f"fleet_vs_engine_tokens_per_s_c{c}"] = pair["fleet"]["tokens_per_s"] / engine_tokens_per_s
+        if engine_tokens_per_s > 0 and "fleet_two_requests" in pair:  # POST, then GET /stream
+            two = pair["fleet_two_requests"]
+            ratios[f"fleet_vs_engine_tokens_per_s_c{c}_two_requests"] = two["tokens_per_s"] / engine_tokens_per_s
+            ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
             ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
         for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):

@@ -76,36 +76,48 @@ def summary(t: Timings) -> dict[str, float]:
 
 
 # -- fleet -------------------------------------------------------------------------------------------------
-async def _fleet_client(endpoint: Endpoint, bodies: list[dict[str, Any]], timings: Timings) -> None:
-    """One keep-alive connection: POST, then GET the job's stream to its end, then the next request."""
+async def _fleet_client(
+    endpoint: Endpoint, bodies: list[dict[str, Any]], timings: Timings, one_request: bool
+) -> None:
+    """One keep-alive connection, one request after another. one_request: a submit that answers with the job's
+    events (`Accept: text/event-stream`, as a streaming OpenAI call); else POST, then GET the job's stream."""
     conn = await endpoint.connect()
     try:
         for body in bodies:
             start = time.perf_counter()
-            status, raw = await conn.request(endpoint.post("/v1/jobs", body))
-            if status != 202:
-                raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
-            job_id = json.loads(raw)["id"]
-            timings.job_ids.append(job_id)
+            job_id = ""  # one request: named in the answer's headers
+            if one_request:
+                frames = conn.sse(endpoint.post("/v1/jobs", body, accept_events=True))
+            else:
+                status, raw = await conn.request(endpoint.post("/v1/jobs", body))
+                if status != 202:
+                    raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
+                job_id = json.loads(raw)["id"]
+                frames = conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream"))
             first = last = 0.0
             num_tokens = 0
-            async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):
+            async for frame in frames:
                 if frame.event == EventType.TOKEN.value:
                     last = time.perf_counter()
                     first = first or last
                     num_tokens += len(json.loads(frame.data)["token_ids"])
                 elif frame.event == EventType.ERROR.value:
-                    raise RuntimeError(f"job {job_id} failed: {frame.data}")
+                    raise RuntimeError(f"job {job_id or conn.headers.get('x-specfleet-job-id')} failed: {frame.data}")
+            timings.job_ids.append(job_id or conn.headers["x-specfleet-job-id"])
             timings.add(start, first, last, num_tokens)
     finally:
         await conn.close()
 
 
-async def run_fleet(endpoint: Endpoint, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
+async def run_fleet(
+    endpoint: Endpoint, bodies: list[dict[str, Any]], num_clients: int, one_request: bool = True
+) -> Timings:
     """`bodies` split over `num_clients` closed-loop clients (client i takes bodies i, i+N, ...)."""
     timings = Timings()
     start = time.perf_counter()
-    await asyncio.gather(*(_fleet_client(endpoint, bodies[i::num_clients], timings) for i in range(num_clients)))
+    await asyncio.gather(
+        *(_fleet_client(endpoint, bodies[i::num_clients], timings, one_request) for i in range(num_clients))
+    )
     timings.elapsed_s = time.perf_counter() - start
     return timings
 

@@ -46,8 +46,10 @@ class Endpoint:
     port: int
     headers: tuple[tuple[str, str], ...] = ()
 
-    def post(self, path: str, body: dict[str, Any]) -> bytes:
-        return post_request(f"{self.host}:{self.port}", path, body, dict(self.headers))
+    def post(self, path: str, body: dict[str, Any], accept_events: bool = False) -> bytes:
+        """accept_events: `Accept: text/event-stream` (a submit that answers with the job's events)."""
+        extra = {"Accept": "text/event-stream"} if accept_events else {}
+        return post_request(f"{self.host}:{self.port}", path, body, {**dict(self.headers), **extra})
 
     def get(self, path: str) -> bytes:
         return get_request(f"{self.host}:{self.port}", path, dict(self.headers))
@@ -63,6 +65,7 @@ class Connection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.headers: dict[str, str] = {}  # of the last event stream's response
 
     async def open(self) -> "Connection":
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
@@ -97,11 +100,13 @@ class Connection:
         return status, body
 
     async def sse(self, raw: bytes) -> AsyncIterator[SseFrame]:
-        """Send a GET of an event stream; yield its frames (keepalive comments skipped) up to the final event,
-        then read the response to its end so the connection can carry the next request."""
+        """Send a request answered by an event stream (a GET of a job's stream, a submit that accepts events);
+        yield its frames (keepalive comments skipped) up to the final event, then read the response to its end
+        so the connection can carry the next request. The response's headers: `self.headers`."""
         assert self.reader is not None and self.writer is not None
         self.writer.write(raw)
         status, headers = await self._head()
+        self.headers = headers
         if status != 200:
             raise RuntimeError(f"stream answered {status}")
         if headers.get("transfer-encoding") != "chunked":

@@ -36,15 +36,17 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert {("ceiling", "redis_xadd_pipelined"), ("submit", "gateway_x1"), ("sse", "gateway_x1")} <= phases
     latency = [r for r in doc["rows"] if r["phase"] == "latency"]
     assert {(r["system"], r["concurrency"]) for r in latency} == {
-        (s, c) for s in ("fleet", "engine") for c in plan.concurrencies
-    }
-    assert all(r["num_requests"] == plan.latency_rounds * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
+        (s, c) for s in ("fleet", "engine", "fleet_two_requests") for c in plan.concurrencies
+    }  # fleet: submit and stream in one request; fleet_two_requests: POST, then GET /stream
+    assert all(r["num_requests"] == r["rounds"] * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
                for r in latency)
+    assert {r["rounds"] for r in latency if r["system"] != "fleet_two_requests"} == {plan.latency_rounds}
     assert doc["ratios"]["sse_streams"] == plan.num_sse_streams
     assert doc["ratios"]["sse_lost_tokens"] == 0  # every stream carried its job's tokens, in order
     (sse,) = [r for r in doc["rows"] if r["phase"] == "sse"]
     assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
     assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    assert {f"fleet_vs_engine_tokens_per_s_c{c}_two_requests" for c in plan.concurrencies} <= set(doc["ratios"])
     for r in latency:  # the fleet's TTFT split by the times Redis recorded (workers/bench/e2e_ttft.py)
         if r["system"] == "fleet":
             assert r["queued_ms_p50"] >= 0 and r["first_write_ms_p50"] >= 0
