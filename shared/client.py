@@ -84,6 +84,13 @@ class FleetClient:
             headers["Prefer"] = f"wait={wait_s:g}"
         return self._json(self.http.post("/v1/jobs", json=body, headers=headers))
 
+    def submit_stream(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Iterator[SseEvent]:
+        """Queue a job and stream its events in the same request (`Accept: text/event-stream`)."""
+        headers = {"Accept": "text/event-stream"}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        yield from self._events("POST", "/v1/jobs", headers, json=body)
+
     def get(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/jobs/{job_id}"))
 
@@ -93,12 +100,12 @@ class FleetClient:
     def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
         """The job's events from the start (or after `last_event_id`) up to its final event."""
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        with self.http.stream(
-            "GET",
-            f"/v1/jobs/{job_id}/stream",
-            headers=headers,
-            timeout=httpx.Timeout(self.http.timeout.connect, read=None),
-        ) as response:
+        yield from self._events("GET", f"/v1/jobs/{job_id}/stream", headers)
+
+    def _events(self, method: str, path: str, headers: dict[str, str], **options: Any) -> Iterator[SseEvent]:
+        """A request answered by an event stream: its events (no read timeout), or the API's error raised."""
+        timeout = httpx.Timeout(self.http.timeout.connect, read=None)
+        with self.http.stream(method, path, headers=headers, timeout=timeout, **options) as response:
             if response.status_code >= 400:
                 response.read()
                 self._json(response)

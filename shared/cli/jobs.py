@@ -2,11 +2,15 @@
 
 import json
 import sys
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shared.cli.common import UrlOpt, call, gateway_url
+
+if TYPE_CHECKING:
+    from shared.client import SseEvent
 
 
 def submit(
@@ -33,11 +37,11 @@ def submit(
     if speculative is not None:
         body["speculative"] = speculative
     with FleetClient(gateway_url(url)) as client:
-        job = call(lambda: client.submit(body, idempotency_key=idempotency_key))
-        if not stream:
-            typer.echo(job["id"])
+        if stream:  # one request: the submit answers with the job's events
+            _print_events(lambda: client.submit_stream(body, idempotency_key=idempotency_key))
             return
-        _print_stream(client, job["id"], None)
+        job = call(lambda: client.submit(body, idempotency_key=idempotency_key))
+        typer.echo(job["id"])
 
 
 def status(job_id: str, url: UrlOpt = None) -> None:
@@ -57,7 +61,7 @@ def stream(
     from shared.client import FleetClient
 
     with FleetClient(gateway_url(url)) as client:
-        _print_stream(client, job_id, last_event_id)
+        _print_events(lambda: client.stream(job_id, last_event_id))
 
 
 def cancel(job_id: str, url: UrlOpt = None) -> None:
@@ -68,9 +72,9 @@ def cancel(job_id: str, url: UrlOpt = None) -> None:
         typer.echo(call(lambda: client.cancel(job_id))["status"])
 
 
-def _print_stream(client, job_id: str, last_event_id: str | None) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
+def _print_events(events: Callable[[], Iterator["SseEvent"]]) -> None:
     def run() -> None:
-        for event in client.stream(job_id, last_event_id):
+        for event in events():
             if event.event == "token":
                 sys.stdout.write(event.data["text"])
                 sys.stdout.flush()

@@ -89,8 +89,8 @@ class E2EBenchPlan:
 
 
 def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
-    """Per concurrency: fleet and engine in interleaved rounds (the same minutes of machine noise), then the
-    fleet again with speculation off (the cost phase's baseline)."""
+    """Per concurrency: fleet and engine in interleaved rounds (the same minutes of machine noise), one fleet
+    round with POST then GET /stream, then the fleet again with speculation off (the cost phase's baseline)."""
     rows = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
@@ -98,12 +98,13 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
         for system, t in (("fleet", fleet_t), ("engine", engine_t)):
             rows.append({"phase": "latency", "system": system, "concurrency": c, "rounds": plan.latency_rounds,
                          **summary(t)})  # fmt: skip
-        rows[-2].update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
+        fleet_row, engine_row = rows[-2], rows[-1]
+        fleet_row.update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
         two = asyncio.run(run_fleet(fleet.endpoint, bodies, c, one_request=False))
         rows.append({"phase": "latency", "system": "fleet_two_requests", "concurrency": c, "rounds": 1,
                      **summary(two)})  # fmt: skip
-        log.info("concurrency %d: fleet ttft p50 %.1f ms, engine %.1f ms", c, rows[-2]["ttft_ms_p50"],
-                 rows[-1]["ttft_ms_p50"])
+        log.info("concurrency %d: fleet ttft p50 %.1f ms (POST then GET: %.1f ms), engine %.1f ms", c,
+                 fleet_row["ttft_ms_p50"], rows[-1]["ttft_ms_p50"], engine_row["ttft_ms_p50"])
         rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
         rows.append(cost_row(fleet.redis_url, plain_run(fleet.endpoint, bodies, c), c, False, price))
     return rows
