@@ -63,13 +63,18 @@ def check_sizes(request: JobRequest, gw: Gateway) -> None:
         )
 
 
-async def submit(gw: Gateway, caller: Caller, request: JobRequest, idempotency_key: str | None) -> Admitted:
+async def submit(
+    gw: Gateway, caller: Caller, request: JobRequest, idempotency_key: str | None, expect_events: bool = False
+) -> Admitted:
     """Check, admit and queue one job for the caller's key -> the job (or the earlier one of the same
-    Idempotency-Key)."""
+    Idempotency-Key). expect_events: the caller will stream the job's events (the hub holds them from the start,
+    gateway/streaming.py EventHub.expect)."""
     check_sizes(request, gw)
     await gw.prompt_limit.check(request)
     cost = estimate_tokens(prompt_chars(request), request.max_tokens)
     job_id = new_job_id(gw.store.tenant_partition(caller.digest))  # the tenant's partition (shared/keys.py)
+    if expect_events:
+        gw.hub.expect(job_id)
     # ONE round trip: the key, its limits, then the job (not created: its reservation is given back in the script)
     answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost)
     caller.is_read = True

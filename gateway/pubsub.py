@@ -115,7 +115,8 @@ class _Protocol(asyncio.Protocol):
 
 
 class Subscriber:
-    """`subscribe`/`unsubscribe` channels; `on_message(channel, data)` for each message published on them."""
+    """`subscribe`/`unsubscribe` channels and `psubscribe` patterns; `on_message(channel, data)` for each message
+    published on them; `on_subscribed(channel or pattern)` for each confirmation."""
 
     def __init__(
         self,
@@ -133,6 +134,7 @@ class Subscriber:
         self.reconnect_s = reconnect_s
         self.ping_interval_s = ping_interval_s
         self.channels: set[str] = set()  # wanted: subscribed on each (re)connect
+        self.patterns: set[str] = set()  # the same, for PSUBSCRIBE
         self.num_connects = 0
         self._num_attempts = 0
         self._protocol: _Protocol | None = None
@@ -160,6 +162,11 @@ class Subscriber:
         if self._protocol is not None:  # else the connect subscribes them
             self._protocol.write(encode_command("SUBSCRIBE", *channels))
 
+    def psubscribe(self, *patterns: str) -> None:
+        self.patterns.update(patterns)
+        if self._protocol is not None:
+            self._protocol.write(encode_command("PSUBSCRIBE", *patterns))
+
     def unsubscribe(self, *channels: str) -> None:
         self.channels.difference_update(channels)
         if self._protocol is not None:
@@ -170,7 +177,9 @@ class Subscriber:
             kind = reply[0]
             if kind == "message":
                 self.on_message(reply[1], reply[2])
-            elif kind == "subscribe":
+            elif kind == "pmessage" and len(reply) == 4:
+                self.on_message(reply[2], reply[3])
+            elif kind in ("subscribe", "psubscribe"):
                 self.on_subscribed(reply[1])
         elif isinstance(reply, hiredis.ReplyError):  # AUTH refused, a command refused: connect again later
             log.error("pub/sub: redis refused a command: %s", reply)
@@ -210,6 +219,8 @@ class Subscriber:
             hello += encode_command("AUTH", *credentials)
         if self.channels:
             hello += encode_command("SUBSCRIBE", *sorted(self.channels))
+        if self.patterns:
+            hello += encode_command("PSUBSCRIBE", *sorted(self.patterns))
         protocol.write(hello)
         return protocol
 

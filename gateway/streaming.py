@@ -1,19 +1,23 @@
-"""The token path on the gateway side: ONE pub/sub connection per process (gateway/pubsub.py), fanned out to
-every follower.
+"""The token path on the gateway side: ONE pub/sub connection per process (gateway/pubsub.py), subscribed to
+every job's channel with one pattern, fanned out to every follower.
 
-Per job followed in this process there is one feed: a pub/sub subscription (shared by the job's followers)
-and the job's events held so far (one list, shared: a gapless run of the job's event stream). A follower (an
-SSE client, or a `Prefer: wait` submit) subscribes first, reads the job's event stream, yields what it has not
-sent, and sleeps until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads:
-a lost wake-up costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its event and the id of the one before it
-(shared.lua.EventWake): when that is the feed's last event, the event is appended and no follower reads Redis.
-Any other wake-up (a bare one for a large event, one after a gap) marks the feed stale, and ONE of the followers
-it woke reads the stream: a read that began after a follower's wake-up saw every event published before it.
-The event stream is the truth: nothing is lost, repeated or reordered, whatever the timing of connects and
-reconnects. A follower that finds nothing new and the job ended reads the events once more before it ends the
-stream: the job may have run to its end between the two reads (all its events written after the first, its
-status read after them). Reads of one loop turn go to Redis together, one pipelined write
-(gateway/redis_batch.py).
+Per job followed in this process there is one feed: the job's events held so far (one list, shared by the
+job's followers: a gapless run of the job's event stream). A follower (an SSE client, or a `Prefer: wait`
+submit) reads the job's event stream once the hub hears every job, yields what it has not sent, and sleeps
+until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads: a lost wake-up
+costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its
+event and the id of the one before it (shared.lua.EventWake): when that is the feed's last event, the event is
+appended and no follower reads Redis. Any other wake-up (a bare one for a large event, one after a gap) marks
+the feed stale, and ONE of the followers it woke reads the stream: a read that began after a follower's wake-up
+saw every event published before it. A submit that streams its job's events makes the job's feed before the
+job exists (`expect`): it then holds every event from the first, and its follower reads nothing. The event
+stream is the truth: nothing is lost, repeated or reordered, whatever the timing of connects and reconnects. A
+follower that finds nothing new and the job ended reads the events once more before it ends the stream: the
+job may have run to its end between the two reads (all its events written after the first, its status read
+after them). Reads of one loop turn go to Redis together, one pipelined write (gateway/redis_batch.py).
+
+Every gateway process hears every job's events (one pattern, no SUBSCRIBE per job, so a new stream waits for
+no confirmation): each message costs a process that does not follow the job a parse and a dictionary miss.
 """
 
 import asyncio
@@ -37,8 +41,9 @@ from shared.schemas import EventType
 log = logging.getLogger(__name__)
 
 READ_BATCH = 512  # event-stream entries per XRANGE
-SUBSCRIBE_WAIT_S = 2.0  # how long a new follower waits for its SUBSCRIBE to be confirmed
-CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped (its channel unsubscribed) after this
+SUBSCRIBE_WAIT_S = 2.0  # how long a follower waits for the hub's PSUBSCRIBE to be confirmed (at start)
+CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it whole)
+JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"  # every job's channel: ONE pattern subscription per gateway process
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:
@@ -70,10 +75,10 @@ class _Feed:
     """One job as followed in this process."""
 
     waiters: set[_Wake] = field(default_factory=set)  # one per follower, set on each wake-up
-    subscribed: asyncio.Event = field(default_factory=asyncio.Event)  # SUBSCRIBE confirmed
     idle_since: float | None = None  # when its last follower left
     events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
     is_stale: bool = True  # a wake-up came that `events` may not hold (nothing read yet, a bare or gapped wake-up)
+    is_from_start: bool = False  # made before the job existed, while the hub heard every job: no event missed
     read_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -90,7 +95,8 @@ class _Feed:
     def take(self, wake: EventWake | None) -> None:
         """A wake-up: append the event it carries when it follows the last one held (`events` stays a gapless run
         of the stream), else mark the feed stale."""
-        if wake is None or not self.events or self.events[-1].id != wake.prev_id or self.is_complete:
+        last_id = self.events[-1].id if self.events else ("" if self.is_from_start else None)
+        if wake is None or last_id != wake.prev_id or self.is_complete:
             self.is_stale = True
             return
         try:
@@ -134,6 +140,7 @@ class EventHub:
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
         self.pubsub = Subscriber(redis_url, self._on_message, self._on_subscribed, self._on_lost)
+        self.is_hearing = asyncio.Event()  # the pattern subscription is confirmed and its connection up
         self._feeds: dict[str, _Feed] = {}  # pub/sub channel -> feed
         self._task: asyncio.Task[None] | None = None
 
@@ -141,8 +148,12 @@ class EventHub:
     def num_followers(self) -> int:
         return sum(len(feed.waiters) for feed in self._feeds.values())
 
+    @property
+    def num_feeds(self) -> int:
+        return len(self._feeds)
+
     async def start(self) -> None:
-        self.pubsub.subscribe(keys.HUB_CHANNEL)
+        self.pubsub.psubscribe(JOB_CHANNELS)
         self.pubsub.start()
         self._task = asyncio.create_task(self._tick_loop(), name="event-hub")
 
@@ -173,22 +184,22 @@ class EventHub:
 
     def _on_message(self, channel: str, data: str) -> None:
         feed = self._feeds.get(channel)
-        if feed is not None:
+        if feed is not None:  # every job's events reach every gateway: most are another process's
             feed.take(parse_event_wake(data))
             for waiter in feed.waiters:
                 waiter.set()
 
-    def _on_subscribed(self, channel: str) -> None:
-        """A SUBSCRIBE confirmed: a new feed may read; a feed subscribed again after a reconnect re-reads what
-        was published while the connection was down."""
-        feed = self._feeds.get(channel)
-        if feed is None:
+    def _on_subscribed(self, pattern: str) -> None:
+        """The pattern confirmed: at start, followers may read; after a reconnect, every feed re-reads what was
+        published while the connection was down."""
+        if pattern != JOB_CHANNELS:
             return
-        if feed.subscribed.is_set():
+        for feed in self._feeds.values():
             self._wake_to_reread(feed)
-        feed.subscribed.set()
+        self.is_hearing.set()
 
     def _on_lost(self) -> None:
+        self.is_hearing.clear()
         for feed in self._feeds.values():
             self._wake_to_reread(feed)
 
@@ -199,8 +210,8 @@ class EventHub:
             waiter.set()
 
     def _drop_idle_feeds(self) -> None:
-        """Drop feeds nobody followed for linger_s and unsubscribe their channels (lingering avoids subscribe
-        churn for a job followed again, e.g. a client resuming its stream)."""
+        """Drop feeds nobody followed for linger_s (a feed kept that long serves a client resuming its stream
+        without a read)."""
         now = time.monotonic()
         idle = [
             name
@@ -209,25 +220,31 @@ class EventHub:
         ]
         for name in idle:
             del self._feeds[name]
-        if idle:
-            self.pubsub.unsubscribe(*idle)
+
+    def expect(self, job_id: str) -> None:
+        """A job about to be created here (its submit not sent yet): its feed from now on holds every event the
+        job will have, so its first follower reads nothing from Redis. Only while the hub hears every job; a
+        feed nobody follows goes after linger_s, as any other."""
+        name = keys.job_channel(job_id)
+        if self.is_hearing.is_set() and name not in self._feeds:
+            self._feeds[name] = _Feed(is_stale=False, is_from_start=True, idle_since=time.monotonic())
 
     @asynccontextmanager
     async def watch(self, job_id: str) -> AsyncIterator[tuple[_Wake, _Feed]]:
-        """(this follower's wake-up event, the job's feed); subscribed (confirmed) before it is yielded."""
+        """(this follower's wake-up event, the job's feed), once the hub hears every job."""
         name = keys.job_channel(job_id)
         feed = self._feeds.get(name)
         if feed is None:
             feed = self._feeds[name] = _Feed()
-            self.pubsub.subscribe(name)
         waiter = _Wake()
         feed.waiters.add(waiter)
         feed.idle_since = None
         try:
-            try:
-                await asyncio.wait_for(feed.subscribed.wait(), SUBSCRIBE_WAIT_S)
-            except TimeoutError:
-                log.warning("no SUBSCRIBE confirmation for %s; relying on keepalive re-reads", name)
+            if not self.is_hearing.is_set():
+                try:
+                    await asyncio.wait_for(self.is_hearing.wait(), SUBSCRIBE_WAIT_S)
+                except TimeoutError:
+                    log.warning("pub/sub not subscribed yet; %s relies on keepalive re-reads", name)
             yield waiter, feed
         finally:
             feed.waiters.discard(waiter)
@@ -238,8 +255,10 @@ class EventHub:
         """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick."""
         after_key = entry_key(after_id)
         position = 0  # in feed.events, of the first event not yielded yet
-        check_finished = True  # on the first pass and after each tick: a resume after the final event ends
         async with self.watch(job_id) as (wake, feed):
+            # on the first pass and after each tick: read, and end a stream resumed after the job's final event;
+            # not for a feed that has held the job's events from its start (`expect`: a job just submitted)
+            check_finished = not (feed.is_from_start and not feed.is_stale)
             while True:
                 wake.clear()
                 await feed.catch_up(self.reads, job_id, force=check_finished)

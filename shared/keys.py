@@ -85,7 +85,6 @@ DEAD_LETTER_STREAM = f"{PREFIX}jobs:dead"  # partition 0's stream of jobs that e
 CANCEL_CHANNEL = f"{PREFIX}control:cancel"  # pub/sub: job ids whose cancel a worker must honour now
 QUEUED_CHANNEL = f"{PREFIX}control:queued"  # pub/sub: a job was queued (payload: its priority)
 WORKERS_ZSET = f"{PREFIX}workers"  # worker id -> unix time of its last heartbeat
-HUB_CHANNEL = f"{PREFIX}hub"  # every gateway's one pub/sub connection stays subscribed here
 MODEL_INFO = f"{PREFIX}model"  # hash written by workers: max_model_len, tokenizer_path, model
 WORKER_VERSIONS = f"{PREFIX}workers:versions"  # hash: worker id -> the model version it serves
 

@@ -120,12 +120,13 @@ async def create_job(
     body = with_cancel_after(body, cancel_after)
     store, settings, base = gw.store, gw.settings, gw.base_url(request)
     await check_webhook(body.webhook, settings)
-    admitted = await admission.submit(gw, caller, body, idempotency_key)
+    streams = wants_events(accept)
+    admitted = await admission.submit(gw, caller, body, idempotency_key, expect_events=streams)
     submitted = admitted.submitted
     wait_s = prefer_wait_s(prefer, settings.max_wait_s)
     if submitted.is_new:
         JOBS_SUBMITTED.labels(body.priority.value).inc()
-    if wants_events(accept):
+    if streams:
         if submitted.is_new:
             SUBMIT_SECONDS.observe(time.perf_counter() - started)
         urls = job_urls(base, submitted.job_id)

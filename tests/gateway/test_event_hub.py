@@ -12,8 +12,11 @@ from gateway.streaming import EventHub
 from shared import keys, lua
 
 
-def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
-    async def scenario() -> tuple[int, int, bool, int]:
+def test_one_pattern_subscription_shared_feeds_and_idle_feeds_dropped(redis_url: str) -> None:
+    """A hub holds ONE pattern subscription (every job's channel), whatever it follows; a job's followers share
+    its feed and are woken together; a feed nobody follows is dropped after linger_s."""
+
+    async def scenario() -> tuple[int, int, int, bool, bool]:
         redis = Redis.from_url(redis_url, decode_responses=True)
         hub = EventHub(redis, redis_url, keepalive_s=1.0, linger_s=0.1)
         await hub.start()
@@ -21,22 +24,22 @@ def test_shared_subscription_and_idle_unsubscribe(redis_url: str) -> None:
             channel = keys.job_channel("j1")
             async with hub.watch("j1") as (first, feed), hub.watch("j1") as (second, same_feed):
                 assert feed is same_feed
-                subscribers = dict(await redis.pubsub_numsub(channel))[channel]
+                patterns = int(await redis.execute_command("PUBSUB", "NUMPAT"))
+                channels = dict(await redis.pubsub_numsub(channel))[channel]
                 await redis.publish(channel, "1")
                 await asyncio.wait_for(asyncio.gather(first.wait(), second.wait()), 5)
                 followers = hub.num_followers
                 woken = first.is_set() and second.is_set()
-            for _ in range(100):  # the sweep runs every linger_s; poll its visible effect with a deadline
-                if not dict(await redis.pubsub_numsub(channel))[channel]:
+            for _ in range(100):  # the sweep runs every keepalive_s / 4; poll its effect with a deadline
+                if hub.num_feeds == 0:
                     break
                 await asyncio.sleep(0.05)
-            return subscribers, followers, woken, dict(await redis.pubsub_numsub(channel))[channel]
+            return patterns, channels, followers, woken, hub.num_feeds == 0
         finally:
             await hub.stop()
             await redis.aclose()
 
-    subscribers, followers, woken, after = asyncio.run(scenario())
-    assert (subscribers, followers, woken, after) == (1, 2, True, 0)
+    assert asyncio.run(scenario()) == (1, 0, 2, True, True)
 
 
 class _FinishesWhileAsked(EventHub):
@@ -150,3 +153,35 @@ def test_followers_take_announced_events_without_reading_and_read_after_a_gap(re
     assert reads_in_order == 0
     assert 1 <= reads_in_all <= 2  # the gap's one read (a second follower may start its own after it)
     sync.close()
+
+
+def test_a_job_expected_before_its_submit_is_streamed_without_a_read(redis_url: str) -> None:
+    """EventHub.expect (a submit that streams its job's events): the feed exists before the job does, so every
+    event reaches the follower from its announcement; no XRANGE, no status read."""
+    sync = SyncRedis.from_url(redis_url, decode_responses=True)
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        hub = EventHub(redis, redis_url, keepalive_s=30.0, linger_s=0.1)
+        await hub.start()
+        try:
+            await asyncio.wait_for(hub.is_hearing.wait(), 10)
+            hub.expect("j5")
+            reads_before = _xrange_calls(sync) + _hget_calls(sync)
+            ids = [await asyncio.to_thread(_append, sync, "j5", "status", '{"status": "running"}')]
+            for i in range(3):
+                ids.append(await asyncio.to_thread(_append, sync, "j5", "token", _token(i)))
+            ids.append(await asyncio.to_thread(_append, sync, "j5", "done", "{}"))
+            seen = [e.id async for e in hub.follow("j5") if e is not None]
+            return seen, ids, _xrange_calls(sync) + _hget_calls(sync) - reads_before
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    seen, ids, reads = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert seen == ids and reads == 0
+    sync.close()
+
+
+def _hget_calls(redis: SyncRedis) -> int:
+    return int(redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))

@@ -1,5 +1,5 @@
 """The gateway's pub/sub connection (gateway/pubsub.py) against real redis-servers: messages in order, a restart
-(lost, connected again, every channel subscribed again), a password, a unix socket, a connection that stops
+(lost, connected again, every channel and pattern subscribed again), a password, a unix socket, a connection that stops
 answering, and a Sentinel failover (the master the sentinels name at each connect)."""
 
 import asyncio
@@ -104,16 +104,18 @@ def test_a_restarted_redis_is_reconnected_and_every_channel_subscribed_again(tmp
         log = _Log()
         subscriber = log.subscriber(server.url, reconnect_s=0.05)
         subscriber.subscribe("x", "y")
+        subscriber.psubscribe("z:*")
         subscriber.start()
         try:
-            await _until("the first confirmations", lambda: len(log.subscribed) == 2)
+            await _until("the first confirmations", lambda: len(log.subscribed) == 3)
             await asyncio.to_thread(server.stop)
             await _until("the loss reported", lambda: log.num_lost == 1)
             await asyncio.to_thread(restarted.start)
-            await _until("subscribed again", lambda: len(log.subscribed) == 4)
+            await _until("subscribed again", lambda: len(log.subscribed) == 6)
             redis = Redis.from_url(server.url, decode_responses=True)
             try:
                 await _published(redis, "y", "after", log)
+                await _published(redis, "z:1", "by pattern", log)
             finally:
                 await redis.aclose()
             return log.num_lost, log.subscribed, subscriber.num_connects
@@ -125,7 +127,7 @@ def test_a_restarted_redis_is_reconnected_and_every_channel_subscribed_again(tmp
     finally:
         restarted.stop()
     assert num_lost == 1 and num_connects == 2
-    assert sorted(subscribed[:2]) == sorted(subscribed[2:]) == ["x", "y"]
+    assert sorted(subscribed[:3]) == sorted(subscribed[3:]) == ["x", "y", "z:*"]
 
 
 def test_a_password_is_sent_and_a_wrong_one_is_refused_without_a_crash(tmp_path: Path) -> None:
