@@ -45,6 +45,17 @@ def encode_command(*args: str) -> bytes:
     return b"".join(parts)
 
 
+async def cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel `task` (when there is one) and wait until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
 @dataclass(frozen=True)
 class Address:
     """Where one connect goes, and how it identifies itself."""
@@ -148,12 +159,7 @@ class Subscriber:
         self._task = asyncio.create_task(self._run(), name="pubsub")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
         if self._protocol is not None:
             self._protocol.close()
 

@@ -31,7 +31,7 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from gateway.pubsub import Subscriber
+from gateway.pubsub import Subscriber, cancel
 from gateway.redis_batch import CommandBatcher
 from shared import keys
 from shared.job_state import JobStatus
@@ -158,12 +158,7 @@ class EventHub:
         self._task = asyncio.create_task(self._tick_loop(), name="event-hub")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
         await self.pubsub.stop()
 
     async def _tick_loop(self) -> None:
