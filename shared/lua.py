@@ -306,8 +306,8 @@ local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_
     if done ~= tokens_before then return 'lost' end
   end
   if ids and ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
-  redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens)
-  redis.call('HINCRBY', job, 'completion_tokens', num_new)
+  redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens,
+    'completion_tokens', tonumber(done or '0') + tonumber(num_new))  -- one write (each is also an AOF entry)
   event(ctx, events, job_id, 'token', token_event)
   return 'ok'
 end
