@@ -10,7 +10,8 @@ unix socket. Sentinel: the master the sentinels name at each connect. Cluster: a
 next one (every node of a cluster hears every PUBLISH).
 
 A lost connection (or one silent for two ping intervals) is reported (`on_lost`: the hub has every follower
-re-read its stream) and made again after `reconnect_s`, subscribing every wanted channel again. Each SUBSCRIBE
+re-read its stream) and made again after `reconnect_s` (doubled, up to RECONNECT_MAX_S, while connects fail or
+are refused), subscribing every wanted channel again. Each SUBSCRIBE
 confirmation is reported (`on_subscribed`), so a feed re-reads what was published while it was away.
 """
 
@@ -31,7 +32,8 @@ from shared.redis_url import Topology
 
 log = logging.getLogger(__name__)
 
-RECONNECT_S = 0.5  # pause after a lost connection or a failed connect
+RECONNECT_S = 0.5  # pause after a lost connection or a failed connect; doubled while connects keep failing
+RECONNECT_MAX_S = 5.0  # ... up to this (a connection that got a SUBSCRIBE confirmed starts over from RECONNECT_S)
 PING_INTERVAL_S = 15.0  # a PING after this long without a reply; none for two intervals: the connection is dead
 CONNECT_TIMEOUT_S = 5.0
 
@@ -148,6 +150,7 @@ class Subscriber:
         self.patterns: set[str] = set()  # the same, for PSUBSCRIBE
         self.num_connects = 0
         self._num_attempts = 0
+        self._is_confirmed = False  # the current connection had a SUBSCRIBE confirmed (it works)
         self._protocol: _Protocol | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -186,6 +189,7 @@ class Subscriber:
             elif kind == "pmessage" and len(reply) == 4:
                 self.on_message(reply[2], reply[3])
             elif kind in ("subscribe", "psubscribe"):
+                self._is_confirmed = True
                 self.on_subscribed(reply[1])
         elif isinstance(reply, hiredis.ReplyError):  # AUTH refused, a command refused: connect again later
             log.error("pub/sub: redis refused a command: %s", reply)
@@ -193,18 +197,23 @@ class Subscriber:
                 self._protocol.close()
 
     async def _run(self) -> None:
+        delay_s = self.reconnect_s
         while True:
+            self._is_confirmed = False
             try:
                 self._protocol = await self._connect()
             except Exception as exc:  # unreachable, refused, TLS, no master named yet: try again
-                log.warning("pub/sub: cannot connect (%s); retrying in %.1fs", exc, self.reconnect_s)
-                await asyncio.sleep(self.reconnect_s)
+                log.warning("pub/sub: cannot connect (%s); retrying in %.1fs", exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(2 * delay_s, RECONNECT_MAX_S)
                 continue
             reason = await self._serve(self._protocol)
             self._protocol = None
-            log.warning("pub/sub connection lost (%s); every follower re-reads its stream", reason or "closed")
+            delay_s = self.reconnect_s if self._is_confirmed else min(2 * delay_s, RECONNECT_MAX_S)
+            log.warning("pub/sub connection lost (%s); every follower re-reads its stream; reconnecting in %.1fs",
+                        reason or "closed", delay_s)  # fmt: skip
             self.on_lost()
-            await asyncio.sleep(self.reconnect_s)
+            await asyncio.sleep(delay_s)
 
     async def _connect(self) -> _Protocol:
         address = await self._address()

@@ -138,27 +138,29 @@ def test_a_password_is_sent_and_a_wrong_one_is_refused_without_a_crash(tmp_path:
         good = f"redis://:s3cret@127.0.0.1:{server.port}/0"
         bad = f"redis://:wrong@127.0.0.1:{server.port}/0"
 
-        async def scenario() -> tuple[list[tuple[str, str]], list[str], int]:
+        async def scenario() -> tuple[list[tuple[str, str]], list[str], int, int]:
             log, refused = _Log(), _Log()
             subscriber = log.subscriber(good)
             wrong = refused.subscriber(bad, reconnect_s=0.05)
             for each in (subscriber, wrong):
                 each.subscribe("c")
                 each.start()
+            await asyncio.sleep(0.6)  # refused connects at ~0, 0.05, 0.15, 0.35 s: pauses double from 0.05 s
+            num_connects = wrong.num_connects
             redis = Redis.from_url(good, decode_responses=True)
             try:
                 await _until("the confirmation", lambda: log.subscribed == ["c"])
                 await _published(redis, "c", "hello", log)
-                await _until("a few refused connects", lambda: wrong.num_connects >= 3)
-                return log.messages, refused.subscribed, len(refused.messages)
+                return log.messages, refused.subscribed, len(refused.messages), num_connects
             finally:
                 for each in (subscriber, wrong):
                     await each.stop()
                 await redis.aclose()
 
-        messages, refused_subscribed, refused_messages = asyncio.run(scenario())
+        messages, refused_subscribed, refused_messages, num_connects = asyncio.run(scenario())
     assert messages[-1] == ("c", "hello")
-    assert refused_subscribed == [] and refused_messages == 0  # NOAUTH/WRONGPASS: never subscribed, retried
+    assert refused_subscribed == [] and refused_messages == 0  # NOAUTH/WRONGPASS: never subscribed
+    assert 2 <= num_connects <= 6  # retried, backing off (a fixed 0.05 s pause would have made a dozen)
 
 
 def test_a_unix_socket_url(tmp_path: Path) -> None:
