@@ -154,10 +154,6 @@ class Subscriber:
         self._protocol: _Protocol | None = None
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def is_connected(self) -> bool:
-        return self._protocol is not None and not self._protocol.closed.done()
-
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pubsub")
 
