@@ -110,9 +110,9 @@ class _Feed:
         """Read the events not held yet, when a wake-up could not hand them over (or `force`). A read that began
         after the caller's wake-up saw every event it announced, so the caller waits for it and reads nothing.
         The reads of the feeds one wake-up round woke go to Redis as one pipelined write (redis_batch.py)."""
-        if not (self.is_stale or force) or self.is_complete:  # the common case, a wake-up that carried its event
-            return
-        async with self.read_lock:
+        if not (self.is_stale or force or self.read_lock.locked()) or self.is_complete:
+            return  # the common case: a wake-up that carried its event, no read in flight
+        async with self.read_lock:  # a read in flight may hold what woke this caller: wait for it
             if not (self.is_stale or force) or self.is_complete:
                 return
             self.is_stale = False  # a wake-up from now on may announce an event this read misses
