@@ -16,6 +16,7 @@ from tests.helpers.redis_fixtures import FAST_TIMINGS
 
 GATEWAY_LINE = "specfleet: gateway at "
 API_KEY_LINE = "specfleet: api key "
+UP_LINE_TIMEOUT_S = 180.0  # start-up: Redis, Celery, the worker (models, kernels, warm-up), the gateway
 
 
 def children_of(pid: int) -> list[int]:
@@ -67,14 +68,16 @@ def running_up(model_args: list[str], tmp_path: Path, extra_env: dict[str, str] 
     env.update({f"SPECFLEET_{k.upper()}": str(v) for k, v in FAST_TIMINGS.items()})
     env.update(extra_env or {})
     env["SPECFLEET_REDIS_DIR"] = str(tmp_path / "redis")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "up", "--port", "0", *model_args],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    stderr_path = tmp_path / "up.stderr"  # up's and its children's logs: quoted when it does not come up
+    with open(stderr_path, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "up", "--port", "0", *model_args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     up = UpProcess(process, queue.Queue(), env)
 
     def pump_stdout() -> None:
@@ -85,7 +88,14 @@ def running_up(model_args: list[str], tmp_path: Path, extra_env: dict[str, str] 
     reader.start()
     try:
         while not any(line.startswith(GATEWAY_LINE) for line in up.printed):
-            line = up.lines.get(timeout=180)
+            try:
+                line = up.lines.get(timeout=UP_LINE_TIMEOUT_S)
+            except queue.Empty:
+                logs = stderr_path.read_text(errors="replace")[-6000:]
+                raise AssertionError(
+                    f"`specfleet up` printed no line for {UP_LINE_TIMEOUT_S:.0f} s (exit code {process.poll()}); "
+                    f"its output so far: {up.printed}; its log ends:\n{logs}"
+                ) from None
             up.printed.append(line)
             if line.startswith(API_KEY_LINE):  # dev mode prints a fresh key before the URL
                 up.api_key = env["SPECFLEET_API_KEY"] = line.removeprefix(API_KEY_LINE).strip()
