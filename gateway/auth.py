@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.errors import ApiError
+from gateway.store import JobStore
 from shared import api_keys, keys, logs
 from shared.api_keys import ApiKey
 from shared.job_state import ErrorCode
@@ -70,10 +71,15 @@ async def api_key(request: Request, credentials: Credentials) -> ApiKey:
 
 
 async def _record(request: Request, digest: str) -> dict[str, str]:
-    """The record of the key with this digest, in its tenant's partition ({} when there is none)."""
+    """The record of the key with this digest ({} when there is none)."""
     gw = request.app.state.gateway
-    record: dict[str, str] = await gw.redis.hgetall(keys.api_key_record(digest, gw.store.tenant_partition(digest)))
+    record: dict[str, str] = await gw.redis.hgetall(_record_key(gw.store, digest))
     return record
+
+
+def _record_key(store: JobStore, digest: str) -> str:
+    """Where the record of the key with this digest is: its tenant's partition."""
+    return keys.api_key_record(digest, store.tenant_partition(digest))
 
 
 @dataclass
@@ -144,7 +150,7 @@ async def owned_resources(request: Request, credentials: Credentials) -> ApiKey:
         if (resource_id := request.path_params.get(param)) is not None
     ]
     pipe = gw.redis.pipeline(transaction=False)
-    pipe.hgetall(keys.api_key_record(digest, gw.store.tenant_partition(digest)))
+    pipe.hgetall(_record_key(gw.store, digest))
     for _, hash_key, _, _ in named:
         pipe.hmget(hash_key, [keys.OWNER_FIELD, "status"])
     record, *fields = await pipe.execute()
