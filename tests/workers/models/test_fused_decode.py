@@ -36,24 +36,43 @@ def portable_kernel(tmp_path_factory: pytest.TempPathFactory) -> NativeAttention
     return kernel
 
 
+def _cpu_flags() -> set[str]:
+    path = Path("/proc/cpuinfo")
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+# the AVX2 build as a build of its own where the host has AVX-512 (elsewhere it is the host's, "native")
+HAS_SEPARATE_AVX2_BUILD = platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "avx512f"} <= _cpu_flags()
+
+
+@pytest.fixture(scope="module")
+def avx2_kernel(tmp_path_factory: pytest.TempPathFactory) -> NativeAttention:
+    """The library built without AVX-512: float32 products in the register blocks sized for AVX2's 16 vector
+    registers (linear_avx2)."""
+    kernel = load(tmp_path_factory.mktemp("avx2-kernel"), ("-mno-avx512f",))
+    assert kernel is not None, "the native kernel did not build without AVX-512 (see the log)"
+    return kernel
+
+
 def test_the_weight_layout_follows_the_cpu(native_kernel: NativeAttention, portable_kernel: NativeAttention) -> None:
     """bfloat16 pairs for the dot instruction exactly where the build has it (padded for AMX tiles where it has
     those too); float32 always in columns."""
-    flags = set(Path("/proc/cpuinfo").read_text().split())
+    flags = _cpu_flags()
     want = 16 if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags else 1 if "avx512_bf16" in flags else 0
     assert pair_rows(native_kernel, torch.bfloat16) == want
     assert pair_rows(portable_kernel, torch.bfloat16) == 0
     assert pair_rows(native_kernel, torch.float32) == 0
 
 
-@pytest.fixture(params=["native", "portable"])
+@pytest.fixture(params=["native", "portable", *(["avx2"] if HAS_SEPARATE_AVX2_BUILD else [])])
 def kernel(request: pytest.FixtureRequest, native_kernel: NativeAttention) -> NativeAttention:
-    """Both builds: this host's (the pairs layout where it has AVX512-BF16) and the portable one."""
-    return native_kernel if request.param == "native" else request.getfixturevalue("portable_kernel")
+    """Every build: this host's (the pairs layout where it has AVX512-BF16), the portable one and, on AVX-512
+    hosts, the AVX2 one."""
+    return native_kernel if request.param == "native" else request.getfixturevalue(f"{request.param}_kernel")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])  # tiles of 4 (16 for AMX) rows, remainders
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])  # tiles of 4 (16 for AMX, 6 for AVX2) rows, remainders
 @pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96)])  # weight-row and K remainders
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_native_linear_matches_the_exact_product(
