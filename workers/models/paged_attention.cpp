@@ -31,6 +31,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define SPECFLEET_AVX2_SUMS 1  // hsum and hsum4 in 8-wide registers (below)
+#endif
+
 namespace {
 
 inline float load(const float* p) { return *p; }
@@ -187,24 +192,55 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x4 __attribute__((vector_size(16)));
 typedef float f32x2 __attribute__((vector_size(8)));
 
+#ifdef SPECFLEET_AVX2_SUMS
+// Without AVX-512 a 16-wide vector is two 8-wide registers, and GCC lowers the 16-wide shuffles below through
+// the stack (on an AVX2 host: most of the attention's time at 16 decoding sequences). The same sums, in the same
+// order, from the two halves: each result is the same float.
+inline __m256 half_sum(f32x16 v) {  // v's halves added: lanes 0-7 + lanes 8-15
+  __m256 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  return _mm256_add_ps(lo, hi);
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // 8 bfloat16 -> float
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline float hsum(f32x16 v) {  // halves, then quarters, then pairs, as fold()
+  const __m256 h8 = half_sum(v);
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));  // lanes 0, 1: h4[0] + h4[2], h4[1] + h4[3]
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+inline void hsum4(const f32x16* v, float* out) {  // hsum of each of four vectors
+  const __m256 a8 = half_sum(v[0]), b8 = half_sum(v[1]), c8 = half_sum(v[2]), d8 = half_sum(v[3]);
+  // quarters: [a's four | b's four] and [c's | d's]
+  const __m256 ab4 = _mm256_add_ps(_mm256_permute2f128_ps(a8, b8, 0x20), _mm256_permute2f128_ps(a8, b8, 0x31));
+  const __m256 cd4 = _mm256_add_ps(_mm256_permute2f128_ps(c8, d8, 0x20), _mm256_permute2f128_ps(c8, d8, 0x31));
+  // pairs: [a0+a2, a1+a3, c0+c2, c1+c3 | b.., d..]
+  const __m256 pairs = _mm256_add_ps(_mm256_shuffle_ps(ab4, cd4, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(ab4, cd4, _MM_SHUFFLE(3, 2, 3, 2)));
+  // each vector's two pair sums added: [a, c, a, c | b, d, b, d]
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs, pairs, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm256_shuffle_ps(pairs, pairs, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sums);
+  out[0] = lanes[0];
+  out[1] = lanes[4];
+  out[2] = lanes[1];
+  out[3] = lanes[5];
+}
+#else
 inline float hsum(f32x16 v) {  // pairwise in registers: the same order as fold() (halves, then quarters, ...)
   const f32x8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const f32x4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
   const f32x2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
   return h2[0] + h2[1];
-}
-
-template <typename T, int kChunks>
-inline f32x16 dot_lanes(const f32x16* q, const T* k) {  // q . k as 16 partial sums
-  f32x16 acc = {};
-  for (int c = 0; c < kChunks; ++c) acc += q[c] * load16(k + 16 * c);
-  return acc;
-}
-
-template <typename T, int kChunks>
-inline float dot_chunks(const f32x16* q, const T* k) {
-  return hsum(dot_lanes<T, kChunks>(q, k));
 }
 
 // hsum of four vectors at once, in hsum's order for each (halves, then quarters, ...): their pairs of halves
@@ -221,6 +257,49 @@ inline void hsum4(const f32x16* v, float* out) {
                       __builtin_shufflevector(quarters, quarters, 2, 3, 6, 7, 10, 11, 14, 15);
   const f32x4 sums = __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
   std::memcpy(out, &sums, sizeof sums);
+}
+#endif
+
+// x in every lane. Written out: GCC lowers `float * f32x16` on AVX2 by storing x to the stack sixteen times and
+// loading it back as two vectors, a stalled store-to-load forward per use
+inline f32x16 splat16(float x) {
+#ifdef SPECFLEET_AVX2_SUMS
+  const __m256 half = _mm256_set1_ps(x);
+  f32x16 v;
+  std::memcpy(&v, &half, sizeof half);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof half, &half, sizeof half);
+  return v;
+#else
+  return f32x16{} + x;
+#endif
+}
+
+// acc[c] += p * v[16 c ..] for each chunk c of a head: the value loop's step. On AVX2 in 8-wide halves: GCC
+// stores a 16-wide sum back to memory on AVX2 through 64-bit pieces (a stalled forward per chunk); the same
+// FMAs either way
+template <typename T, int kChunks>
+inline void add_scaled(f32x16* acc, float p, const T* v) {
+#ifdef SPECFLEET_AVX2_SUMS
+  const __m256 pv = _mm256_set1_ps(p);
+  float* sums = reinterpret_cast<float*>(acc);
+  for (int h = 0; h < 2 * kChunks; ++h) {
+    _mm256_storeu_ps(sums + 8 * h, _mm256_fmadd_ps(pv, load8(v + 8 * h), _mm256_loadu_ps(sums + 8 * h)));
+  }
+#else
+  for (int c = 0; c < kChunks; ++c) acc[c] += p * load16(v + 16 * c);
+#endif
+}
+
+template <typename T, int kChunks>
+inline f32x16 dot_lanes(const f32x16* q, const T* k) {  // q . k as 16 partial sums
+  f32x16 acc = {};
+  for (int c = 0; c < kChunks; ++c) acc += q[c] * load16(k + 16 * c);
+  return acc;
+}
+
+template <typename T, int kChunks>
+inline float dot_chunks(const f32x16* q, const T* k) {
+  return hsum(dot_lanes<T, kChunks>(q, k));
 }
 
 // A run: consecutive query tokens of one sequence (a decode token, a chain to verify, a piece of a prefill
@@ -317,14 +396,13 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   std::fill(acc, acc + rows * kChunks, f32x16{});
   for_each_seen_key(v_cache, key_rows, lo, num_keys, seen, run_len, num_heads, kv_offset.data(), row_bytes,
                     [&](int64_t i, int64_t j, const T* v_head) {  // values
-                      const float p = scores[i * num_keys + j];
-                      for (int c = 0; c < kChunks; ++c) acc[i * kChunks + c] += p * load16(v_head + 16 * c);
+                      add_scaled<T, kChunks>(acc + i * kChunks, scores[i * num_keys + j], v_head);
                     });
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t i = r * num_heads + h;
-      const float inv_total = 1.0f / sum(scores + i * num_keys + first, count);
+      const f32x16 inv_total = splat16(1.0f / sum(scores + i * num_keys + first, count));
       T* out_head = out + i * dim;
       for (int c = 0; c < kChunks; ++c) store16(out_head + 16 * c, acc[i * kChunks + c] * inv_total);
     }
