@@ -214,8 +214,8 @@ constexpr int kAvx2Vecs = 2;
 
 // a pass of several rows reads a tile a 64-byte column at a time, which the hardware prefetchers follow poorly
 // from memory: the first block over a tile requests each whole weight row this many rows (k) ahead (16 rows of
-// a layer's products from memory: 25 % faster; 4, 8 and 16 ahead within 10 % of each other). One row's pass reads the rows whole
-// and in order, and requesting them ahead made it slower (by 15 %)
+// a layer's products from memory: 25 % faster; 4, 8 and 16 ahead within 10 % of each other). One row's pass
+// reads the rows whole and in order, and requesting them ahead made it slower (by 15 %)
 constexpr int64_t kAvx2PrefetchRows = 4;
 
 template <int kRows, int kVecs, bool kPrefetch = false>
@@ -229,7 +229,9 @@ inline void block_avx2(const float* x, int64_t x_stride, const float* w /* [K, 6
     const float* w_k = w + k * kTileOutputs;
     if constexpr (kPrefetch) {
       const char* ahead = reinterpret_cast<const char*>(w_k + kAvx2PrefetchRows * kTileOutputs);
-      for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(float)); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(float)); line += 64) {
+        _mm_prefetch(ahead + line, _MM_HINT_T0);
+      }
     }
     __m256 wv[kVecs];
     for (int v = 0; v < kVecs; ++v) wv[v] = _mm256_loadu_ps(w_k + 8 * v);

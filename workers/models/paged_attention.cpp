@@ -31,9 +31,9 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
-#define SPECFLEET_AVX2_SUMS 1  // hsum and hsum4 in 8-wide registers (below)
+#define SPECFLEET_AVX2_SUMS 1  // the 16-wide sums, broadcasts and value sums in 8-wide halves (hsum and below)
 #endif
 
 namespace {
@@ -194,8 +194,8 @@ typedef float f32x2 __attribute__((vector_size(8)));
 
 #ifdef SPECFLEET_AVX2_SUMS
 // Without AVX-512 a 16-wide vector is two 8-wide registers, and GCC lowers the 16-wide shuffles below through
-// the stack (on an AVX2 host: most of the attention's time at 16 decoding sequences). The same sums, in the same
-// order, from the two halves: each result is the same float.
+// the stack (on an AVX2 host, perf put the attention's hottest instructions there at 16 decoding sequences).
+// The same sums, in the same order, from the two halves: each result is the same float.
 inline __m256 half_sum(f32x16 v) {  // v's halves added: lanes 0-7 + lanes 8-15
   __m256 lo, hi;
   std::memcpy(&lo, &v, sizeof lo);
