@@ -80,7 +80,8 @@ class EngineConfig:
     # and float16); `sdpa` = PyTorch ops only
     attention_backend: AttentionBackend = "native"
     # linear weights prepacked for oneDNN at start-up (workers/models/packed_linear.py): `auto` = for bfloat16 models,
-    # where a timed one-token pass was faster and bit-identical; `on` = every float32/bfloat16 CPU model; `off`.
+    # where a timed one-token pass was faster and bit-identical; `on` = every float32/bfloat16 CPU model (bfloat16
+    # where the CPU has oneDNN's bfloat16 path); `off`.
     # A packed copy sits beside each weight (more memory)
     linear_packing: PackingMode = PackingMode.AUTO
     # passes through the model's decoder layers as one native call (workers/models/fused_decode.py; CPU float32 or

@@ -51,7 +51,10 @@ def pack_model(
     layers = packed_linear.layers_of(model)
     stats = PackingStats()
     if mode is PackingMode.OFF or not layers:
-        stats.reason = "off" if mode is PackingMode.OFF else "no CPU float32/bfloat16 linear (or no oneDNN)"
+        stats.reason = "off" if mode is PackingMode.OFF else (
+            "no linear oneDNN packs here: none on the CPU in float32/bfloat16, no oneDNN, or bfloat16 on a CPU "
+            "without oneDNN's bfloat16 path"
+        )
         return stats
     if mode is PackingMode.AUTO and layers[0].weight.dtype != torch.bfloat16:
         stats.reason = f"auto packs bfloat16 models only ({layers[0].weight.dtype} here)"

@@ -33,13 +33,22 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # [T, in] -> [T,
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """oneDNN's packed product serves this weight: a CPU float32/bfloat16 weight, in a build with oneDNN."""
+    """oneDNN's packed product serves this weight: a CPU float32/bfloat16 weight, in a build with oneDNN, and for
+    bfloat16 a CPU with oneDNN's bfloat16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an AVX2-only CPU the
+    reorder raises)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and (weight.dtype != torch.bfloat16 or has_bfloat16_path())
     )
+
+
+def has_bfloat16_path() -> bool:
+    """Whether this CPU runs oneDNN's bfloat16 products (torch's own check)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
 
 
 def layers_of(module: nn.Module) -> list[Linear]:
