@@ -9,7 +9,7 @@ Where it connects: REDIS_URL's data node, with its credentials and TLS. Standalo
 unix socket. Sentinel: the master the sentinels name at each connect. Cluster: a seed node, each connect the
 next one (every node of a cluster hears every PUBLISH).
 
-A lost connection (or one silent for two ping intervals) is reported (`on_lost`: the hub has every follower
+A lost connection (or one that leaves a PING unanswered for a ping interval) is reported (`on_lost`: the hub has every follower
 re-read its stream) and made again after `reconnect_s` (doubled, up to RECONNECT_MAX_S, while connects fail or
 are refused), subscribing every wanted channel again. Each SUBSCRIBE
 confirmation is reported (`on_subscribed`), so a feed re-reads what was published while it was away.
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = 0.5  # pause after a lost connection or a failed connect; doubled while connects keep failing
 RECONNECT_MAX_S = 5.0  # ... up to this (a connection that got a SUBSCRIBE confirmed starts over from RECONNECT_S)
-PING_INTERVAL_S = 15.0  # a PING after this long without a reply; none for two intervals: the connection is dead
+PING_INTERVAL_S = 15.0  # a PING after an interval without a reply; still unanswered an interval later: dead
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -236,17 +236,26 @@ class Subscriber:
         return protocol
 
     async def _serve(self, protocol: _Protocol) -> Exception | None:
-        """Until the connection closes: a PING after each quiet interval; closed when two go unanswered."""
+        """Until the connection closes: a PING after each interval that heard nothing; closed when a PING is still
+        unanswered an interval later. Only an unanswered PING counts: silence while this process's loop stalled
+        (replies wait in the socket) is not the connection's."""
+        checked_s = time.monotonic()
+        ping_sent_s: float | None = None
         while True:
             try:
                 async with asyncio.timeout(self.ping_interval_s):
                     return await asyncio.shield(protocol.closed)
             except TimeoutError:
-                if time.monotonic() - protocol.last_reply_s > 2 * self.ping_interval_s:
-                    log.warning("pub/sub: no reply for %.0fs; reconnecting", 2 * self.ping_interval_s)
+                # the replies that arrived during a stall were read before this timer ran (the loop runs I/O first)
+                if ping_sent_s is not None and protocol.last_reply_s < ping_sent_s:
+                    log.warning("pub/sub: no reply to a PING for %.1fs; reconnecting", time.monotonic() - ping_sent_s)
                     protocol.close()
-                elif time.monotonic() - protocol.last_reply_s > self.ping_interval_s:
+                elif protocol.last_reply_s < checked_s:  # heard nothing since the last check
                     protocol.write(encode_command("PING"))
+                    ping_sent_s = time.monotonic()
+                else:
+                    ping_sent_s = None
+                checked_s = time.monotonic()
 
     async def _address(self) -> Address:
         target = self.target

@@ -208,6 +208,31 @@ def test_a_connection_that_stops_answering_is_replaced(redis_url: str) -> None:
     assert messages[-1] == ("p", "resumed")
 
 
+def test_a_connection_that_answers_is_kept_through_a_stalled_loop(redis_url: str) -> None:
+    """The gateway's loop stalls (a burst of requests, a collection) for several ping intervals: silence the
+    connection is not to blame for. It is dropped only when a PING of its own goes unanswered, so it stays (a
+    reconnect makes every follower re-read its stream); a quiet connection is PINGed and kept."""
+
+    async def scenario() -> tuple[int, int, list[tuple[str, str]]]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        log = _Log()
+        subscriber = log.subscriber(redis_url, ping_interval_s=0.05, reconnect_s=0.05)
+        subscriber.subscribe("p")
+        subscriber.start()
+        try:
+            await _until("the confirmation", lambda: log.subscribed == ["p"])
+            for _ in range(3):
+                time.sleep(0.25)  # noqa: ASYNC251 - the point: the loop runs nothing for five intervals
+                await asyncio.sleep(0.2)  # quiet: PINGs, answered
+            await _published(redis, "p", "still here", log)
+            return log.num_lost, subscriber.num_connects, log.messages
+        finally:
+            await subscriber.stop()
+            await redis.aclose()
+
+    assert asyncio.run(scenario()) == (0, 1, [("p", "still here")])
+
+
 def test_sentinel_the_master_named_at_each_connect(tmp_path: Path) -> None:
     """The subscriber follows a failover: it hears the first master, then (the master SIGKILLed, a replica
     promoted) the new one."""
