@@ -15,7 +15,7 @@ The secret never reaches a log line: only the key id does.
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -73,8 +73,7 @@ async def api_key(request: Request, credentials: Credentials) -> ApiKey:
 async def _record(request: Request, digest: str) -> dict[str, str]:
     """The record of the key with this digest ({} when there is none)."""
     gw = request.app.state.gateway
-    record: dict[str, str] = await gw.redis.hgetall(_record_key(gw.store, digest))
-    return record
+    return cast(dict[str, str], await gw.store.reads.call("HGETALL", _record_key(gw.store, digest)))
 
 
 def _record_key(store: JobStore, digest: str) -> str:
@@ -139,8 +138,9 @@ _PATH_RESOURCES = (("job_id", keys.job_hash, "job"), ("batch_id", keys.batch_has
 
 async def owned_resources(request: Request, credentials: Credentials) -> ApiKey:
     """The calling key, after checking that the job or batch named in the path (if any) is its own: 404 if not.
-    One round trip: the key's record and the resource's owner and status are read together (a 401 still comes
-    before a 404). The status stays on the request (`resource_exists`), so a route need not read it again."""
+    One round trip: the key's record and the resource's owner and status are read together, in the loop turn's
+    batch of reads (gateway/redis_batch.py); a 401 still comes before a 404. The status stays on the request
+    (`resource_exists`), so a route need not read it again."""
     secret = _secret(credentials)
     gw = request.app.state.gateway
     digest = api_keys.digest(secret)
@@ -149,13 +149,13 @@ async def owned_resources(request: Request, credentials: Credentials) -> ApiKey:
         for param, hash_of, what in _PATH_RESOURCES
         if (resource_id := request.path_params.get(param)) is not None
     ]
-    pipe = gw.redis.pipeline(transaction=False)
-    pipe.hgetall(_record_key(gw.store, digest))
-    for _, hash_key, _, _ in named:
-        pipe.hmget(hash_key, [keys.OWNER_FIELD, "status"])
-    record, *fields = await pipe.execute()
-    key = key_of(record)
-    for (param, _, what, resource_id), (owner, status) in zip(named, fields, strict=True):
+    record, *fields = await gw.store.reads.calls(  # one batch, with other requests' reads of this loop turn
+        ("HGETALL", _record_key(gw.store, digest)),
+        *(("HMGET", hash_key, keys.OWNER_FIELD, "status") for _, hash_key, _, _ in named),
+    )
+    key = key_of(cast(dict[str, str], record))
+    owners = cast(list[list[str | None]], fields)
+    for (param, _, what, resource_id), (owner, status) in zip(named, owners, strict=True):
         if param == "job_id":
             logs.JOB_ID.set(resource_id)
         if not may_access(key, owner):

@@ -1,10 +1,14 @@
-"""Redis commands from concurrent requests, sent together: the submit's script call (AUTH_ADMIT_SUBMIT) and the
-SSE streams' event reads (XRANGE).
+"""Redis commands from concurrent requests, sent together: the submit's script call (AUTH_ADMIT_SUBMIT), the
+SSE streams' event reads (XRANGE), and the reads of a request's key, job or batch (gateway/auth.py, store.py).
 
 Under load much of a gateway's CPU is not Python but the socket: one write to Redis and one read of its reply per
 command. The commands issued in one turn of the event loop (the requests that arrived together, the streams that
 one engine step woke) go out as ONE pipelined write and come back in one read; each caller still gets its own
 reply, or its own error. A command alone (no concurrency) is sent at once, so an idle gateway adds no wait.
+At most MAX_IN_FLIGHT batches are out at once, each on one pooled connection; the commands issued meanwhile
+go in the next batch when one comes back. So a burst of thousands of requests (SSE clients connecting at once)
+holds MAX_IN_FLIGHT connections a batcher, not one a request: none waits for a free one in the pool (a wait that
+times out is a 503), and the larger the burst, the larger each batch.
 
 Pipelining changes how the commands travel, not what each does: each script call stays one atomic run.
 """
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
+
+MAX_IN_FLIGHT = 2  # batches sent and not yet answered: one being answered while the next is on its way
 
 
 @dataclass
@@ -28,23 +34,44 @@ class CommandBatcher:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._waiting: list[_Call] = []  # commands of this loop turn, not sent yet
-        self._sending: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak references)
+        self._waiting: list[_Call] = []  # commands not sent yet: they go in the next batch
+        self._sending: set[asyncio.Task[None]] = set()  # batches out (referenced: the loop keeps weak references)
+        self._is_flush_due = False  # a flush is scheduled for this loop turn
         self.num_sends = 0  # writes to Redis so far (a batch counts once): what the tests look at
         self.num_calls = 0
 
     async def call(self, *command: str | int) -> object:
         call = _Call(command)
-        self._waiting.append(call)
-        if len(self._waiting) == 1:  # the first call of this turn sends the turn's calls once the others are in
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._enqueue([call])
         return await call.reply
 
+    async def calls(self, *commands: tuple[str | int, ...]) -> list[object]:
+        """Several commands in this turn's batch -> their replies in order (the first error is raised)."""
+        batch = [_Call(command) for command in commands]
+        self._enqueue(batch)
+        return list(await asyncio.gather(*(call.reply for call in batch)))  # futures: no task each
+
+    def _enqueue(self, batch: list[_Call]) -> None:
+        self._waiting += batch
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Send what waits at the end of this loop turn (once the turn's other calls are in), unless MAX_IN_FLIGHT
+        batches are out: then when one comes back."""
+        if self._waiting and not self._is_flush_due and len(self._sending) < MAX_IN_FLIGHT:
+            self._is_flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
+        self._is_flush_due = False
         batch, self._waiting = self._waiting, []
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: "asyncio.Task[None]") -> None:
+        self._sending.discard(task)
+        self._schedule_flush()
 
     async def _send(self, batch: list[_Call]) -> None:
         self.num_sends += 1

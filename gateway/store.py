@@ -8,7 +8,7 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.redis_batch import ScriptBatcher
+from gateway.redis_batch import CommandBatcher, ScriptBatcher
 from shared import keys, lua
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -53,6 +53,8 @@ class JobStore:
         self.settings = settings
         self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
+        # concurrent requests' reads (keys, jobs, batches): one write a loop turn, not a pooled connection each
+        self.reads = CommandBatcher(redis)
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
@@ -115,7 +117,7 @@ class JobStore:
         return Submitted(job_id=result[1], is_new=True, created_at=float(result[2]))
 
     async def get(self, job_id: str) -> dict[str, str] | None:
-        fields: dict[str, str] = await self.redis.hgetall(keys.job_hash(job_id))  # type: ignore[assignment]
+        fields = cast(dict[str, str], await self.reads.call("HGETALL", keys.job_hash(job_id)))
         return fields or None
 
     async def cancel(self, job_id: str) -> str:

@@ -1,5 +1,6 @@
 """The jobs API over real HTTP (uvicorn) against a real Redis; the test plays the worker where needed."""
 
+import asyncio
 import threading
 import time
 
@@ -7,6 +8,7 @@ import httpx
 import pytest
 import redis
 
+from gateway.redis_batch import MAX_IN_FLIGHT
 from shared import keys
 from shared.api_keys import digest
 from shared.schemas import Priority
@@ -227,3 +229,23 @@ def test_the_key_the_limits_and_the_submit_are_one_command(
     assert len(submits) == 1 and record in submits[0]  # the key, its limits and the job, one round trip
     assert not [c for c in sent if record in c and c not in submits], sent  # no lookup of the key of its own
     assert rclient.hget(keys.job_hash(job["id"]), "status") == "queued"
+
+
+def test_concurrent_reads_share_redis_connections(gateway: ThreadedGateway, rclient: redis.Redis) -> None:
+    """200 clients read a job at once: their key and job reads go to Redis in batches, at most MAX_IN_FLIGHT out
+    at once, so the gateway opens that many connections at most, not one a request in flight (with thousands of
+    SSE clients connecting at once, requests waiting for a pooled connection timed out: 503)."""
+    with httpx.Client(base_url=gateway.url, timeout=10) as http:
+        job_id = http.post("/v1/jobs", json={"prompt": "def f(", "max_tokens": 5}).json()["id"]
+        assert http.get(f"/v1/jobs/{job_id}").status_code == 200
+    connected_before = int(rclient.info("stats")["total_connections_received"])
+
+    async def read_all() -> list[int]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30, limits=limits) as http:
+            answers = await asyncio.gather(*(http.get(f"/v1/jobs/{job_id}") for _ in range(200)))
+        return [answer.status_code for answer in answers]
+
+    assert asyncio.run(read_all()) == [200] * 200
+    num_new_connections = int(rclient.info("stats")["total_connections_received"]) - connected_before
+    assert num_new_connections <= MAX_IN_FLIGHT

@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.redis_batch import CommandBatcher, ScriptBatcher
+from gateway.redis_batch import MAX_IN_FLIGHT, CommandBatcher, ScriptBatcher
 
 # KEYS[1]: a counter. ARGV[1]: a step ('boom': the script fails) -> the counter after the step
 SCRIPT = """
@@ -79,5 +79,46 @@ def test_commands_of_one_turn_are_one_write(redis_url: str) -> None:
         assert batcher.num_calls == 9 and batcher.num_sends < 9
         with pytest.raises(ResponseError, match="WRONGTYPE"):  # alone: sent at once, its error all the same
             await batcher.call("HSET", "s", "x", "1")
+
+    _run(redis_url, body)
+
+
+def test_a_requests_commands_share_the_turns_write(redis_url: str) -> None:
+    async def body(client: Redis) -> None:
+        await client.hset("h", mapping={"owner": "k1", "status": "queued"})
+        batcher = CommandBatcher(client)
+        mine = batcher.calls(("HGETALL", "h"), ("HMGET", "h", "owner", "status"), ("HGETALL", "missing"))
+        others = [batcher.call("HGET", "h", "owner") for _ in range(4)]
+        replies, *owners = await asyncio.gather(mine, *others)
+        # in order, parsed as the client parses them (HGETALL: a dict)
+        assert replies == [{"owner": "k1", "status": "queued"}, ["k1", "queued"], {}]
+        assert owners == ["k1"] * 4
+        assert batcher.num_calls == 7 and batcher.num_sends == 1
+        with pytest.raises(ResponseError, match="WRONGTYPE"):  # one command's error fails the request's calls
+            await batcher.calls(("HGETALL", "h"), ("XRANGE", "h", "-", "+"))
+
+    _run(redis_url, body)
+
+
+def test_calls_of_many_turns_wait_for_a_batch_to_come_back(redis_url: str) -> None:
+    """Calls issued turn after turn while batches are out: at most MAX_IN_FLIGHT batches (connections) at once,
+    the calls of the turns between go together in the next one, and every call gets its own reply."""
+
+    async def body(client: Redis) -> None:
+        counter = Redis.from_url(redis_url, decode_responses=True)
+        connected_before = int((await counter.info("stats"))["total_connections_received"])
+        batcher = CommandBatcher(client)
+
+        async def incr_later(turn: int) -> object:
+            for _ in range(turn):
+                await asyncio.sleep(0)
+            return await batcher.call("INCR", "n")
+
+        replies = await asyncio.gather(*(incr_later(turn) for turn in range(200)))
+        assert sorted(replies) == list(range(1, 201))  # type: ignore[type-var]
+        assert batcher.num_calls == 200 and batcher.num_sends < 100
+        connected = int((await counter.info("stats"))["total_connections_received"]) - connected_before
+        assert connected <= MAX_IN_FLIGHT + 1  # + the counter's own
+        await counter.aclose()
 
     _run(redis_url, body)
