@@ -9,7 +9,7 @@ import typer
 BENCHES = {
     "engine": "workers.bench.run:bench_engine_command",
     "spec": "workers.bench.run:bench_spec_command",
-    "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo and --phase mixed
+    "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo, --phase mixed, --work-dir DIR
     "report": "workers.bench.run:bench_report_command",  # all three + a Markdown report; also takes --out DIR
     "warmup": "workers.bench.warmup_bench:bench_warmup_command",  # first-job TTFT vs steady, without/with warm-up
     "cost": "workers.bench.cost_bench:bench_cost_command",  # cost per 1,000 tokens per concurrency, SD on/off
@@ -24,6 +24,11 @@ def bench(
     json_path: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here")] = None,
     model: Annotated[str | None, typer.Option(help="e2e only: tiny (random weights, default) | demo")] = None,
     phase: Annotated[str | None, typer.Option(help="e2e only: run one phase alone (mixed)")] = None,
+    work_dir: Annotated[
+        str | None,
+        typer.Option(help="e2e only: the fleet's folder (its Redis data and process logs), kept after the run "
+                          "(default: a temporary folder, removed)"),
+    ] = None,
     out: Annotated[
         str | None, typer.Option(help="report only: the report's folder (default: docs/bench/<date>-<commit>)")
     ] = None,
@@ -38,6 +43,9 @@ def bench(
     if phase is not None and name != "e2e":
         typer.echo("error: --phase is an option of the e2e benchmark only", err=True)
         raise typer.Exit(2)
+    if work_dir is not None and name != "e2e":
+        typer.echo("error: --work-dir is an option of the e2e benchmark only", err=True)
+        raise typer.Exit(2)
     if out is not None and name != "report":
         typer.echo("error: --out is an option of the report only", err=True)
         raise typer.Exit(2)
@@ -47,6 +55,8 @@ def bench(
         extra["out"] = out
     if phase is not None:
         extra["phase"] = phase
+    if work_dir is not None:
+        extra["work_dir"] = work_dir
     raise typer.Exit(getattr(importlib.import_module(module), func)(quick=quick, json_path=json_path, **extra))
 
 

@@ -75,7 +75,9 @@ def bench_spec_command(quick: bool, json_path: str | None) -> int:
     return 0
 
 
-def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny", phase: str | None = None) -> int:
+def bench_e2e_command(
+    quick: bool, json_path: str | None, model: str = "tiny", phase: str | None = None, work_dir: str | None = None
+) -> int:
     import tempfile
     from pathlib import Path
 
@@ -102,7 +104,7 @@ def bench_e2e_command(quick: bool, json_path: str | None, model: str = "tiny", p
         else:
             typer.echo(f"error: --model must be tiny or demo, not {model!r}", err=True)
             return 2
-        result = bench_e2e(target_dir, draft_dir, plan, only=phase)
+        result = bench_e2e(target_dir, draft_dir, plan, work_dir=Path(work_dir) if work_dir else None, only=phase)
     print_e2e(result)
     if json_path:
         machine = machine_info(model=model, quick=quick, **result["engine"])

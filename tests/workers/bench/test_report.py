@@ -65,4 +65,6 @@ def test_report_options_are_checked() -> None:
 
     wrong = cli("spec", "--out", "x")
     assert wrong.returncode == 2 and "--out is an option of the report only" in wrong.stderr
+    wrong = cli("engine", "--work-dir", "x")
+    assert wrong.returncode == 2 and "--work-dir is an option of the e2e benchmark only" in wrong.stderr
     assert "report" in cli("--help").stdout or "report" in cli("nope").stderr
