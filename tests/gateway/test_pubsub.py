@@ -5,7 +5,8 @@ answering, and a Sentinel failover (the master the sentinels name at each connec
 import asyncio
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -182,26 +183,35 @@ def test_a_unix_socket_url(tmp_path: Path) -> None:
         assert asyncio.run(scenario())[-1] == ("u", "over the socket")
 
 
+@asynccontextmanager
+async def _subscribed_to_p(redis_url: str, ping_interval_s: float) -> AsyncIterator[tuple[Redis, _Log, Subscriber]]:
+    """A client, and a subscriber to channel "p" whose subscription was confirmed; both closed after."""
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    log = _Log()
+    subscriber = log.subscriber(redis_url, ping_interval_s=ping_interval_s, reconnect_s=0.05)
+    subscriber.subscribe("p")
+    subscriber.start()
+    try:
+        await _until("the confirmation", lambda: log.subscribed == ["p"])
+        yield redis, log, subscriber
+    finally:
+        await subscriber.stop()
+        await redis.aclose()
+
+
 def test_a_connection_that_stops_answering_is_replaced(redis_url: str) -> None:
-    """CLIENT PAUSE holds every reply, PINGs included: after two silent ping intervals the subscriber drops the
-    connection and connects again; once the pause ends, messages flow on the new one."""
+    """CLIENT PAUSE holds every reply, PINGs included: once a PING goes unanswered for a ping interval the
+    subscriber drops the connection and connects again; once the pause ends, messages flow on the new one."""
 
     async def scenario() -> tuple[int, int, list[tuple[str, str]]]:
-        redis = Redis.from_url(redis_url, decode_responses=True)
-        log = _Log()
-        subscriber = log.subscriber(redis_url, ping_interval_s=0.1, reconnect_s=0.05)
-        subscriber.subscribe("p")
-        subscriber.start()
-        try:
-            await _until("the confirmation", lambda: log.subscribed == ["p"])
+        async with _subscribed_to_p(redis_url, ping_interval_s=0.1) as (redis, log, subscriber):
             await redis.execute_command("CLIENT", "PAUSE", "1500", "ALL")
-            await _until("the silent connection dropped", lambda: log.num_lost >= 1)
-            await _published(redis, "p", "resumed", log)
+            try:
+                await _until("the silent connection dropped", lambda: log.num_lost >= 1)
+                await _published(redis, "p", "resumed", log)
+            finally:
+                await redis.execute_command("CLIENT", "UNPAUSE")
             return log.num_lost, subscriber.num_connects, log.messages
-        finally:
-            await subscriber.stop()
-            await redis.execute_command("CLIENT", "UNPAUSE")
-            await redis.aclose()
 
     num_lost, num_connects, messages = asyncio.run(scenario())
     assert num_lost >= 1 and num_connects >= 2
@@ -214,21 +224,12 @@ def test_a_connection_that_answers_is_kept_through_a_stalled_loop(redis_url: str
     reconnect makes every follower re-read its stream); a quiet connection is PINGed and kept."""
 
     async def scenario() -> tuple[int, int, list[tuple[str, str]]]:
-        redis = Redis.from_url(redis_url, decode_responses=True)
-        log = _Log()
-        subscriber = log.subscriber(redis_url, ping_interval_s=0.05, reconnect_s=0.05)
-        subscriber.subscribe("p")
-        subscriber.start()
-        try:
-            await _until("the confirmation", lambda: log.subscribed == ["p"])
+        async with _subscribed_to_p(redis_url, ping_interval_s=0.05) as (redis, log, subscriber):
             for _ in range(3):
                 time.sleep(0.25)  # noqa: ASYNC251 - the point: the loop runs nothing for five intervals
                 await asyncio.sleep(0.2)  # quiet: PINGs, answered
             await _published(redis, "p", "still here", log)
             return log.num_lost, subscriber.num_connects, log.messages
-        finally:
-            await subscriber.stop()
-            await redis.aclose()
 
     assert asyncio.run(scenario()) == (0, 1, [("p", "still here")])
 
