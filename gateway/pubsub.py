@@ -9,10 +9,10 @@ Where it connects: REDIS_URL's data node, with its credentials and TLS. Standalo
 unix socket. Sentinel: the master the sentinels name at each connect. Cluster: a seed node, each connect the
 next one (every node of a cluster hears every PUBLISH).
 
-A lost connection (or one that leaves a PING unanswered for a ping interval) is reported (`on_lost`: the hub has every follower
-re-read its stream) and made again after `reconnect_s` (doubled, up to RECONNECT_MAX_S, while connects fail or
-are refused), subscribing every wanted channel again. Each SUBSCRIBE
-confirmation is reported (`on_subscribed`), so a feed re-reads what was published while it was away.
+A lost connection (or one that leaves a PING unanswered for a ping interval) is reported (`on_lost`: the hub
+has every follower re-read its stream) and made again after `reconnect_s` (doubled, up to RECONNECT_MAX_S, while
+connects fail or are refused), subscribing every wanted channel again. Each SUBSCRIBE confirmation is reported
+(`on_subscribed`), so a feed re-reads what was published while it was away.
 """
 
 import asyncio
