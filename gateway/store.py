@@ -55,6 +55,7 @@ class JobStore:
         self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
         # concurrent requests' reads (keys, jobs, batches): one write a loop turn, not a pooled connection each
         self.reads = CommandBatcher(redis)
+        self.read_jobs = ScriptBatcher(redis, lua.READ_JOB)  # a job with its whole output, at one instant
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
@@ -117,7 +118,7 @@ class JobStore:
         return Submitted(job_id=result[1], is_new=True, created_at=float(result[2]))
 
     async def get(self, job_id: str) -> dict[str, str] | None:
-        fields = cast(dict[str, str], await self.reads.call("HGETALL", keys.job_hash(job_id)))
+        fields = lua.fields_of(await self.read_jobs.run(lua.read_job_keys(job_id), []))
         return fields or None
 
     async def cancel(self, job_id: str) -> str:

@@ -79,6 +79,10 @@ CONSUMER_GROUP = "workers"  # the one consumer group on every queue stream
 
 JOB_PREFIX = f"{PREFIX}job:"  # + job id -> job hash (partition 0's; job_prefix(p) for another)
 EVENTS_SUFFIX = ":events"  # job hash key + suffix -> the job's event stream
+# job hash key + suffix -> what a started job emitted since it last ended (strings, APPENDed a step at a time;
+# folded into the hash's text / token_ids when it ends): a step writes its new tokens, not the whole output again
+OUTPUT_TEXT_SUFFIX = ":out:text"
+OUTPUT_IDS_SUFFIX = ":out:ids"  # csv
 CHANNEL_PREFIX = f"{PREFIX}wake:"  # + job id -> pub/sub channel announcing each new event (and carrying it)
 
 DEAD_LETTER_STREAM = f"{PREFIX}jobs:dead"  # partition 0's stream of jobs that exceeded max_deliveries
@@ -107,6 +111,16 @@ def queue_stream(priority: str, partition: int = 0) -> str:
 def job_hash(job_id: str) -> str:
     """The hash holding a job's request, status, timestamps, partial/final output, usage and metrics."""
     return job_prefix(partition_of(job_id)) + job_id
+
+
+def job_output_text(job_id: str) -> str:
+    """The text a running job emitted since it last ended (shared.lua READ_JOB gives the whole output)."""
+    return job_hash(job_id) + OUTPUT_TEXT_SUFFIX
+
+
+def job_output_ids(job_id: str) -> str:
+    """The token ids (csv) a running job emitted since it last ended."""
+    return job_hash(job_id) + OUTPUT_IDS_SUFFIX
 
 
 def job_events(job_id: str) -> str:

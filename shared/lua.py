@@ -7,13 +7,16 @@ prefixes in `ctx` where a script derives a job's keys from a job id it read from
 
 Job hash fields: id status priority created_at expires_at started_at completed_at request metadata
 entry (its current queue entry id) attempt (starts so far; an emit or finish must quote the current one)
-deliveries (starts not handed back; past max_deliveries -> dead letter) worker text token_ids (csv)
+deliveries (starts not handed back; past max_deliveries -> dead letter) worker text token_ids (csv: the output
+when the job last ended; a started job's new tokens go to the strings keys.job_output_text / _ids, folded in
+when it ends: READ_JOB reads the whole)
 prompt_tokens completion_tokens finish_reason metrics (json) error (json) retried_at (`specfleet dlq retry`)
 model_version (of the worker that started it: settings.model_version).
 """
 
 import json
 from dataclasses import dataclass
+from typing import cast
 
 from shared import keys
 from shared.job_state import TERMINAL, JobStatus, sources_of
@@ -22,6 +25,21 @@ from shared.job_state import TERMINAL, JobStatus, sources_of
 def _lua_set(name: str, statuses: list[JobStatus]) -> str:
     return "local {} = {{{}}}\n".format(name, ", ".join(f"['{s.value}']=true" for s in statuses))
 
+
+_OUTPUT_OF = """
+-- A job's output so far (text, token ids csv): the hash's (what it had when it last ended: a retried job's
+-- earlier output) followed by what it emitted since (the strings text_key and ids_key, keys.job_output_text and
+-- _ids, which each step APPENDs to: a step writes its new tokens only, not the whole output again)
+local function output_of(job, text_key, ids_key)
+  local text, ids = unpack(redis.call('HMGET', job, 'text', 'token_ids'))
+  local new_text, new_ids = redis.call('GET', text_key), redis.call('GET', ids_key)
+  text, ids = text or '', ids or ''
+  if new_ids and new_ids ~= '' then
+    if ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
+  end
+  return text .. (new_text or ''), ids
+end
+"""
 
 PRELUDE = (
     "".join(f"local S_{s.name} = '{s.value}'\n" for s in JobStatus)
@@ -62,14 +80,26 @@ local function drop_entry(ctx, queue, entry)
   redis.call('XDEL', queue, entry)
 end
 
+""" + _OUTPUT_OF + """
+-- At a job's end its output moves into the hash (one copy, once), and the strings go
+local function fold_output(ctx, job)
+  local text_key, ids_key = job .. ctx.textsuffix, job .. ctx.idssuffix
+  if redis.call('EXISTS', text_key, ids_key) == 0 then return end
+  local text, ids = output_of(job, text_key, ids_key)
+  redis.call('HSET', job, 'text', text, 'token_ids', ids)
+  redis.call('DEL', text_key, ids_key)
+end
+
 -- Move job `job_id` to terminal status `to` if its status allows it and (when given) `attempt` is current:
--- ack + delete its queue entry, append the final event, start the result TTL, wake the streamers.
+-- ack + delete its queue entry, fold its output into the hash, append the final event, start the result TTL,
+-- wake the streamers.
 local function finish(ctx, job_id, to, attempt, fields, ev_type, ev_data)
   local job = ctx.jprefix .. job_id
   local st, at, entry, prio = unpack(redis.call('HMGET', job, 'status', 'attempt', 'entry', 'priority'))
   if not st then return 'missing' end
   if not FINISH_FROM[to][st] then return st end
   if attempt and at ~= attempt then return 'lost' end
+  fold_output(ctx, job)
   redis.call('HSET', job, 'status', to, 'completed_at', now(), unpack(fields))
   if entry then drop_entry(ctx, ctx.qprefix .. prio, entry) end
   local events = job .. ctx.evsuffix
@@ -120,6 +150,8 @@ def context(maxlen: int, ttl_s: int, partition: int = 0) -> str:
             "group": keys.CONSUMER_GROUP,
             "jprefix": keys.job_prefix(partition),
             "evsuffix": keys.EVENTS_SUFFIX,
+            "textsuffix": keys.OUTPUT_TEXT_SUFFIX,
+            "idssuffix": keys.OUTPUT_IDS_SUFFIX,
             "chprefix": keys.CHANNEL_PREFIX,
             "qprefix": keys.queue_stream("", partition),
             "cancel_channel": keys.CANCEL_CHANNEL,
@@ -246,9 +278,10 @@ local function start(i, queue, entry_id, job_id)
   redis.call('HSET', job, 'status', S_RUNNING, 'worker', consumer, 'model_version', ARGV[12])
   redis.call('HSETNX', job, 'started_at', now())
   event(ctx, job .. ctx.evsuffix, job_id, 'status', cjson.encode({status=S_RUNNING, attempt=attempt}))
-  local req, text, ids, created, first, retried = unpack(redis.call('HMGET', job, 'request', 'text', 'token_ids',
-    'created_at', 'started_at', 'retried_at'))
-  started[#started + 1] = {job_id, entry_id, i, attempt, req, text or '', ids or '', created, first, retried or ''}
+  local req, created, first, retried = unpack(redis.call('HMGET', job, 'request', 'created_at', 'started_at',
+    'retried_at'))
+  local text, ids = output_of(job, job .. ctx.textsuffix, job .. ctx.idssuffix)
+  started[#started + 1] = {job_id, entry_id, i, attempt, req, text, ids, created, first, retried or ''}
 end
 
 local function take(i, queue, entries)
@@ -296,8 +329,7 @@ _EMIT_TOKENS = """
 -- the job failed) is refused ('lost': the worker drops the job, which resumes from what is written).
 local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_new, prompt_tokens, token_event,
                            tokens_before)
-  local st, at, text, ids, done = unpack(redis.call('HMGET', job, 'status', 'attempt', 'text', 'token_ids',
-    'completion_tokens'))
+  local st, at, done = unpack(redis.call('HMGET', job, 'status', 'attempt', 'completion_tokens'))
   if st ~= S_RUNNING then return 'gone' end
   if at ~= attempt then return 'lost' end
   if tokens_before then
@@ -305,9 +337,12 @@ local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_
     if done >= tokens_before + tonumber(num_new) then return 'ok' end
     if done ~= tokens_before then return 'lost' end
   end
-  if ids and ids ~= '' then ids = ids .. ',' .. new_ids else ids = new_ids end
-  redis.call('HSET', job, 'text', (text or '') .. new_text, 'token_ids', ids, 'prompt_tokens', prompt_tokens,
-    'completion_tokens', tonumber(done or '0') + tonumber(num_new))  -- one write (each is also an AOF entry)
+  local ids_key = job .. ctx.idssuffix
+  if redis.call('STRLEN', ids_key) > 0 then new_ids = ',' .. new_ids end
+  redis.call('APPEND', job .. ctx.textsuffix, new_text)  -- the new tokens only (each write is an AOF entry too)
+  redis.call('APPEND', ids_key, new_ids)
+  redis.call('HSET', job, 'prompt_tokens', prompt_tokens,
+    'completion_tokens', tonumber(done or '0') + tonumber(num_new))
   event(ctx, events, job_id, 'token', token_event)
   return 'ok'
 end
@@ -320,6 +355,43 @@ EMIT = (
 return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
 """
 )
+
+# A job's record with its whole output, read at one instant (a running job's new tokens are in the output strings,
+# and its end folds them into the hash: two separate reads could see neither or both).
+# KEYS: job hash, output text, output ids (shared/keys.py) -> the hash as HGETALL's flat list (empty: no such job),
+# its text and token_ids the whole output
+READ_JOB = (
+    _OUTPUT_OF
+    + """
+local fields = redis.call('HGETALL', KEYS[1])
+if #fields == 0 or redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then return fields end
+local text, ids = output_of(KEYS[1], KEYS[2], KEYS[3])
+local whole = {text=text, token_ids=ids}
+for i = 1, #fields, 2 do
+  if whole[fields[i]] then
+    fields[i + 1] = whole[fields[i]]
+    whole[fields[i]] = nil
+  end
+end
+for name, value in pairs(whole) do
+  fields[#fields + 1] = name
+  fields[#fields + 1] = value
+end
+return fields
+"""
+)
+
+
+def read_job_keys(job_id: str) -> list[str]:
+    """READ_JOB's KEYS for a job."""
+    return [keys.job_hash(job_id), keys.job_output_text(job_id), keys.job_output_ids(job_id)]
+
+
+def fields_of(reply: object) -> dict[str, str]:
+    """READ_JOB's reply as a dict (HGETALL's)."""
+    flat = [item.decode() if isinstance(item, bytes) else str(item) for item in cast(list[object], reply)]
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
 
 # One engine step of one worker: every job's tokens and finishes, in order, as ONE script call (so a step is
 # one round trip, and a NOSCRIPT after a Redis restart refuses the whole step: nothing half-written to retry).

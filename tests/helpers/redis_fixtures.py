@@ -93,3 +93,9 @@ def submit_job(
     result = client.register_script(lua.SUBMIT)(keys=keys_, args=args)
     assert result[0] in ("ok", "dup"), result
     return str(result[1])
+
+
+def job_record(client: redis.Redis, job_id: str) -> dict[str, str]:
+    """The job's hash with its whole output (a running job's new tokens live in the output strings until it
+    ends): what the gateway and the webhooks read (shared.lua READ_JOB). {} when there is no such job."""
+    return lua.fields_of(client.eval(lua.READ_JOB, 3, *lua.read_job_keys(job_id)))

@@ -17,7 +17,7 @@ from shared.dlq import DeadLetters
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.played_worker import PlayedWorker
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.tasks.outbox import OutboxHandler
 from workers.worker.queue_reader import QueueReader
@@ -49,7 +49,7 @@ def test_list_retry_resume_and_purge(
 ) -> None:
     settings.max_deliveries = 1
     retried, purged = dead_letter(rclient, settings, 2)
-    failed = rclient.hgetall(keys.job_hash(retried))
+    failed = job_record(rclient, retried)
     assert failed["status"] == "failed" and "max_deliveries_exceeded" in failed["error"]
 
     listed = dlq_cli(redis_url, "list", "--json")
@@ -59,14 +59,14 @@ def test_list_retry_resume_and_purge(
     assert letters[retried]["status"] == "failed" and letters[retried]["completion_tokens"] == len(PARTIAL)
 
     assert dlq_cli(redis_url, "retry", retried).stdout.strip() == f"requeued {retried}"
-    queued = rclient.hgetall(keys.job_hash(retried))
+    queued = job_record(rclient, retried)
     assert queued["status"] == "queued" and "error" not in queued and queued["deliveries"] == "0"
     assert rclient.ttl(keys.job_hash(retried)) == -1  # its result TTL is lifted until it finishes again
     assert [d.job_id for d in DeadLetters(rclient, settings).list()] == [purged]
 
     worker = EngineThread(settings, tiny_target, worker_id="resumer", model_name="tiny", max_num_seqs=2).start()
     try:
-        done = wait_until(lambda: (f := rclient.hgetall(keys.job_hash(retried)))["status"] == "succeeded" and f,
+        done = wait_until(lambda: (f := job_record(rclient, retried))["status"] == "succeeded" and f,
                           what="the retried job to finish")
     finally:
         worker.stop()

@@ -24,7 +24,7 @@ import redis
 from celery import bootsteps
 from redis.exceptions import ResponseError
 
-from shared import batch_lua, keys
+from shared import batch_lua, keys, lua
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_line
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
@@ -48,12 +48,17 @@ class OutboxHandler:
         self.redis = client
         self.base_url = base_url
         self._line_done = client.register_script(batch_lua.LINE_DONE)
+        self._read_job_script = client.register_script(lua.READ_JOB)
 
     def handle(self, notice: Notice) -> None:
         if notice.kind is NoticeKind.BATCH:
             self._batch(notice)
         else:
             self._job(notice)
+
+    def _read_job(self, job_id: str) -> dict[str, str]:
+        """The job's record with its whole output ({} when it is gone)."""
+        return lua.fields_of(self._read_job_script(keys=lua.read_job_keys(job_id)))
 
     def _batch(self, notice: Notice) -> None:
         if notice.event == BatchEvent.CREATED:
@@ -62,7 +67,7 @@ class OutboxHandler:
             registry.send_batch(BatchAction.CANCEL, notice.id)
 
     def _job(self, notice: Notice) -> None:
-        fields: dict[str, str] = self.redis.hgetall(keys.job_hash(notice.id))  # type: ignore[assignment]
+        fields = self._read_job(notice.id)
         if not fields:
             log.debug("notice for job %s that no longer exists", notice.id)
             return
@@ -77,7 +82,7 @@ class OutboxHandler:
 
     def settle_batch_line(self, batch_id: str, index: int, job_id: str) -> bool:
         """Count a batch line from its job if that has finished (reconcile) -> whether it had."""
-        fields: dict[str, str] = self.redis.hgetall(keys.job_hash(job_id))  # type: ignore[assignment]
+        fields = self._read_job(job_id)
         if not fields:
             return False
         job = job_from_fields(fields, self.base_url)

@@ -17,7 +17,7 @@ from shared.redis_server import free_port
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.deadlines import Deadlines, JobClock
 from workers.worker.engine_metrics import EngineMetrics
@@ -27,7 +27,7 @@ LONG = {"prompt": "def f(x):", "max_tokens": 400, "temperature": 0, "ignore_eos"
 
 def _final(client: redis.Redis, job_id: str) -> dict[str, str]:
     return wait_until(
-        lambda: (f := client.hgetall(keys.job_hash(job_id)))["status"] not in ("queued", "running") and f,
+        lambda: (f := job_record(client, job_id))["status"] not in ("queued", "running") and f,
         timeout_s=60,
         what=f"job {job_id} to finish",
     )
@@ -113,7 +113,7 @@ def test_worker_process_stops_a_long_job_at_the_default_deadline(
     try:
         job_id = submit_job(rclient, settings, prompt="def f(x):", max_tokens=480, temperature=0, ignore_eos=True)
         job = wait_until(
-            lambda: (f := rclient.hgetall(keys.job_hash(job_id)))["status"] not in ("queued", "running") and f,
+            lambda: (f := job_record(rclient, job_id))["status"] not in ("queued", "running") and f,
             timeout_s=120, what="the job to end",
         )
         assert job["status"] == "failed" and '"code":"timeout"' in job["error"], (tmp_path / "worker.log").read_text()

@@ -7,7 +7,7 @@ import redis
 from shared import keys
 from shared.settings import ServiceSettings
 from tests.helpers.played_worker import step_output
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import QueueReader
 
@@ -39,16 +39,40 @@ def test_one_step_of_many_jobs_is_one_command(rclient: redis.Redis, settings: Se
     after = command_calls(rclient)
     ran = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
     assert ran.pop("cmdstat_evalsha") == 1  # ONE script call carries the three jobs' tokens ...
-    inside = ("hmget", "hset", "hincrby", "xrevrange", "xadd", "publish")  # xrevrange: the id the wake-up quotes
-    assert set(ran) <= {f"cmdstat_{c}" for c in inside}  # (its inside)
+    # (its inside; xrevrange: the id the wake-up quotes; append: the new tokens, strlen: whether a comma leads)
+    inside = ("hmget", "hset", "hincrby", "xrevrange", "xadd", "publish", "append", "strlen")
+    assert set(ran) <= {f"cmdstat_{c}" for c in inside}
     for job_id in jobs:
-        job = rclient.hgetall(keys.job_hash(job_id))
+        job = job_record(rclient, job_id)
         assert (job["text"], job["token_ids"], job["completion_tokens"]) == ("ab", "1,2", "2")
         token_event = rclient.xrevrange(keys.job_events(job_id), count=1)[0][1]
         assert token_event["type"] == "token" and json.loads(token_event["data"]) == {
             "text": "ab",
             "token_ids": [1, 2],
         }
+
+
+def test_a_step_writes_its_new_tokens_and_the_end_folds_them_in(
+    rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    """A running job's steps APPEND their tokens to the output strings: no step reads or rewrites the output so
+    far (its cost and its AOF entry stay the size of one step, however long the job). Its end moves the whole
+    output into the hash, once, and the strings go; a retried job's next attempt appends after it."""
+    (job_id,), running = _start(rclient, settings, 1)
+    emitter = Emitter(rclient, settings)
+    for i in range(50):
+        emitter.emit(running, [step_output(job_id, [i], f"<{i}>")])
+    text = "".join(f"<{i}>" for i in range(50))
+    assert "text" not in rclient.hgetall(keys.job_hash(job_id))  # the hash holds no copy while it runs
+    assert rclient.get(keys.job_output_text(job_id)) == text
+    assert rclient.get(keys.job_output_ids(job_id)) == ",".join(map(str, range(50)))
+    assert job_record(rclient, job_id)["text"] == text  # what readers see: the whole output
+    final = step_output(job_id, [50], "<50>", finish_reason="length")
+    assert emitter.emit(running, [final]) == ([job_id], [])
+    job = rclient.hgetall(keys.job_hash(job_id))
+    assert job["text"] == text + "<50>" and job["token_ids"] == ",".join(map(str, range(51)))
+    assert rclient.exists(keys.job_output_text(job_id), keys.job_output_ids(job_id)) == 0
+    assert job_record(rclient, job_id) == job
 
 
 def test_finish_exactly_once(rclient: redis.Redis, settings: ServiceSettings) -> None:
@@ -63,7 +87,7 @@ def test_finish_exactly_once(rclient: redis.Redis, settings: ServiceSettings) ->
         [],
         [job_id],
     )  # a second finish (e.g. a racing worker) is refused
-    job = rclient.hgetall(keys.job_hash(job_id))
+    job = job_record(rclient, job_id)
     assert job["status"] == "succeeded" and job["text"] == "ab" and job["finish_reason"] == "stop"
     assert json.loads(job["metrics"]) == {"ttft_ms": 3.5}
     events = rclient.xrange(keys.job_events(job_id))
@@ -81,6 +105,6 @@ def test_fail_sets_the_error(rclient: redis.Redis, settings: ServiceSettings) ->
     assert (
         emitter.fail(job_id, running[job_id].attempt, ErrorCode.PROMPT_TOO_LONG, "too long", "prompt") == "ok"
     )
-    job = rclient.hgetall(keys.job_hash(job_id))
+    job = job_record(rclient, job_id)
     assert job["status"] == "failed" and json.loads(job["error"])["field"] == "prompt"
     assert emitter.fail(job_id, running[job_id].attempt, ErrorCode.ENGINE_ERROR, "again") == "failed"

@@ -11,7 +11,7 @@ from shared.dlq import DeadLetters
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.helpers.played_worker import step_output
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.emitter import Emitter, Running
 from workers.worker.heartbeat import Heartbeat
@@ -83,7 +83,7 @@ def test_reclaim_heartbeat_writes_and_hand_back_stay_in_the_job_partition(
     with pytest.raises(ValueError, match="one partition"):
         emitter.step_call(Emitter.writes_for(running, [step_output(j, [7], "c") for j in jobs]))
     for job_id in jobs:
-        assert rclient.hget(keys.job_hash(job_id), "text") == "ab"
+        assert job_record(rclient, job_id).get("text") == "ab"
     other = _reader(rclient, partitioned, "other")
     reclaimed: list[Lease] = []  # idle past claim_timeout_s: every partition's entry is reclaimed
     wait_until(lambda: reclaimed.extend(other.pull(NUM_PARTITIONS)) or len(reclaimed) == NUM_PARTITIONS,
@@ -94,7 +94,7 @@ def test_reclaim_heartbeat_writes_and_hand_back_stay_in_the_job_partition(
     assert heartbeat.take_lost() == set(jobs)  # the old attempt is out, in every partition
     for lease in reclaimed:
         assert other.hand_back(lease) == "ok"
-        job = rclient.hgetall(keys.job_hash(lease.job_id))
+        job = job_record(rclient, lease.job_id)
         assert job["status"] == "queued"
         assert rclient.xlen(keys.queue_stream(lease.priority, lease.partition)) == 1
 

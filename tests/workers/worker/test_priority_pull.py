@@ -10,7 +10,7 @@ import redis
 from shared import keys
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from workers.worker.engine_metrics import EngineMetrics
 from workers.worker.main import Worker
 
@@ -39,7 +39,7 @@ def _steps_until(worker: Worker, done: object, max_steps: int = 2000) -> None:
 
 
 def _tokens(client: redis.Redis, job_id: str) -> str:
-    return str(client.hget(keys.job_hash(job_id), "token_ids") or "")
+    return str(job_record(client, job_id).get("token_ids") or "")
 
 
 def test_a_full_engine_takes_an_interactive_job_and_preempts_batch_work_exactly(

@@ -9,7 +9,7 @@ from shared import keys
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.helpers.played_worker import step_output
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import PriorityOrder, QueueReader
@@ -82,7 +82,7 @@ def test_expired_job_never_starts(rclient: redis.Redis, settings: ServiceSetting
         what="the ttl to pass",
     )
     assert [lease.job_id for lease in _reader(rclient, settings).pull(5)] == [fresh]
-    job = rclient.hgetall(keys.job_hash(expired))
+    job = job_record(rclient, expired)
     assert job["status"] == "expired" and "started_at" not in job and job["attempt"] == "0"
     last = rclient.xrevrange(keys.job_events(expired), count=1)[0][1]
     assert last["type"] == "error" and '"expired"' in last["data"]
@@ -109,7 +109,7 @@ def test_dead_worker_job_is_reclaimed_and_resumed(rclient: redis.Redis, settings
     assert resumed.job_id == job_id and resumed.attempt == 2
     assert (resumed.resumed_text, resumed.resumed_token_ids) == ("ab", [5, 6])
     assert emitter.emit(running, [step_output(job_id, [7], "c")]) == ([], [job_id])  # the old attempt is out
-    assert rclient.hget(keys.job_hash(job_id), "text") == "ab"
+    assert job_record(rclient, job_id).get("text") == "ab"
 
 
 def test_past_max_deliveries_goes_to_dead_letter(rclient: redis.Redis, settings: ServiceSettings) -> None:
@@ -121,7 +121,7 @@ def test_past_max_deliveries_goes_to_dead_letter(rclient: redis.Redis, settings:
     deadline = time.monotonic() + 5
     while rclient.hget(keys.job_hash(job_id), "status") == "running" and time.monotonic() < deadline:
         assert readers[2].pull(1) == []
-    job = rclient.hgetall(keys.job_hash(job_id))
+    job = job_record(rclient, job_id)
     assert job["status"] == "failed" and "max_deliveries_exceeded" in job["error"]
     assert rclient.xrange(keys.DEAD_LETTER_STREAM)[0][1]["id"] == job_id
     assert rclient.xlen(keys.queue_stream("default")) == 0
@@ -133,7 +133,7 @@ def test_hand_back_requeues_with_progress(rclient: redis.Redis, settings: Servic
     lease = leaving.pull(1)[0]
     Emitter(rclient, settings).emit({job_id: Running(job_id, 1, 3)}, [step_output(job_id, [1, 2], "xy")])
     assert leaving.hand_back(lease) == "ok"
-    job = rclient.hgetall(keys.job_hash(job_id))
+    job = job_record(rclient, job_id)
     assert job["status"] == "queued" and job["deliveries"] == "0"
     other = _reader(rclient, settings, "other").pull(1)[0]
     assert (other.job_id, other.attempt, other.resumed_text) == (job_id, 2, "xy")

@@ -20,7 +20,7 @@ from shared import keys, lua
 from shared.job_state import JobStatus
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
-from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from tests.helpers.redis_fixtures import FAST_TIMINGS, job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.main import Worker
 
@@ -82,7 +82,8 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
         ran = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
         assert worker.writer.num_round_trips - round_trips == num_steps
         assert ran.pop("cmdstat_evalsha") == num_steps  # one STEP call per step, all jobs in it; no PULL
-        inside = ("hmget", "hset", "hincrby", "xrevrange", "xadd", "publish")  # the STEP script's own commands
+        # the STEP script's own commands
+        inside = ("hmget", "hset", "hincrby", "xrevrange", "xadd", "publish", "append", "strlen")
         assert set(ran) <= {f"cmdstat_{c}" for c in inside}
         tokens_after = [int(rclient.hget(keys.job_hash(j), "completion_tokens") or 0) for j in jobs]
         assert all(a >= b + num_steps for a, b in zip(tokens_after, tokens_before, strict=True))
@@ -94,7 +95,7 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
             worker.writer.drain(30)
         assert jobs[0] not in worker.leases and jobs[0] not in worker.running
         assert worker.engine.free_capacity() == 1  # its KV is freed
-        job = rclient.hgetall(keys.job_hash(jobs[0]))
+        job = job_record(rclient, jobs[0])
         assert job["status"] == "cancelled" and int(job["completion_tokens"]) == num_written
         assert sorted(worker.running) == sorted(jobs[1:])
     finally:
@@ -167,7 +168,7 @@ def _interrupted_jobs_finish_whole(
             timeout_s=60,
             what="the jobs to be reclaimed, resumed and finished",
         )
-        records = [client.hgetall(keys.job_hash(j)) for j in jobs]
+        records = [job_record(client, j) for j in jobs]
         streams = [client.xrange(keys.job_events(j)) for j in jobs]
     finally:
         worker.request_stop(grace_s=0)

@@ -10,7 +10,7 @@ import redis
 from shared import keys
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
-from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from tests.helpers.redis_fixtures import FAST_TIMINGS, job_record, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.main import Worker
 
@@ -49,7 +49,7 @@ def test_redis_restart_mid_job(tiny_pair: tuple[Path, Path], tmp_path: Path) -> 
             timeout_s=60,
             what="the job to finish after the restart",
         )
-        job = client.hgetall(keys.job_hash(job_id))
+        job = job_record(client, job_id)
         events = client.xrange(keys.job_events(job_id))
     finally:
         worker.request_stop(grace_s=0)

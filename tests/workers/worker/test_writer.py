@@ -13,7 +13,7 @@ from shared import cpu_placement, keys
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
 from tests.helpers.cpus import ALLOWED, cores_of, needs_two_cores
-from tests.helpers.redis_fixtures import FAST_TIMINGS, submit_job
+from tests.helpers.redis_fixtures import FAST_TIMINGS, job_record, submit_job
 from workers.worker.emitter import JobWrite, Running
 from workers.worker.queue_reader import QueueReader
 from workers.worker.writer import Report, StepWrite, StepWriter
@@ -53,7 +53,7 @@ def test_steps_land_in_order_and_finish_once_landed(rclient: redis.Redis, settin
     assert sorted(j for r in reports for j in r.ended) == sorted(running) and not any(r.gone for r in reports)
     assert 1 <= writer.num_round_trips <= num_steps
     for job_id in running:
-        job = rclient.hgetall(keys.job_hash(job_id))
+        job = job_record(rclient, job_id)
         assert job["status"] == "succeeded" and job["token_ids"] == ",".join(map(str, range(num_steps)))
         assert [f'"<{i}>"' in data for i, data in enumerate(_streamed(rclient, job_id))] == [True] * num_steps
 
@@ -75,11 +75,11 @@ def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> 
         client.config_set("maxmemory", 0)
         writer.submit(StepWrite(0, [_tokens(job, 2)]))  # queued before the loop saw the failure: skipped
         assert writer.drain(30) == [Report([], [])]
-        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"  # no gap: token 2 never landed
+        assert job_record(client, job.job_id).get("token_ids") == "0"  # no gap: token 2 never landed
         writer.discard(0)  # the loop dropped its jobs; a new epoch writes again, and Redis itself refuses a gap:
         writer.submit(StepWrite(1, [_tokens(job, 3)]))  # it follows tokens 1 and 2, which never landed
         assert writer.drain(30) == [Report([], [job.job_id])]
-        assert client.hget(keys.job_hash(job.job_id), "token_ids") == "0"
+        assert job_record(client, job.job_id).get("token_ids") == "0"
     finally:
         writer.stop()
         client.close()
@@ -102,7 +102,7 @@ def test_a_dead_writer_process_fails_the_epoch_and_is_replaced(rclient: redis.Re
         writer.discard(0)  # what the loop does after a Redis failure: a new process takes the next epoch
         writer.submit(StepWrite(1, [_tokens(job, 2)]))
         assert writer.drain(30) == [Report([], [job.job_id])]  # Redis refuses the gap: token 1 never landed
-        assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "0"
+        assert job_record(rclient, job.job_id).get("token_ids") == "0"
     finally:
         writer.stop()
 
@@ -119,7 +119,7 @@ def test_a_replayed_write_lands_once(rclient: redis.Redis, settings: ServiceSett
     finally:
         writer.stop()
     assert not any(r.gone for r in reports)
-    assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "7"
+    assert job_record(rclient, job.job_id).get("token_ids") == "7"
     assert len(_streamed(rclient, job.job_id)) == 1
 
 
@@ -137,4 +137,4 @@ def test_the_writer_process_runs_on_the_io_cores(rclient: redis.Redis, settings:
         assert writer.drain(30) == [Report([], [])]  # it writes from there
     finally:
         writer.stop()
-    assert rclient.hget(keys.job_hash(job.job_id), "token_ids") == "0"
+    assert job_record(rclient, job.job_id).get("token_ids") == "0"
