@@ -338,7 +338,7 @@ local function emit_tokens(job, events, job_id, attempt, new_text, new_ids, num_
     if done ~= tokens_before then return 'lost' end
   end
   local ids_key = job .. ctx.idssuffix
-  if redis.call('STRLEN', ids_key) > 0 then new_ids = ',' .. new_ids end
+  if new_ids ~= '' and redis.call('STRLEN', ids_key) > 0 then new_ids = ',' .. new_ids end
   redis.call('APPEND', job .. ctx.textsuffix, new_text)  -- the new tokens only (each write is an AOF entry too)
   redis.call('APPEND', ids_key, new_ids)
   redis.call('HSET', job, 'prompt_tokens', prompt_tokens,
