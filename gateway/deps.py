@@ -7,7 +7,7 @@ Authentication: `ApiKeyDep` (the calling key), `OwnerDep` (the path's job or bat
 call), see gateway/auth.py.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -21,6 +21,8 @@ from gateway.streaming import EventHub
 from shared.api_keys import ApiKey
 from shared.settings import ServiceSettings
 
+BASE_URLS_KEPT = 256  # base URLs remembered by (scheme, server, root path, Host); past this, start over
+
 
 @dataclass
 class Gateway:
@@ -31,9 +33,23 @@ class Gateway:
     prompt_limit: PromptLimit
     limiter: RateLimiter
 
+    _base_urls: dict[tuple[object, ...], str] = field(default_factory=dict, repr=False)
+
     def base_url(self, request: Request) -> str:
-        """Where `urls{}` point: settings.public_url, else the URL the client used."""
-        return self.settings.public_url or str(request.base_url)
+        """Where `urls{}` point: settings.public_url, else the URL the client used. Starlette builds that URL anew
+        for every request (3 % of a submit's CPU); it depends only on the scheme, the server address, the root
+        path and the Host header, so it is kept by those (a few hundred at most: Host is the client's to choose)."""
+        if self.settings.public_url:
+            return self.settings.public_url
+        scope = request.scope
+        host = next((value for name, value in scope["headers"] if name == b"host"), None)
+        key = (scope.get("scheme"), scope.get("server"), scope.get("root_path", ""), host)
+        found = self._base_urls.get(key)
+        if found is None:
+            if len(self._base_urls) >= BASE_URLS_KEPT:
+                self._base_urls.clear()
+            found = self._base_urls[key] = str(request.base_url)
+        return found
 
 
 async def _gateway(request: Request) -> Gateway:

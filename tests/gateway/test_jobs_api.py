@@ -249,3 +249,10 @@ def test_concurrent_reads_share_redis_connections(gateway: ThreadedGateway, rcli
     assert asyncio.run(read_all()) == [200] * 200
     num_new_connections = int(rclient.info("stats")["total_connections_received"]) - connected_before
     assert num_new_connections <= MAX_IN_FLIGHT
+
+
+def test_urls_follow_the_host_each_client_used(gateway: ThreadedGateway) -> None:
+    with httpx.Client(base_url=gateway.url, timeout=10) as http:
+        for host in ("a.example", "b.example:8080", "a.example"):
+            job = http.post("/v1/jobs", json={"prompt": "def f(", "max_tokens": 2}, headers={"Host": host}).json()
+            assert job["urls"]["get"] == f"http://{host}/v1/jobs/{job['id']}"
