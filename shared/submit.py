@@ -43,7 +43,7 @@ def submit_call(
             settings.idempotency_ttl_s,
             "1" if idempotency_key else "0",
             owner,
-            request_hash(request),
+            request_hash(request) if idempotency_key else "",  # read only with an Idempotency-Key
         ],
     )
 
