@@ -38,7 +38,8 @@ def test_no_key_of_the_module_escapes_the_hash_tag() -> None:
     quotas) must join the tag too, or a Cluster refuses the MULTI or script that touches it with others."""
     import inspect
 
-    not_keys = {"NAMESPACE", "PREFIX", "CONSUMER_GROUP", "EVENTS_SUFFIX", "OUTBOX_GROUP", "CELERY_QUEUE",
+    not_keys = {"NAMESPACE", "PREFIX", "CONSUMER_GROUP", "EVENTS_SUFFIX", "OUTPUT_TEXT_SUFFIX", "OUTPUT_IDS_SUFFIX",
+                "OUTBOX_GROUP", "CELERY_QUEUE",
                 "WEBHOOK_FIELD_PREFIX", "OWNER_FIELD", "batch_line_idempotency", "PARTITION_MARK",
                 "mark", "partition_of", "by_partition", "spread", "tenant_partition", "prefix"}  # names, fields, partitions
     names = [n for n in dir(keys) if not n.startswith("_") and n not in not_keys]
