@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 MAX_IN_FLIGHT = 2  # batches sent and not yet answered: one being answered while the next is on its way
+# a batch unanswered this long fails (503, as the pool's wait for a connection does) and frees its slot: a Redis
+# that stopped answering must not hold every later call of the process behind it
+REPLY_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -32,8 +36,9 @@ class _Call:
 class CommandBatcher:
     """`await batcher.call("XRANGE", key, ...)` -> the command's reply, as `redis.execute_command` gives it."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
         self.redis = redis
+        self.reply_timeout_s = reply_timeout_s
         self._waiting: list[_Call] = []  # commands not sent yet: they go in the next batch
         self._sending: set[asyncio.Task[None]] = set()  # batches out (referenced: the loop keeps weak references)
         self._is_flush_due = False  # a flush is scheduled for this loop turn
@@ -77,7 +82,11 @@ class CommandBatcher:
         self.num_sends += 1
         self.num_calls += len(batch)
         try:
-            replies = await self._run(batch)
+            try:
+                async with asyncio.timeout(self.reply_timeout_s):  # a cancelled command drops its connection
+                    replies = await self._run(batch)
+            except TimeoutError as exc:
+                raise RedisTimeoutError(f"Redis did not answer within {self.reply_timeout_s:g} s") from exc
         except BaseException as exc:  # the connection failed: every call of the batch sees it
             for call in batch:
                 if not call.reply.done():
@@ -110,8 +119,8 @@ class ScriptBatcher(CommandBatcher):
     """`await batcher.run(keys, args)` -> the script's reply, as redis-py's registered Script gives it; a Redis
     that lost its scripts (a restart) gets the script, then the calls it refused again."""
 
-    def __init__(self, redis: Redis, script: str) -> None:
-        super().__init__(redis)
+    def __init__(self, redis: Redis, script: str, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        super().__init__(redis, reply_timeout_s)
         self.script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()
 

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redis_batch import MAX_IN_FLIGHT, CommandBatcher, ScriptBatcher
 
@@ -120,5 +121,26 @@ def test_calls_of_many_turns_wait_for_a_batch_to_come_back(redis_url: str) -> No
         connected = int((await counter.info("stats"))["total_connections_received"]) - connected_before
         assert connected <= MAX_IN_FLIGHT + 1  # + the counter's own
         await counter.aclose()
+
+    _run(redis_url, body)
+
+
+def test_a_batch_redis_does_not_answer_fails_and_frees_its_slot(redis_url: str) -> None:
+    """CLIENT PAUSE holds every reply: the batches out fail with Redis's TimeoutError after reply_timeout_s (the
+    gateway answers 503), their slots free, and once Redis answers again so do the calls."""
+
+    async def body(client: Redis) -> None:
+        admin = Redis.from_url(redis_url, decode_responses=True)
+        batcher = CommandBatcher(client, reply_timeout_s=0.3)
+        await batcher.call("SET", "k", "1")  # connected before the pause
+        await admin.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+        try:
+            stuck = await asyncio.gather(*(batcher.call("SET", "k", str(i)) for i in range(MAX_IN_FLIGHT + 3)),
+                                         return_exceptions=True)
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+        assert stuck and all(isinstance(r, RedisTimeoutError) for r in stuck), stuck
+        assert await batcher.call("SET", "after", "2") is True and await batcher.call("GET", "after") == "2"
 
     _run(redis_url, body)
