@@ -5,6 +5,7 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,8 +151,8 @@ def _build_ragged_batch(
     for b, it in enumerate(items):
         offset, n = len(input_ids), len(it.token_ids)
         input_ids.extend(it.token_ids)
-        for slot_pos in range(it.start_pos, it.start_pos + n):
-            slots.append(it.block_table[slot_pos // block_size] * block_size + slot_pos % block_size)
+        table = it.block_table
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(it.start_pos, it.start_pos + n)]
         positions.extend(it.positions or range(it.start_pos, it.start_pos + n))
         logits_rows.extend(range(offset + n - it.num_logits, offset + n))
         token_seq.extend([b] * n)
@@ -168,24 +169,44 @@ def _build_ragged_batch(
             tree_bits.extend((rows << torch.arange(rows.shape[1])).sum(dim=1).tolist())
 
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
-    padded_tables = [it.block_table[:num_blocks_max] for it in items]
-    tables = torch.tensor([t + [0] * (num_blocks_max - len(t)) for t in padded_tables], dtype=torch.long)  # [B, NB]
+    columns = [input_ids, positions, slots, logits_rows, _padded_tables(items, num_blocks_max)]
+    has_ragged_view = native is not None or all(it.tree_mask is None for it in items)
+    if has_ragged_view:  # the window ends at each token's own slot
+        columns += [token_seq, window_starts(own_end, sliding_window), key_end, tree_base, tree_bits]
+    tensors = long_tensors(columns)  # [T], [T], [T], [S], [B * NB], then [T] each
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long), block_tables=tables, mask=None, query_index=None,
-        flat_index=None, native=native,
+        slot_mapping=tensors[2], block_tables=tensors[4].view(len(items), num_blocks_max), mask=None,
+        query_index=None, flat_index=None, native=native,
     )
-    if native is not None or all(it.tree_mask is None for it in items):
-        ragged = torch.tensor([token_seq, key_end, own_end, tree_base, tree_bits], dtype=torch.long)  # [5, T]
-        meta.token_seq, meta.key_end, meta.tree_base, meta.tree_bits = ragged[0], ragged[1], ragged[3], ragged[4]
-        meta.key_start = window_start(ragged[2], sliding_window)  # [T]: the window ends at the token's own slot
+    if has_ragged_view:
+        meta.token_seq, meta.key_start, meta.key_end, meta.tree_base, meta.tree_bits = tensors[5:]
     if native is None:
         _add_padded_view(meta, items, q_lens, block_size, sliding_window)
-    return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
-        meta=meta,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
-    )
+    return ForwardBatch(input_ids=tensors[0], positions=tensors[1], meta=meta, logits_indices=tensors[3])
+
+
+def long_tensors(columns: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    """The lists as long tensors, made by ONE torch call (each a view of one buffer): a pass's metadata is a
+    dozen small tensors, and every torch call costs microseconds of dispatch whatever its size."""
+    flat = list(itertools.chain.from_iterable(columns))
+    return torch.tensor(flat, dtype=torch.long).split_with_sizes([len(column) for column in columns])
+
+
+def _padded_tables(items: list[ForwardItem], num_blocks: int) -> list[int]:  # [B * num_blocks]
+    """Each sequence's first `num_blocks` blocks, padded with block 0, back to back."""
+    flat: list[int] = []
+    for it in items:
+        table = it.block_table[:num_blocks]
+        flat += table
+        flat += [0] * (num_blocks - len(table))
+    return flat
+
+
+def window_starts(own_end: list[int], sliding_window: int | None) -> list[int]:
+    """window_start over a list (building a pass's metadata)."""
+    if sliding_window is None:
+        return [0] * len(own_end)
+    return [max(0, end - sliding_window) for end in own_end]
 
 
 def window_start(own_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
@@ -239,38 +260,45 @@ def _build_decode_batch(
     items: list[ForwardItem], block_size: int, sliding_window: int | None, native: NativeAttention | None = None
 ) -> ForwardBatch:
     """The common step (plain decoding, each draft token): one query token per sequence, so nothing is
-    padded and the metadata is four integers per sequence, turned into tensors in one call."""
+    padded and the metadata is a few integers per sequence, turned into tensors in one call."""
     batch = len(items)
-    input_ids, positions, slots, q_pos = decode_columns(items, block_size)  # [B] each
     num_blocks_max = max(it.start_pos // block_size + 1 for it in items)
-    tables = torch.tensor(
-        [it.block_table[:num_blocks_max] + [0] * (num_blocks_max - len(it.block_table)) for it in items],
-        dtype=torch.long,
-    )  # [B, NB]
-    key_end = q_pos + 1  # [B]
-    no_tree = torch.zeros(2, batch, dtype=torch.long)  # [2, B]: tree_base, tree_bits
+    key_end = [it.start_pos + 1 for it in items]  # the query's position + 1
+    logits_rows = [i for i, it in enumerate(items) if it.num_logits]
+    columns = long_tensors([
+        [it.token_ids[0] for it in items],
+        [it.positions[0] if it.positions else it.start_pos for it in items],
+        [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items],
+        window_starts(key_end, sliding_window),
+        key_end,
+        list(range(batch)),
+        [0] * batch,
+        [0] * batch,
+        logits_rows,
+        _padded_tables(items, num_blocks_max),
+    ])  # [B] each, [S], [B * NB]
+    ids, positions, slots, key_start, key_end_t, token_seq, tree_base, tree_bits, logits_indices, tables = columns
     meta = AttentionMetadata(
         slot_mapping=slots,
-        block_tables=tables,
+        block_tables=tables.view(batch, num_blocks_max),
         mask=None,
         query_index=None,
         flat_index=None,
-        token_seq=torch.arange(batch),
-        key_start=window_start(key_end, sliding_window),
-        key_end=key_end,
-        tree_base=no_tree[0],
-        tree_bits=no_tree[1],
+        token_seq=token_seq,
+        key_start=key_start,
+        key_end=key_end_t,
+        tree_base=tree_base,
+        tree_bits=tree_bits,
         native=native,
     )
     if native is None:
+        q_pos = key_end_t - 1  # [B]
         key_pos = torch.arange(num_blocks_max * block_size).unsqueeze(0)  # [1, L]
         mask = key_pos <= q_pos.unsqueeze(1)  # [B, L]
         if sliding_window is not None:
             mask &= key_pos > (q_pos.unsqueeze(1) - sliding_window)
         meta.mask = mask.view(batch, 1, 1, -1)  # [B, 1, Q=1, L]
-    logits_rows = [i for i, it in enumerate(items) if it.num_logits]
-    logits_indices = torch.arange(batch) if len(logits_rows) == batch else torch.tensor(logits_rows, dtype=torch.long)
-    return ForwardBatch(input_ids=input_ids, positions=positions, meta=meta, logits_indices=logits_indices)
+    return ForwardBatch(input_ids=ids, positions=positions, meta=meta, logits_indices=logits_indices)
 
 
 @dataclass(frozen=True)
