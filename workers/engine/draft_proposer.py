@@ -7,6 +7,7 @@ one forward per further draft position. The proposer only reads its sequences: e
 the draft cache is valid afterwards (draft_num_computed), and the engine records it.
 """
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -67,23 +68,26 @@ def draw_chain_step(
     """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
     its grammar), advance the grammar, and end a chain whose grammar completes, or whose grammar takes no token
     the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j."""
-    check_logits(logits)
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
-    if allowed is not None:  # only the tokens each row's grammar takes (workers/engine/grammar.py)
-        logits = logits.masked_fill(~allowed, float("-inf"))  # [A, V]
-        draftable = (logits.amax(dim=-1) > float("-inf")).tolist()  # [A]
-        if not all(draftable):
-            for i, ok in zip(active, draftable, strict=True):
-                if not ok:
-                    ks[i] = depth
-            rows = [row for row, ok in enumerate(draftable) if ok]
-            logits, active = logits[rows], [active[row] for row in rows]
-            if not active:
-                return
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
-        for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+        best, argmax = logits.max(dim=-1)  # [A] each: the check and the draws in one pass over the rows
+        if not all(math.isfinite(value) for value in best.tolist()):  # as check_logits: NaN, +inf, an empty row
+            raise DraftFailure("draft logits are not finite")
+        for i, token in zip(active, argmax.tolist(), strict=True):
             tokens[i].append(token)
     else:
+        check_logits(logits)
+        if allowed is not None:  # only the tokens each row's grammar takes (workers/engine/grammar.py)
+            logits = logits.masked_fill(~allowed, float("-inf"))  # [A, V]
+            draftable = (logits.amax(dim=-1) > float("-inf")).tolist()  # [A]
+            if not all(draftable):
+                for i, ok in zip(active, draftable, strict=True):
+                    if not ok:
+                        ks[i] = depth
+                rows = [row for row, ok in enumerate(draftable) if ok]
+                logits, active = logits[rows], [active[row] for row in rows]
+                if not active:
+                    return
         q = row_distributions(logits, [seqs[i].params for i in active], GreedyRows.ONE_HOT)  # [A, V]
         append_draws(q, [(seqs[i], tokens[i], probs[i]) for i in active])
     for i in active:

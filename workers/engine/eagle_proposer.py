@@ -89,8 +89,9 @@ class EagleProposer:
                     logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
                 draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j)
                 keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
-                hidden = hidden[keep]  # [A', hidden]
-                active = [active[row] for row in keep]
+                if len(keep) < len(active):  # a chain ended: its row leaves the next pass
+                    hidden = hidden[keep]  # [A', hidden]
+                    active = [active[row] for row in keep]
         finally:
             grammar.rollback()
         return [
