@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.head_runner import HeadRunner
-from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns, window_start
+from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns
 from workers.models.attention import AttentionMetadata
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
@@ -212,9 +212,7 @@ class DecodeGraphs:
         if self.features is not None:
             assert features is not None and features.shape[0] == num_seqs, "one feature row per sequence"
             self.features[:num_seqs].copy_(features)  # padding rows keep whatever they held: their output is unused
-        ids, positions, slots, q_pos = decode_columns(items, self.block_size)  # [B] each
-        key_end = q_pos + 1  # [B]
-        columns = torch.stack([ids, positions, slots, window_start(key_end, self.sliding_window), key_end])  # [5, B]
+        columns = torch.tensor(decode_columns(items, self.block_size, self.sliding_window), dtype=torch.long)  # [5, B]
         tables = [it.block_table[:width] + [self.scratch_block] * (width - len(it.block_table[:width])) for it in items]
         self.columns[:, :num_seqs].copy_(columns)
         self.tables[:num_seqs, :width].copy_(torch.tensor(tables, dtype=torch.long))  # [B, NB]

@@ -37,7 +37,12 @@ def draft_distributions(
 def check_logits(logits: torch.Tensor) -> None:  # [n, V]
     """Raise DraftFailure for unusable proposer output: NaN or +inf anywhere, or a row with no finite logit.
     -inf alone is a token the proposer never drafts (an EAGLE head's draft vocabulary, workers/models/eagle_head.py)."""
-    if not torch.isfinite(logits.amax(dim=-1)).all():  # amax carries NaN and +inf, and is -inf for an empty row
+    check_row_maxima(logits.amax(dim=-1).tolist())
+
+
+def check_row_maxima(maxima: list[float]) -> None:  # [n] each row's largest logit
+    """check_logits from the rows' maxima: a maximum carries NaN and +inf, and is -inf for an empty row."""
+    if not all(math.isfinite(value) for value in maxima):
         raise DraftFailure("draft logits are not finite")
 
 
@@ -71,8 +76,7 @@ def draw_chain_step(
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
         best, argmax = logits.max(dim=-1)  # [A] each: the check and the draws in one pass over the rows
-        if not all(math.isfinite(value) for value in best.tolist()):  # as check_logits: NaN, +inf, an empty row
-            raise DraftFailure("draft logits are not finite")
+        check_row_maxima(best.tolist())
         for i, token in zip(active, argmax.tolist(), strict=True):
             tokens[i].append(token)
     else:

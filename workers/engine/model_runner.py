@@ -203,18 +203,11 @@ def _padded_tables(items: list[ForwardItem], num_blocks: int) -> list[int]:  # [
 
 
 def window_starts(own_end: list[int], sliding_window: int | None) -> list[int]:
-    """window_start over a list (building a pass's metadata)."""
-    if sliding_window is None:
-        return [0] * len(own_end)
-    return [max(0, end - sliding_window) for end in own_end]
-
-
-def window_start(own_end: torch.Tensor, sliding_window: int | None) -> torch.Tensor:  # [T] -> [T] long
     """First key each token sees: 0, or the start of its sliding window (the `sliding_window` slots up to and
     including its own; own_end = its slot + 1)."""
     if sliding_window is None:
-        return torch.zeros_like(own_end)
-    return (own_end - sliding_window).clamp_(min=0)
+        return [0] * len(own_end)
+    return [max(0, end - sliding_window) for end in own_end]
 
 
 def _add_padded_view(
@@ -246,14 +239,17 @@ def _add_padded_view(
     meta.mask = mask.unsqueeze(1)  # [B, 1, Q, L]
 
 
-def decode_columns(items: list[ForwardItem], block_size: int) -> torch.Tensor:  # [4, B] long
-    """A decode pass's four integers per sequence (one query token each), in one tensor: token id, rotary
-    position, KV slot, and the query's position in its sequence."""
-    columns: list[int] = [it.token_ids[0] for it in items]
-    columns += [it.positions[0] if it.positions else it.start_pos for it in items]
-    columns += [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items]
-    columns += [it.start_pos for it in items]
-    return torch.tensor(columns, dtype=torch.long).view(4, len(items))
+def decode_columns(items: list[ForwardItem], block_size: int, sliding_window: int | None) -> list[list[int]]:
+    """A decode pass's five integers per sequence (one query token each), as [5][B] lists: token id, rotary
+    position, KV slot, first key it sees, one past its last key (its position + 1)."""
+    key_end = [it.start_pos + 1 for it in items]
+    return [
+        [it.token_ids[0] for it in items],
+        [it.positions[0] if it.positions else it.start_pos for it in items],
+        [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items],
+        window_starts(key_end, sliding_window),
+        key_end,
+    ]
 
 
 def _build_decode_batch(
@@ -263,21 +259,16 @@ def _build_decode_batch(
     padded and the metadata is a few integers per sequence, turned into tensors in one call."""
     batch = len(items)
     num_blocks_max = max(it.start_pos // block_size + 1 for it in items)
-    key_end = [it.start_pos + 1 for it in items]  # the query's position + 1
     logits_rows = [i for i, it in enumerate(items) if it.num_logits]
     columns = long_tensors([
-        [it.token_ids[0] for it in items],
-        [it.positions[0] if it.positions else it.start_pos for it in items],
-        [it.block_table[it.start_pos // block_size] * block_size + it.start_pos % block_size for it in items],
-        window_starts(key_end, sliding_window),
-        key_end,
+        *decode_columns(items, block_size, sliding_window),
         list(range(batch)),
         [0] * batch,
         [0] * batch,
         logits_rows,
         _padded_tables(items, num_blocks_max),
     ])  # [B] each, [S], [B * NB]
-    ids, positions, slots, key_start, key_end_t, token_seq, tree_base, tree_bits, logits_indices, tables = columns
+    ids, positions, slots, key_start, key_end, token_seq, tree_base, tree_bits, logits_indices, tables = columns
     meta = AttentionMetadata(
         slot_mapping=slots,
         block_tables=tables.view(batch, num_blocks_max),
@@ -286,13 +277,13 @@ def _build_decode_batch(
         flat_index=None,
         token_seq=token_seq,
         key_start=key_start,
-        key_end=key_end_t,
+        key_end=key_end,
         tree_base=tree_base,
         tree_bits=tree_bits,
         native=native,
     )
     if native is None:
-        q_pos = key_end_t - 1  # [B]
+        q_pos = key_end - 1  # [B]
         key_pos = torch.arange(num_blocks_max * block_size).unsqueeze(0)  # [1, L]
         mask = key_pos <= q_pos.unsqueeze(1)  # [B, L]
         if sliding_window is not None:
