@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints (HF layout, workers/demo/tiny.py), built once per test run: the target +
 draft pair, one model per supported layout, and a one-layer target with its EAGLE heads."""
 
+import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,15 @@ if TYPE_CHECKING:
     from workers.models.native_attention import NativeAttention
 
 LAYOUTS = ("llama", "qwen2", "mistral")
+
+
+def cpu_flags() -> set[str]:
+    path = Path("/proc/cpuinfo")
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+# the native library's AVX2 build as a build of its own where the host has AVX-512 (elsewhere it is the host's)
+HAS_SEPARATE_AVX2_BUILD = platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "avx512f"} <= cpu_flags()
 
 
 @pytest.fixture(scope="session")
@@ -76,4 +86,15 @@ def native_kernel(tmp_path_factory: pytest.TempPathFactory) -> "NativeAttention"
 
     kernel = load(tmp_path_factory.mktemp("native-kernel"))
     assert kernel is not None, "the native attention kernel did not build (see the log)"
+    return kernel
+
+
+@pytest.fixture(scope="session")
+def avx2_kernel(tmp_path_factory: pytest.TempPathFactory) -> "NativeAttention":
+    """The native library built without AVX-512 (on an AVX-512 host: HAS_SEPARATE_AVX2_BUILD): float32 products
+    in the register blocks sized for AVX2's 16 vector registers (linear_avx2), 16-lane vectors as two halves."""
+    from workers.models.native_attention import load
+
+    kernel = load(tmp_path_factory.mktemp("avx2-kernel"), ("-mno-avx512f",))
+    assert kernel is not None, "the native kernel did not build without AVX-512 (see the log)"
     return kernel

@@ -17,6 +17,7 @@ from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sequence import Sequence
 from workers.spec.distributions import GreedyRows, row_distributions
 from workers.spec.proposal import Proposal
+from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.tree import ROOT, TreeBuilder
 
 
@@ -69,15 +70,16 @@ def draw_chain_step(
     grammar: DraftGrammar,  # the sequences' grammar states during this proposal
     ks: list[int],  # [B] each sequence's chain length; cut where its grammar completes
     depth: int,  # j: the draft position this step fills
+    row_max: RowMax = torch_row_max,  # each row's max and argmax (the engine's is native where it can be)
 ) -> None:
     """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
     its grammar), advance the grammar, and end a chain whose grammar completes, or whose grammar takes no token
     the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j."""
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
-        best, argmax = logits.max(dim=-1)  # [A] each: the check and the draws in one pass over the rows
-        check_row_maxima(best.tolist())
-        for i, token in zip(active, argmax.tolist(), strict=True):
+        best, argmax = row_max(logits)  # [A] each: the check and the draws in one pass over the rows
+        check_row_maxima(best)
+        for i, token in zip(active, argmax, strict=True):
             tokens[i].append(token)
     else:
         check_logits(logits)
@@ -130,8 +132,9 @@ def grow_trees(
 
 
 class DraftProposer:
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, row_max: RowMax = torch_row_max) -> None:
         self.runner = runner
+        self.row_max = row_max  # the greedy drafts: each logits row's max and argmax
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:  # [B, V] draft logits after each last token
         """Feed each sequence's committed tokens the draft has not seen; its cache then holds len(seq)."""
@@ -180,7 +183,7 @@ class DraftProposer:
                         for i in active
                     ]
                     logits = self.runner.forward(items)  # [A, V]
-                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j)
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max)
                 active = [i for i in active if ks[i] > j + 1]
         finally:
             grammar.rollback()

@@ -17,12 +17,14 @@ from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sequence import Sequence
 from workers.spec.proposal import Proposal
+from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.tree import ROOT, TreeBuilder
 
 
 class EagleProposer:
-    def __init__(self, runner: HeadRunner) -> None:
+    def __init__(self, runner: HeadRunner, row_max: RowMax = torch_row_max) -> None:
         self.runner = runner
+        self.row_max = row_max  # the greedy drafts: each logits row's max and argmax
 
     def _catch_up(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] logits, [B, hidden]
         """Head rows draft_num_computed .. L - 2 of each sequence; its cache then holds L - 1 rows."""
@@ -87,7 +89,7 @@ class EagleProposer:
                         for i in active
                     ]
                     logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
-                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j)
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max)
                 keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
                 if len(keep) < len(active):  # a chain ended: its row leaves the next pass
                     hidden = hidden[keep]  # [A', hidden]

@@ -46,7 +46,9 @@ from workers.models import native_attention
 from workers.models.device import resolve_device
 from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
+from workers.models.native_attention import NativeAttention
 from workers.spec.proposal import Proposal, Verdict
+from workers.spec.row_max import torch_row_max
 from workers.spec.verify_batch import VerifyEntry
 
 log = logging.getLogger(__name__)
@@ -98,17 +100,23 @@ class Engine:
         # one cache block past the manager's, never handed out: where decode graphs' padding rows write
         num_cache_blocks = num_blocks + 1
         self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
+        native = native_attention.load(self.compile_cache_dir / "native") if cfg.attention_backend == "native" else None
+        row_max = native.row_max if native is not None else torch_row_max  # greedy tokens: each row's max, argmax
         draft_proposer = (
-            DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads)) if draft is not None else None
+            DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads), row_max)
+            if draft is not None
+            else None
         )
         eagle = (
-            EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads)) if head is not None else None
+            EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads), row_max)
+            if head is not None
+            else None
         )
-        self._use_native_attention(draft_proposer, eagle)
+        self._use_native_attention(native, draft_proposer, eagle)
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
         self.fusing = self._fuse_layers(draft_proposer, eagle)
-        self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle)
+        self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle, row_max)
         is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
         self.graph_capture_s: dict[str, float] = {}  # model -> its decode graphs' capture seconds
         if is_graphed:
@@ -135,11 +143,12 @@ class Engine:
         cache_dir = self.cfg.compile_cache_dir
         return Path(cache_dir) if cache_dir else specfleet_home() / "compile-cache"
 
-    def _use_native_attention(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> None:
-        """Build (or find cached) and hand every runner the native attention kernel (cfg.attention_backend);
-        `native_attention` says which models it serves. The tensor-parallel target stays on SDPA: its ranks
-        receive the SDPA path's metadata."""
-        native = native_attention.load(self.compile_cache_dir / "native") if self.cfg.attention_backend == "native" else None
+    def _use_native_attention(
+        self, native: NativeAttention | None, draft: DraftProposer | None, eagle: EagleProposer | None
+    ) -> None:
+        """Hand every runner the native attention kernel (built or found cached where cfg.attention_backend
+        says native); `native_attention` says which models it serves. The tensor-parallel target stays on SDPA:
+        its ranks receive the SDPA path's metadata."""
         if self.tp_group is None:
             self.runner.use_native(native)
         self.native_attention = {"target": self.runner.native is not None}

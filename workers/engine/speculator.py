@@ -32,6 +32,7 @@ from workers.spec.pass_costs import AttentionWork, PassCostTable, PassTiming
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
 from workers.spec.replan import Replan
+from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.state import SpecState, SpecStats
 from workers.spec.step_overhead import StepOverhead
 from workers.spec.verify_batch import VerifyEntry, verify_batch
@@ -55,9 +56,15 @@ class ProposeOutput:
 
 class Speculator:
     def __init__(
-        self, cfg: EngineConfig, draft: DraftProposer | None, max_model_len: int, eagle: EagleProposer | None = None
+        self,
+        cfg: EngineConfig,
+        draft: DraftProposer | None,
+        max_model_len: int,
+        eagle: EagleProposer | None = None,
+        row_max: RowMax = torch_row_max,  # greedy verification's argmax (the engine's is native where it can be)
     ) -> None:
         self.cfg = cfg
+        self.row_max = row_max
         self.draft = draft
         self.eagle = eagle
         self.max_model_len = max_model_len
@@ -352,7 +359,7 @@ class Speculator:
     # ---- after the forward ----------------------------------------------------------------------
     def verify(self, entries: list[VerifyEntry], logits: torch.Tensor) -> list[Verdict]:
         """logits: [S, V], each entry's 1 + num_tokens rows in order."""
-        return verify_batch(entries, logits)
+        return verify_batch(entries, logits, self.row_max)
 
 
 def _fall_back(out: ProposeOutput, request_ids: list[str], reason: str) -> None:

@@ -551,3 +551,5 @@ extern "C" int64_t specfleet_linear_pairs_bf16() {
   return uses_pairs<uint16_t>() ? 1 : 0;
 #endif
 }
+
+#include "row_max.cpp"

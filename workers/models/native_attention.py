@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # the library is built from BUILD_SOURCE, which includes the others; all of them key the build
 BUILD_SOURCE = Path(__file__).with_name("decode_layers.cpp")
-SOURCES = (Path(__file__).with_name("paged_attention.cpp"), BUILD_SOURCE)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "row_max.cpp")) + (BUILD_SOURCE,)
 COMPILE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
 # tokens spread over threads; torch's CPU wheels load GNU libgomp (soname libgomp.so.1) first, so the kernel
 # joins torch's OpenMP runtime instead of starting a second one. A compiler without OpenMP builds it without
@@ -50,10 +51,11 @@ MAX_TREE_NODES = 63  # a tree query's visible tree slots are one int64 bitmask
 
 @dataclass(frozen=True)
 class NativeAttention:
-    """The loaded kernel library: `attend` is one layer's K/V write and attention."""
+    """The loaded kernel library: `attend` is one layer's K/V write and attention; `row_max` the greedy token."""
 
     library_path: Path
     _functions: dict[torch.dtype, Any]  # dtype -> its ctypes entry point
+    _row_max: Any  # specfleet_row_max_f32 (row_max.cpp)
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
@@ -85,6 +87,18 @@ class NativeAttention:
             scale,
         )
         return out
+
+    def row_max(self, rows: torch.Tensor) -> tuple[list[float], list[int]]:  # [S, V] -> [S], [S]
+        """Each row's largest value and its first index, torch.max(rows, dim=-1) as lists (NaN counts as the
+        largest): in one native call for float32 CPU rows, whose ATen kernels compare one element at a time."""
+        if rows.dtype != torch.float32 or not rows.is_cpu or rows.stride(1) != 1 or not rows.shape[1]:
+            values, where = rows.max(dim=-1)
+            return values.tolist(), where.tolist()
+        num_rows, num_cols = rows.shape
+        maxima, indices = array("f", bytes(4 * num_rows)), array("q", bytes(8 * num_rows))
+        self._row_max(rows.data_ptr(), num_rows, num_cols, rows.stride(0), maxima.buffer_info()[0],
+                      indices.buffer_info()[0])
+        return maxima.tolist(), indices.tolist()
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:  # [T, heads, D] whose heads and elements are packed
@@ -154,8 +168,12 @@ def load(cache_dir: Path, extra_flags: tuple[str, ...] = ()) -> NativeAttention 
     for function in functions.values():  # 13 tensors' data pointers, the dims array, the scale
         function.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_double]
         function.restype = None
+    row_max = library.specfleet_row_max_f32
+    row_max.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                        ctypes.c_void_p]
+    row_max.restype = None
     log.info("native attention kernel: %s", path)
-    return NativeAttention(path, functions)
+    return NativeAttention(path, functions, row_max)
 
 
 def _build(compiler: str, path: Path, extra_flags: tuple[str, ...] = ()) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from workers.spec.distributions import GreedyRows, RowSampling, row_distributions
 from workers.spec.proposal import Proposal, Verdict
+from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.verifier import verify_chains, verify_tree
 
 
@@ -26,9 +27,10 @@ class VerifyEntry(NamedTuple):
 def verify_batch(
     entries: list[VerifyEntry],  # [B] sequences that sample this step, in row order
     logits: torch.Tensor,  # [S, V] target logits: 1 + proposal.num_tokens rows per entry, entries in order
+    row_max: RowMax = torch_row_max,  # each row's max and argmax (the engine's is native where it can be)
 ) -> list[Verdict]:  # [B] one per entry
     if all(params.is_greedy and (prop is None or prop.tree is None) for params, _, prop in entries):
-        return _verify_greedy_chains([prop for *_, prop in entries], logits.argmax(dim=-1).tolist())
+        return _verify_greedy_chains([prop for *_, prop in entries], row_max(logits)[1])
     vocab = logits.shape[1]
     row_params = [params for params, _, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
     target = row_distributions(logits, row_params, GreedyRows.LOGITS)  # [S, V]: p on sampling rows

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers.models import HAS_SEPARATE_AVX2_BUILD, cpu_flags
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.models.eagle_head import load_head
@@ -36,28 +37,10 @@ def portable_kernel(tmp_path_factory: pytest.TempPathFactory) -> NativeAttention
     return kernel
 
 
-def _cpu_flags() -> set[str]:
-    path = Path("/proc/cpuinfo")
-    return set(path.read_text().split()) if path.exists() else set()
-
-
-# the AVX2 build as a build of its own where the host has AVX-512 (elsewhere it is the host's, "native")
-HAS_SEPARATE_AVX2_BUILD = platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "avx512f"} <= _cpu_flags()
-
-
-@pytest.fixture(scope="module")
-def avx2_kernel(tmp_path_factory: pytest.TempPathFactory) -> NativeAttention:
-    """The library built without AVX-512: float32 products in the register blocks sized for AVX2's 16 vector
-    registers (linear_avx2)."""
-    kernel = load(tmp_path_factory.mktemp("avx2-kernel"), ("-mno-avx512f",))
-    assert kernel is not None, "the native kernel did not build without AVX-512 (see the log)"
-    return kernel
-
-
 def test_the_weight_layout_follows_the_cpu(native_kernel: NativeAttention, portable_kernel: NativeAttention) -> None:
     """bfloat16 pairs for the dot instruction exactly where the build has it (padded for AMX tiles where it has
     those too); float32 always in columns."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     want = 16 if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags else 1 if "avx512_bf16" in flags else 0
     assert pair_rows(native_kernel, torch.bfloat16) == want
     assert pair_rows(portable_kernel, torch.bfloat16) == 0
