@@ -14,6 +14,8 @@ written while step N+1 computes, with no Redis call and no other Python thread i
 """
 
 import logging
+import math
+import select
 import subprocess
 import time
 from multiprocessing.connection import Connection
@@ -23,7 +25,7 @@ import redis
 from shared import cpu_placement
 from shared.settings import ServiceSettings
 from workers.child_process import spawn_connected
-from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
+from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite, send_pickled
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class StepWriter:
         self.max_pending = max_pending
         self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
         self._conn: Connection | None = None
+        self._poller: select.poll | None = None  # on _conn, made once: Connection.poll builds a selector per call
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
         self._error: redis.RedisError | None = None
@@ -60,6 +63,8 @@ class StepWriter:
             lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd})"]
         )
         cpu_placement.bind(self.io_cpus, self._process.pid)  # one thread, all its life: binding it binds the process
+        self._poller = select.poll()
+        self._poller.register(self._conn.fileno(), select.POLLIN)
         self._conn.send(self.settings)
         try:
             is_ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == READY
@@ -84,7 +89,7 @@ class StepWriter:
             self._process.kill()
             self._process.wait()
         self._conn.close()
-        self._conn = self._process = None
+        self._conn = self._process = self._poller = None
 
     # -- loop side ----------------------------------------------------------------------------------------
     def submit(self, step: StepWrite) -> None:
@@ -98,7 +103,7 @@ class StepWriter:
         if self._error is not None:  # the loop drops this epoch's jobs at its next take_reports()
             return
         try:
-            self._conn.send(step)
+            send_pickled(self._conn, step)
         except OSError:
             self._on_dead()
             return
@@ -145,13 +150,13 @@ class StepWriter:
     # -- answers ----------------------------------------------------------------------------------------------
     def _receive(self, timeout_s: float | None) -> None:
         """Take every answer the process sent, waiting up to `timeout_s` (None: no limit) for the first."""
-        if self._conn is None:
+        if self._conn is None or self._poller is None:
             return
         try:
-            ready = self._conn.poll(timeout_s)
-            while ready:
+            ready = self._poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1e3))  # [(fd, events)]
+            while ready:  # readable, or hung up (then recv raises EOFError)
                 self._settle(self._conn.recv())
-                ready = self._conn.poll(0)
+                ready = self._poller.poll(0)
         except (EOFError, OSError):
             self._on_dead()
 
