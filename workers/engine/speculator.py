@@ -239,9 +239,16 @@ class Speculator:
                 sum((1 + fixed.get(seq.request_id, 0)) * seq.num_computed_tokens for seq in decodes),
             ),
         )
-        self.replan.record(key, is_empty=not any(plan.lengths))
+        is_empty = not any(plan.lengths)
+        self.replan.record(key, is_empty)
         lengths = dict(fixed)
         tally[1] += sum(plan.lengths)
+        room = max_extra_tokens - num_fixed
+        if is_empty and room > 0 and self.replan.is_probe_due(key):  # drafts anyway, to re-measure (replan.py)
+            seq, c = chosen[0]
+            lengths[seq.request_id] = min(c.max_k, room)  # a chain (shorter than any tree)
+            tally[1] += lengths[seq.request_id]
+            return lengths
         for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):
             if k:
                 lengths[seq.request_id] = k if is_tree else max(k, min(self.adaptive.k_min, c.max_k))

@@ -7,6 +7,13 @@ every sequence - and that price buys nothing. After EMPTY_STREAK empty plans in 
 MAX_INTERVAL steps; the first plan that drafts anything resets it. The steps between decode plainly, as those
 plans would have chosen. Costs and acceptance move over tens of steps, so a batch whose speculation starts to
 pay drafts again within MAX_INTERVAL steps.
+
+A proposer's costs and acceptance are learnt only from steps that draft: one probed while another process held
+the core, or a prior that started low, would make every plan empty for good and never be corrected (an EAGLE
+head whose cost table read 5x its true cost drafted nothing over five 128-token requests). So every
+PROBE_EVERY-th empty plan in a row of a key is a probe: it drafts anyway, one sequence's chain, whose passes
+and verdicts feed the tables and acceptance like any other; where speculation really does not pay, that is
+one drafting step in MAX_INTERVAL * PROBE_EVERY.
 """
 
 from dataclasses import dataclass
@@ -15,6 +22,7 @@ from workers.spec.goodput_guard import Key
 
 EMPTY_STREAK = 4  # empty plans in a row before a key is planned less often
 MAX_INTERVAL = 16  # steps between its plans at the most
+PROBE_EVERY = 8  # every 8th empty plan in a row drafts anyway (a probe)
 
 
 @dataclass
@@ -46,6 +54,12 @@ class Replan:
         """Have `key`'s plans drafted nothing EMPTY_STREAK times in a row (it is planned less often)?"""
         streak = self._keys.get(key)
         return streak is not None and streak.num_empty >= EMPTY_STREAK
+
+    def is_probe_due(self, key: Key) -> bool:
+        """Should the plan just recorded for `key`, empty, draft anyway: is it the PROBE_EVERY-th empty one in a
+        row (or a multiple)?"""
+        streak = self._keys.get(key)
+        return streak is not None and streak.num_empty > 0 and streak.num_empty % PROBE_EVERY == 0
 
     def record(self, key: Key, is_empty: bool) -> None:
         """A plan of `key` was made; is_empty: it drafted nothing."""

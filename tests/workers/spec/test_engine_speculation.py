@@ -281,6 +281,26 @@ def test_a_batch_whose_plans_draft_nothing_is_planned_less_often_and_decodes_the
     assert stats.num_unplanned_steps >= 23 - len(planned) - 1  # the rest were not planned (the last has no room)
 
 
+def test_a_batch_whose_plans_stay_empty_drafts_a_probe_now_and_then_and_decodes_the_same(spec_models) -> None:
+    """Costs that keep every plan empty (pinned: the probe's passes cannot change them): the batch is planned
+    less often (4 plans, then 2, 4, 8, 16 steps apart), and its 8th empty plan, at step 34, drafts one chain
+    anyway (replan.PROBE_EVERY): where real costs or acceptance had been misread, that chain's passes and
+    verdicts would correct them. The tokens are the plain ones."""
+    prompt, params = make_prompts()[0], greedy(64)
+    plain = tokens(run_all(spec_engine(spec_models, draft=None, speculative_method="none"), {"0": (prompt, params)})["0"])
+    engine = spec_engine(spec_models, costs=(lambda n: 1e-3, lambda n: 1e-3))  # a draft pass costs a target pass
+    num_steps_drafted = 0
+    engine.add_request("0", prompt, params)
+    outs = []
+    while engine.num_unfinished():
+        num_drafted = engine.speculator.stats.counts.num_drafted
+        outs.extend(engine.step())
+        num_steps_drafted += engine.speculator.stats.counts.num_drafted > num_drafted
+    assert tokens(outs) == plain
+    assert num_steps_drafted == 1  # one probe in 63 decode steps
+    assert 0 < engine.speculator.stats.counts.num_drafted <= engine.cfg.num_speculative_tokens
+
+
 def test_a_quiet_batch_takes_prompts_in_only_once_speculation_pays_again(spec_models, plain_reference) -> None:
     """While a batch size's plans draft nothing (replan.is_quiet), the draft model does not take new prompts in
     (Speculator.prefill); once its costs make speculation pay, the next plan drafts, the prompt is taken in,

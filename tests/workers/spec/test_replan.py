@@ -1,7 +1,8 @@
-"""A batch whose plans keep drafting nothing is planned less often, and planned every step again once one drafts."""
+"""A batch whose plans keep drafting nothing is planned less often, and planned every step again once one drafts;
+every PROBE_EVERY-th of its empty plans in a row is a probe."""
 
 from workers.spec.goodput_guard import guard_key
-from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, Replan
+from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, PROBE_EVERY, Replan
 
 KEY = guard_key(16, False, ("draft",))
 OTHER = guard_key(1, False, ("draft",))
@@ -49,3 +50,20 @@ def test_a_key_is_quiet_from_its_streak_of_empty_plans_until_one_drafts() -> Non
     assert not replan.is_quiet(OTHER)
     replan.record(KEY, is_empty=False)
     assert not replan.is_quiet(KEY)
+
+
+def test_every_probe_every_th_empty_plan_in_a_row_is_a_probe() -> None:
+    replan = Replan()
+    assert not replan.is_probe_due(KEY)  # never planned
+    due = []
+    for num_empty in range(1, 2 * PROBE_EVERY + 2):
+        replan.record(KEY, is_empty=True)
+        if replan.is_probe_due(KEY):
+            due.append(num_empty)
+    assert due == [PROBE_EVERY, 2 * PROBE_EVERY]
+    assert not replan.is_probe_due(OTHER)  # each batch key has its own streak
+    replan.record(KEY, is_empty=False)  # a plan that drafts: the count starts again
+    assert not replan.is_probe_due(KEY)
+    for _ in range(PROBE_EVERY):
+        replan.record(KEY, is_empty=True)
+    assert replan.is_probe_due(KEY)
