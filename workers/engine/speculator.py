@@ -244,10 +244,17 @@ class Speculator:
         lengths = dict(fixed)
         tally[1] += sum(plan.lengths)
         room = max_extra_tokens - num_fixed
-        if is_empty and room > 0 and self.replan.is_probe_due(key):  # drafts anyway, to re-measure (replan.py)
-            seq, c = chosen[0]
-            lengths[seq.request_id] = min(c.max_k, room)  # a chain (shorter than any tree)
-            tally[1] += lengths[seq.request_id]
+        if is_empty and self.replan.is_probe_due(key):  # drafts anyway, to re-measure (replan.py)
+            # not the policy's plan, so the guard does not judge it (a probe pays the proposer's backlog: the
+            # prompts it did not take in while the key was quiet)
+            self._guard_key = None
+            for seq, c in chosen:  # each its tree or its longest chain: the passes such a step would run
+                k = c.tree_size if 0 < c.tree_size <= room else min(c.max_k, room)
+                if k <= 0:
+                    break
+                lengths[seq.request_id] = k
+                room -= k
+                tally[1] += k
             return lengths
         for (seq, c), k, is_tree in zip(chosen, plan.lengths, plan.is_tree, strict=True):
             if k:

@@ -11,9 +11,12 @@ pay drafts again within MAX_INTERVAL steps.
 A proposer's costs and acceptance are learnt only from steps that draft: one probed while another process held
 the core, or a prior that started low, would make every plan empty for good and never be corrected (an EAGLE
 head whose cost table read 5x its true cost drafted nothing over five 128-token requests). So every
-PROBE_EVERY-th empty plan in a row of a key is a probe: it drafts anyway, one sequence's chain, whose passes
-and verdicts feed the tables and acceptance like any other; where speculation really does not pay, that is
-one drafting step in MAX_INTERVAL * PROBE_EVERY.
+PROBE_EVERY-th empty plan in a row of a key is a probe: it drafts anyway, every sequence its tree or its
+longest chain (the passes of every size such steps run), whose timings and verdicts feed the tables and
+acceptance like any other. The goodput guard is not told of it: it judges the policy's plans, and a probe
+also pays what the proposer skipped while the key was quiet (the prompts it did not take in), which no plan
+of a key that drafts pays. Where speculation really does not pay, a probe is one drafting step in
+MAX_INTERVAL * PROBE_EVERY.
 """
 
 from dataclasses import dataclass

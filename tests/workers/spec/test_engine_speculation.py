@@ -285,10 +285,13 @@ def test_a_batch_whose_plans_stay_empty_drafts_a_probe_now_and_then_and_decodes_
     """Costs that keep every plan empty (pinned: the probe's passes cannot change them): the batch is planned
     less often (4 plans, then 2, 4, 8, 16 steps apart), and its 8th empty plan, at step 34, drafts one chain
     anyway (replan.PROBE_EVERY): where real costs or acceptance had been misread, that chain's passes and
-    verdicts would correct them. The tokens are the plain ones."""
+    verdicts would correct them. The goodput guard, which judges the policy's plans, is not told of it. The
+    tokens are the plain ones."""
     prompt, params = make_prompts()[0], greedy(64)
     plain = tokens(run_all(spec_engine(spec_models, draft=None, speculative_method="none"), {"0": (prompt, params)})["0"])
     engine = spec_engine(spec_models, costs=(lambda n: 1e-3, lambda n: 1e-3))  # a draft pass costs a target pass
+    judged: list[bool] = []  # what the guard was told of each planned step: did it speculate
+    engine.speculator.guard.observe = lambda key, is_speculative, *rest: judged.append(is_speculative)
     num_steps_drafted = 0
     engine.add_request("0", prompt, params)
     outs = []
@@ -298,6 +301,7 @@ def test_a_batch_whose_plans_stay_empty_drafts_a_probe_now_and_then_and_decodes_
         num_steps_drafted += engine.speculator.stats.counts.num_drafted > num_drafted
     assert tokens(outs) == plain
     assert num_steps_drafted == 1  # one probe in 63 decode steps
+    assert judged and not any(judged)  # the planned steps that drafted nothing, not the probe
     assert 0 < engine.speculator.stats.counts.num_drafted <= engine.cfg.num_speculative_tokens
 
 
