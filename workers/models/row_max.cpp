@@ -12,7 +12,7 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 // Vector v of kSets (v = 0, 1, ...) covers elements 16 (kSets m + v) + i, lane i: each lane keeps its first strict
 // maximum and where, in kSets independent sets (a compare and two blends a vector, not one long chain of them);
-// the lanes are then merged by value, ties by the lower index, and the tail past the last full vector follows
+// the lanes are then merged by value, ties by the lower index, and the tail past the last full block follows
 constexpr int kSets = 4;
 
 void row_max(const float* row, int64_t num_cols, float* max_out, int64_t* index_out) {
@@ -51,7 +51,7 @@ void row_max(const float* row, int64_t num_cols, float* max_out, int64_t* index_
     }
   }
   if (!has_nan) {
-    for (; j < num_cols; ++j) {  // the tail (or a row of under 16)
+    for (; j < num_cols; ++j) {  // the tail past the last block of kSets vectors (a whole row under 64)
       const float value = row[j];
       if (value != value) {
         has_nan = true;
