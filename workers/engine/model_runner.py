@@ -5,6 +5,7 @@ each token's K/V goes (slot_mapping), which blocks each sequence reads (block_ta
 may see (mask: causal over the sequence's own keys, padding excluded).
 """
 
+import array
 import itertools
 import time
 from collections.abc import Callable
@@ -186,10 +187,15 @@ def _build_ragged_batch(
 
 
 def long_tensors(columns: list[list[int]]) -> tuple[torch.Tensor, ...]:
-    """The lists as long tensors, made by ONE torch call (each a view of one buffer): a pass's metadata is a
-    dozen small tensors, and every torch call costs microseconds of dispatch whatever its size."""
-    flat = list(itertools.chain.from_iterable(columns))
-    return torch.tensor(flat, dtype=torch.long).split_with_sizes([len(column) for column in columns])
+    """The lists as long tensors, each a view of one buffer: a pass's metadata is a dozen small tensors, and
+    every torch call costs microseconds of dispatch whatever its size. The buffer is an int64 array filled in
+    C and lent to torch as it is (torch.tensor over a list checks every element in Python's objects first:
+    ~2x the time for a decode step's metadata, 1.7x for a 512-token prefill's)."""
+    sizes = [len(column) for column in columns]
+    flat = array.array("q", itertools.chain.from_iterable(columns))
+    if not flat:  # frombuffer refuses an empty buffer
+        return torch.empty(0, dtype=torch.long).split_with_sizes(sizes)
+    return torch.frombuffer(flat, dtype=torch.long).split_with_sizes(sizes)  # the tensor keeps `flat` alive
 
 
 def _padded_tables(items: list[ForwardItem], num_blocks: int) -> list[int]:  # [B * num_blocks]

@@ -1,9 +1,16 @@
-"""The decode fast path of build_batch builds exactly the metadata the general (ragged) path builds."""
+"""The decode fast path of build_batch builds exactly the metadata the general (ragged) path builds, from
+long_tensors' views of one int64 buffer."""
 
 import pytest
 import torch
 
-from workers.engine.model_runner import ForwardItem, _build_decode_batch, _build_ragged_batch, build_batch
+from workers.engine.model_runner import (
+    ForwardItem,
+    _build_decode_batch,
+    _build_ragged_batch,
+    build_batch,
+    long_tensors,
+)
 
 BLOCK_SIZE = 4
 
@@ -43,3 +50,28 @@ def test_build_batch_takes_the_ragged_path_for_multi_token_items() -> None:
 
     assert batch.meta.max_query_len == 3
     assert batch.meta.flat_index is not None  # padded queries exist, so the ragged layout was built
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        [[3], [-1, 0, 2**62], [], [7, 8]],  # negatives, int64's range, an empty column
+        [[], []],  # nothing at all: frombuffer refuses an empty buffer, so an empty tensor stands in
+        [list(range(600)), [5] * 40],  # a prefill's columns
+    ],
+)
+def test_long_tensors_are_the_columns_as_int64(columns: list[list[int]]) -> None:
+    tensors = long_tensors(columns)
+
+    assert len(tensors) == len(columns)
+    for tensor, column in zip(tensors, columns, strict=True):
+        assert tensor.dtype == torch.long and tensor.shape == (len(column),)
+        assert tensor.tolist() == column
+    if len(tensors[0]):  # views of one buffer: writing one never touches the others
+        tensors[0].fill_(99)
+        assert [t.tolist() for t in tensors[1:]] == columns[1:]
+
+
+def test_long_tensors_refuse_what_int64_cannot_hold() -> None:
+    with pytest.raises(OverflowError):
+        long_tensors([[2**63]])
