@@ -212,7 +212,8 @@ class EagleHead(nn.Module):
         input_ids: torch.Tensor,  # [T] long: token t + 1 of each row
         features: torch.Tensor,  # [T, hidden]
     ) -> torch.Tensor:  # [T, 2 hidden]: [feature, next-token embedding], what fc reads
-        return torch.cat([features.to(self.fc.weight.dtype), self.target.embed(input_ids)], dim=-1)
+        embedded = torch.embedding(self.target.embed.weight, input_ids)  # [T, hidden] (the module's call: ~5 us more)
+        return torch.cat([features.to(self.fc.weight.dtype), embedded], dim=-1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         """The target's norm and LM head over h; with a draft vocabulary, its rows only and -inf elsewhere."""
