@@ -146,10 +146,10 @@ class HeadRunner:
         h = h.index_select(0, batch.logits_indices)  # [S, hidden]
         return to_host(head.logits(h)), h
 
-    @torch.inference_mode()
     def _run_fused(
         self, batch: ForwardBatch, features: torch.Tensor, fused: fused_decode.FusedLayers
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([S, V] float32 logits, [S, hidden] h of those rows)
+        # no inference_mode, as ModelRunner._run_fused: the head's weights need no grad either
         if self.threads is not None:
             self.threads.apply(batch.input_ids.shape[0])
         if fused.first is not None:  # [T, hidden]: the layer's input (fc), then its output
