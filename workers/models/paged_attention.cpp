@@ -343,10 +343,12 @@ inline void for_each_seen_key(const T* cache, const int64_t* key_rows, int64_t l
   });
 }
 
+// q, the caches and out may start at a head other than the first (a part of the heads, attend below): q, k and v
+// rows hold num_heads query heads here, out's token stride is out_stride
 template <typename T, int kChunks>
 void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* key_rows,
                 int64_t lo, int64_t num_keys, const Visibility* seen, int64_t run_len, int64_t num_heads,
-                int64_t group, double scale, float* scores, f32x16* acc, T* out) {
+                int64_t group, double scale, float* scores, f32x16* acc, T* out, int64_t out_stride) {
   constexpr int64_t dim = 16 * kChunks;
   const float scale_f = float(scale);
   const int64_t rows = run_len * num_heads;  // (token, head) pairs, token-major
@@ -403,7 +405,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t i = r * num_heads + h;
       const f32x16 inv_total = splat16(1.0f / sum(scores + i * num_keys + first, count));
-      T* out_head = out + i * dim;
+      T* out_head = out + r * out_stride + h * dim;
       for (int c = 0; c < kChunks; ++c) store16(out_head + 16 * c, acc[i * kChunks + c] * inv_total);
     }
   }
@@ -411,7 +413,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
 
 template <typename T>
 using RunFn = void (*)(const T*, int64_t, const T*, const T*, const int64_t*, int64_t, int64_t, const Visibility*,
-                       int64_t, int64_t, int64_t, double, float*, f32x16*, T*);
+                       int64_t, int64_t, int64_t, double, float*, f32x16*, T*, int64_t);
 
 template <typename T, int kChunks>
 RunFn<T> vector_run_for(int64_t dim) {
@@ -458,6 +460,18 @@ inline std::vector<int64_t> split_runs(const int64_t* token_seq, int64_t num_tok
   return bounds;
 }
 
+// How many parts a run's heads are split into, whole KV heads each: one where the runs alone keep every thread
+// busy, else the fewest that give each thread an item (a decode step of one sequence: its heads over the threads,
+// each reading its own columns of the slot rows)
+inline int64_t head_parts(int64_t num_runs, int64_t num_kv_heads, int64_t num_threads) {
+  int64_t parts = 1;
+  while (num_runs * parts < num_threads && parts < num_kv_heads) {
+    ++parts;
+    while (num_kv_heads % parts != 0) ++parts;
+  }
+  return parts;
+}
+
 template <typename T>
 void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, const int64_t* slot_mapping,
             const int64_t* block_tables, const int64_t* token_seq, const int64_t* key_start,
@@ -469,9 +483,12 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
   const RunFn<T> run_vector_fn = run_fn<T>(dim);
   const std::vector<int64_t> bounds = split_runs(token_seq, s.num_tokens);
   const int64_t num_runs = int64_t(bounds.size()) - 1;
-  // runs are independent once the K/V are written: spread over the threads (each run on one thread, and a
-  // token's bits do not depend on its run), with scratch per thread
-#pragma omp parallel num_threads(s.num_threads) if (s.num_threads > 1 && num_runs > 1)
+  const int64_t num_parts = run_vector_fn != nullptr ? head_parts(num_runs, s.num_kv_heads, s.num_threads) : 1;
+  const int64_t part_kv_heads = s.num_kv_heads / num_parts, part_heads = part_kv_heads * group;
+  const int64_t num_items = num_runs * num_parts;
+  // runs, and parts of their heads, are independent once the K/V are written: spread over the threads (each
+  // on one thread; a head's bits depend neither on its run nor on its part), with scratch per thread
+#pragma omp parallel num_threads(s.num_threads) if (s.num_threads > 1 && num_items > 1)
   {
     std::vector<typename Accum<T>::type> scores;
     std::vector<f32x16> acc;
@@ -479,7 +496,8 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
     std::vector<int64_t> token_rows;  // the scalar path: the rows one token sees
     std::vector<Visibility> seen;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t run = 0; run < num_runs; ++run) {
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t run = item / num_parts, part = item % num_parts;
       const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
       const int64_t* table = block_tables + token_seq[first_token] * s.max_blocks;
       seen.resize(run_len);
@@ -502,11 +520,13 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
       }
       if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
         if (run_vector_fn != nullptr) {
-          scores.resize(run_len * s.num_heads * num_keys);
-          acc.resize(run_len * s.num_heads * (dim / 16));
-          run_vector_fn(q + first_token * s.q_stride, s.q_stride, k_cache, v_cache, key_rows.data(), lo, num_keys,
-                        seen.data(), run_len, s.num_heads, group, scale, scores.data(), acc.data(),
-                        out + first_token * s.num_heads * dim);
+          const int64_t head0 = part * part_heads, kv_column = part * part_kv_heads * dim;
+          scores.resize(run_len * part_heads * num_keys);
+          acc.resize(run_len * part_heads * (dim / 16));
+          run_vector_fn(q + first_token * s.q_stride + head0 * dim, s.q_stride, k_cache + kv_column,
+                        v_cache + kv_column, key_rows.data(), lo, num_keys, seen.data(), run_len, part_heads, group,
+                        scale, scores.data(), acc.data(), out + first_token * s.num_heads * dim + head0 * dim,
+                        s.num_heads * dim);
           continue;
         }
       }

@@ -13,6 +13,7 @@ from workers.engine.model_runner import ForwardItem, ModelRunner, build_batch
 from workers.models.attention import attend_paged
 from workers.models.loader import load_model
 from workers.models.native_attention import NativeAttention, load
+from workers.models.threads import pinned_threads
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
@@ -87,6 +88,25 @@ def test_a_token_gets_the_same_bits_alone_or_inside_a_longer_pass(
     alone = attend_paged(q[3:], k[3:], v[3:], k_cache, v_cache, decode, 1.0)[0]  # [H * D]
 
     assert torch.equal(in_chain, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_kv_heads", [NUM_HEADS, 2])  # MHA, GQA
+@pytest.mark.parametrize("items", [ragged_items()[:1], ragged_items()[1:2], ragged_items()], ids=["decode", "chain", "ragged"])
+def test_the_bits_do_not_depend_on_the_thread_count(
+    native_kernel: NativeAttention, dtype: torch.dtype, num_kv_heads: int, items: list[ForwardItem]
+) -> None:
+    """One sequence's pass splits its heads over the threads (each part whole KV heads); more runs than threads
+    spread by run: every (token, head) is computed the same way whichever thread and part it falls in."""
+    num_tokens = sum(len(it.token_ids) for it in items)
+    q, k, v, k_cache, v_cache = random_pass(dtype, num_kv_heads, num_tokens, seed=2)
+    meta = build_batch(items, BLOCK_SIZE, None, native_kernel).meta
+    outs = []
+    for num_threads in (1, 2, 3, 4):
+        with pinned_threads(num_threads):
+            outs.append(attend_paged(q, k, v, k_cache.clone(), v_cache.clone(), meta, HEAD_DIM**-0.5))  # [T, H * D]
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert not outs[0].isnan().any()
 
 
 def tree_items() -> list[ForwardItem]:
