@@ -28,6 +28,7 @@ from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
 from workers.engine.fusing import FusingMode
 from workers.engine.packing import PackingMode
+from workers.engine.small_pass_threads import SmallPassThreads
 from workers.models.device import DEVICE_PATTERN
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "engine.yaml"
@@ -55,9 +56,14 @@ class EngineConfig:
     # op by op
     cuda_graph_max_context: PositiveInt = 8192
     num_threads: NonNegativeInt = 0  # torch threads for large passes; 0 = every core this process may use
-    # passes of at most this many tokens (batch-1 decode, draft tokens) run on one thread: they are
-    # memory-bound, and a 2nd thread only adds sync, and stalls when another process holds a core
+    # passes of at most this many tokens (batch-1 decode, draft tokens) run on one thread (but see
+    # small_pass_threads): op by op they are memory-bound, and a 2nd thread only adds sync, and stalls when another
+    # process holds a core
     single_thread_max_tokens: NonNegativeInt = 4
+    # those small passes, for a model whose passes take the native layers (fused_layers): `auto` = on all
+    # num_threads where timed passes of 1 and single_thread_max_tokens tokens were faster so on this host
+    # (workers/engine/small_pass_threads.py); `all`; `one` = on one thread
+    small_pass_threads: SmallPassThreads = SmallPassThreads.AUTO
     block_size: PositiveInt = 16  # tokens per KV block
     kv_cache_mb: PositiveFloat = 256.0  # KV budget for target + draft caches
     max_num_seqs: PositiveInt = 32  # sequences running at once

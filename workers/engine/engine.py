@@ -40,6 +40,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
+from workers.engine.small_pass_threads import ThreadChoice, choose_threads
 from workers.engine.speculator import Speculator
 from workers.engine.tp_runner import load_target, make_runner
 from workers.models import native_attention
@@ -116,6 +117,7 @@ class Engine:
         self.packing = self._pack_linears(draft_proposer, eagle)
         self.compile_stats = self._compile(draft_proposer, eagle)
         self.fusing = self._fuse_layers(draft_proposer, eagle)
+        self.small_pass_threads = self._choose_threads(draft_proposer, eagle)
         self.speculator = Speculator(cfg, draft_proposer, self.max_model_len, eagle, row_max)
         is_graphed = self.device.type == "cuda" and cfg.cuda_graphs
         self.graph_capture_s: dict[str, float] = {}  # model -> its decode graphs' capture seconds
@@ -204,6 +206,22 @@ class Engine:
         if eagle is not None:
             stats["eagle"] = fuse_runner(eagle.runner, mode, "eagle", max_tokens)
         return stats
+
+    def _choose_threads(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, ThreadChoice]:
+        """Choose how many threads each model's small passes get (cfg.small_pass_threads; small_pass_threads.py),
+        after fusing (the native layers are what make more threads pay) and before the pass costs. The
+        tensor-parallel target keeps its ranks' policy."""
+        cfg = self.cfg
+        mode = cfg.small_pass_threads
+        max_context = min(self.block_manager.num_blocks * cfg.block_size, self.max_model_len)
+        choices = {}
+        if self.tp_group is None:
+            choices["target"] = choose_threads(self.runner, mode, "target", max_context)
+        if draft is not None:
+            choices["draft"] = choose_threads(draft.runner, mode, "draft", max_context)
+        if eagle is not None:
+            choices["eagle"] = choose_threads(eagle.runner, mode, "eagle", max_context)
+        return choices
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:
         """Serve the plain decode passes of the target and the draft, and the EAGLE head's chain passes, from

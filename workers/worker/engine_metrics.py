@@ -181,6 +181,7 @@ class CompileSnapshot:
     is_native_attention: dict[str, bool] = field(default_factory=dict)  # model -> the native kernel attends
     is_packed: dict[str, bool] = field(default_factory=dict)  # model -> its linear weights are prepacked
     fused_max_tokens: dict[str, int] = field(default_factory=dict)  # model -> its native layers' largest pass
+    small_pass_threads: dict[str, int] = field(default_factory=dict)  # model -> threads of its small passes
     graph_capture_s: dict[str, float] = field(default_factory=dict)  # model -> its decode graphs' capture seconds
 
     @classmethod
@@ -191,6 +192,7 @@ class CompileSnapshot:
         packing: dict[str, Any],
         fusing: dict[str, Any],
         graph_capture_s: dict[str, float],
+        small_pass_threads: dict[str, Any],
     ) -> "CompileSnapshot":
         return cls(
             is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
@@ -199,6 +201,7 @@ class CompileSnapshot:
             is_native_attention=dict(native_attention),
             is_packed={m: st.is_packed for m, st in packing.items()},
             fused_max_tokens={m: st.max_tokens for m, st in fusing.items()},
+            small_pass_threads={m: choice.num_threads for m, choice in small_pass_threads.items()},
             graph_capture_s=dict(graph_capture_s),
         )
 
@@ -220,6 +223,11 @@ class CompileCollector(Collector):
             "specfleet_engine_fused_max_tokens",
             "The model's passes of at most this many tokens run its decoder layers as one native call (0: none)",
             s.fused_max_tokens,
+        )
+        yield _gauge_per_model(
+            "specfleet_engine_small_pass_threads",
+            "Threads of the model's passes of at most single_thread_max_tokens tokens (EngineConfig.small_pass_threads)",
+            s.small_pass_threads,
         )
         seconds = GaugeMetricFamily("specfleet_engine_compile_seconds", "Start-up compilation time", labels=["model"])
         failures = CounterMetricFamily(
@@ -324,7 +332,8 @@ class EngineMetrics:
             self._num_spec_steps_seen = stats.counts.num_steps
             self.spec.snapshot = SpecSnapshot.of(stats)
         compile_now = CompileSnapshot.of(  # a few entries: cheap
-            engine.compile_stats, engine.native_attention, engine.packing, engine.fusing, engine.graph_capture_s
+            engine.compile_stats, engine.native_attention, engine.packing, engine.fusing, engine.graph_capture_s,
+            engine.small_pass_threads,
         )
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now
