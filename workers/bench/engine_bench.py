@@ -7,7 +7,8 @@ batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and
 `compile: auto` with `fused_layers: off`; the headline ratios are auto's, `compiled_vs_eager_*` and
 `fused_vs_unfused_*` compare it with the other two. Also, in the same run: the batch-1 decode rate against the
 memory-bandwidth bound (the weight bytes a decode step reads / a single-thread read bandwidth measured by
-summing a tensor of that size), and the draft model's cost per token, eager and compiled.
+summing a tensor of that size: the median of samples taken before each batch-1 prompt's runs and once after
+them, so the bound is this host's at the hour the decode ran), and the draft model's cost per token, eager and compiled.
 """
 
 import contextlib
@@ -185,7 +186,10 @@ def bench_engine(
     bs1 = prompts[: plan.num_bs1_prompts]
     seconds = {v: 0.0 for v in engines}
     outs: dict[str, list[list[int]]] = {v: [] for v in engines}
+    weight_bytes = decode_weight_bytes(engine.runner.model)
+    bandwidths: list[float] = []  # sampled before each prompt's runs: the bound at the hour the decode ran
     for p in bs1:  # interleaved prompt by prompt
+        bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
         for variant, e in engines.items():
             s, o = run_ours(e, [p], n)
             seconds[variant] += s
@@ -219,16 +223,18 @@ def bench_engine(
         ratios[f"fused_vs_unfused_c{c}"] = tps["auto"] / tps["unfused"]
         log.info("concurrency %d done", c)
 
-    weight_bytes = decode_weight_bytes(engine.runner.model)
-    bandwidth = read_bandwidth_bytes_per_s(weight_bytes)
+    bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
+    bandwidth = statistics.median(bandwidths)
     bound_tps = bandwidth / weight_bytes
     ratios["decode_vs_bandwidth_bound_bs1"] = ours_bs1["auto"] / bound_tps
     bound = {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bandwidth / 1e9,
-             "bound_tokens_per_s": bound_tps, "decode_tokens_per_s": ours_bs1["auto"]}
+             "read_bandwidth_samples_gb_s": [b / 1e9 for b in bandwidths], "bound_tokens_per_s": bound_tps,
+             "decode_tokens_per_s": ours_bs1["auto"]}
     compile_info: dict[str, Any] = {
         "start_up_s": start_up_s,
         "stats": {m: dataclasses.asdict(st) for m, st in engine.compile_stats.items()},
         "fused_layers": {m: dataclasses.asdict(st) for m, st in engine.fusing.items()},
+        "small_pass_threads": {m: dataclasses.asdict(c) for m, c in engine.small_pass_threads.items()},
     }
     for _ in range(2):  # the proposers' cost per draft token, eager and `auto`, interleaved; the second pair counts
         for variant, e in engines.items():

@@ -19,15 +19,18 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
     typer.echo(format_table(result["rows"], ["system", "concurrency", "tokens_per_s", "greedy_match_vs_hf"]))
     typer.echo("")
     bound, compiled = result["bandwidth_bound"], result["compile"]
+    samples = ", ".join(f"{gb_s:.1f}" for gb_s in bound["read_bandwidth_samples_gb_s"])
     typer.echo(f"batch-1 decode {bound['decode_tokens_per_s']:.1f} tok/s; bandwidth bound "
                f"{bound['bound_tokens_per_s']:.1f} tok/s ({bound['weight_bytes_per_token'] / 1e6:.1f} MB of weights "
-               f"a token at {bound['read_bandwidth_gb_s']:.1f} GB/s, one thread)")
+               f"a token at {bound['read_bandwidth_gb_s']:.1f} GB/s, one thread: the median of {samples})")
     typer.echo("start-up s: " + ", ".join(f"{k} {v:.1f}" for k, v in compiled["start_up_s"].items()))
     for model, st in compiled["stats"].items():
         typer.echo(f"{model}: compiled {st['is_compiled']} in {st['compile_time_s']:.1f} s; eager ms "
                    f"{st['eager_ms']}, compiled ms {st['compiled_ms']}, failures {st['num_failures']}")
     for model, st in compiled["fused_layers"].items():
         typer.echo(f"{model}: native layers for passes of up to {st['max_tokens']} tokens ({st['reason']})")
+    for model, choice in compiled["small_pass_threads"].items():
+        typer.echo(f"{model}: small passes on {choice['num_threads']} thread(s) ({choice['reason']})")
     for proposer in ("draft", "eagle"):
         if f"{proposer}_ms_per_token" in compiled:
             per_token = compiled[f"{proposer}_ms_per_token"]
