@@ -76,17 +76,25 @@ void tile_pairs(const uint16_t* x, int64_t x_stride, const uint16_t* w_tile, int
   for (int r = 0; r < kRows; ++r) {
     for (int b = 0; b < kVectors; ++b) sums[r][b] = _mm512_setzero_ps();
   }
-  const int64_t num_pairs = (k_size + 1) / 2;
-  for (int64_t k2 = 0; k2 < num_pairs; ++k2) {
+  // a pair of x is the 32 bits at x + 2 k2: broadcast straight from memory (a load-port broadcast, no ALU work
+  // beside the dot instructions); an odd K's last pair is built with a zero past K
+  auto step = [&](int64_t k2, auto pair_of) {
     __m512bh wv[kVectors];
     for (int b = 0; b < kVectors; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w_tile + (k2 * kTileOutputs + kOutputs * b) * 2);
     for (int r = 0; r < kRows; ++r) {
-      const uint16_t* xr = x + r * x_stride + 2 * k2;
-      const uint32_t pair = uint32_t(xr[0]) | (2 * k2 + 1 < k_size ? uint32_t(xr[1]) << 16 : 0u);  // 0 past K
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair_of(x + r * x_stride + 2 * k2));
       for (int b = 0; b < kVectors; ++b) sums[r][b] = _mm512_dpbf16_ps(sums[r][b], xv, wv[b]);
     }
+  };
+  const int64_t num_whole = k_size / 2;
+  for (int64_t k2 = 0; k2 < num_whole; ++k2) {
+    step(k2, [](const uint16_t* xr) {
+      int32_t pair;
+      std::memcpy(&pair, xr, sizeof pair);
+      return pair;
+    });
   }
+  if (k_size % 2) step(num_whole, [](const uint16_t* xr) { return int32_t(xr[0]); });  // 0 past K
   for (int r = 0; r < kRows; ++r) {
     for (int b = 0; b < kVectors; ++b) _mm512_storeu_ps(reinterpret_cast<float*>(&acc[r][b]), sums[r][b]);
   }

@@ -56,7 +56,7 @@ def kernel(request: pytest.FixtureRequest, native_kernel: NativeAttention) -> Na
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])  # tiles of 4 (16 for AMX, 6 for AVX2) rows, remainders
-@pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96)])  # weight-row and K remainders
+@pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96), (5, 33)])  # weight-row and K remainders, odd K
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_native_linear_matches_the_exact_product(
     kernel: NativeAttention, dtype: torch.dtype, num_rows: int, num_out: int, num_in: int, has_bias: bool
@@ -73,12 +73,13 @@ def test_native_linear_matches_the_exact_product(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_product_does_not_depend_on_the_pass_size(kernel: NativeAttention, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("num_in", [96, 33])  # even, odd K
+def test_a_rows_product_does_not_depend_on_the_pass_size(kernel: NativeAttention, dtype: torch.dtype, num_in: int) -> None:
     """The same bits for a row alone, in a small batch and in a long pass: decoding, a verified chain and a
     resumed job's prefill agree."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(37, 96, generator=gen).to(dtype)
-    weight, bias = torch.randn(80, 96, generator=gen).to(dtype), torch.randn(80, generator=gen).to(dtype)
+    x = torch.randn(37, num_in, generator=gen).to(dtype)
+    weight, bias = torch.randn(80, num_in, generator=gen).to(dtype), torch.randn(80, generator=gen).to(dtype)
     whole = native_linear(kernel, x, weight, bias)  # [37, 80]
     for num_rows in (1, 2, 5, 16, 17):
         assert torch.equal(native_linear(kernel, x[:num_rows], weight, bias), whole[:num_rows])
