@@ -273,8 +273,7 @@ void linear_avx2(const float* x, int64_t x_stride, int64_t m_size, const float* 
                  int64_t n_size, int64_t k_size, float* out, int64_t num_threads) {
   constexpr int64_t kGroup = 8 * kAvx2Vecs;  // outputs per column group
   const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_tiles > 1)
-  for (int64_t t = 0; t < num_tiles; ++t) {
+  parallel_for(num_tiles, num_threads, [&](int64_t t) {
     alignas(32) float sums[kAvx2Rows * kTileOutputs];
     const float* w_tile = w_packed + t * k_size * kTileOutputs;
     const int64_t n0 = t * kTileOutputs, cols = std::min(kTileOutputs, n_size - n0);
@@ -289,7 +288,7 @@ void linear_avx2(const float* x, int64_t x_stride, int64_t m_size, const float* 
     if (m_size == 1) {
       block_avx2<1, kTileOutputs / 8>(x, x_stride, w_tile, k_size, sums);
       write(0, 1, 0, cols);
-      continue;
+      return;
     }
     for (int64_t c0 = 0; c0 < cols; c0 += kGroup) {
       for (int64_t m0 = 0; m0 < m_size; m0 += kAvx2Rows) {
@@ -302,7 +301,7 @@ void linear_avx2(const float* x, int64_t x_stride, int64_t m_size, const float* 
         write(m0, rows, c0, std::min(c0 + kGroup, cols));
       }
     }
-  }
+  });
 }
 #endif
 
@@ -355,8 +354,7 @@ void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, con
   }
 #endif
   const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_tiles > 1)
-  for (int64_t t = 0; t < num_tiles; ++t) {
+  parallel_for(num_tiles, num_threads, [&](int64_t t) {
     const int64_t n0 = t * kTileOutputs, cols = std::min(kTileOutputs, n_size - n0);
     for (int64_t m0 = 0; m0 < m_size; m0 += kMaxRows) {
       f32x16 acc[kMaxRows][kMaxVectors] = {};
@@ -376,7 +374,7 @@ void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, con
         }
       }
     }
-  }
+  });
 }
 
 inline float rounded(float x, const float*) { return x; }  // float32: every result is already a float32
@@ -392,8 +390,7 @@ inline float rounded(float x, const uint16_t*) {  // bfloat16: x as the bfloat16
 // busy and the other waiting
 template <typename RowFn>
 void for_rows(int64_t num_rows, int64_t num_threads, RowFn row_fn) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && num_rows > 1)
-  for (int64_t t = 0; t < num_rows; ++t) row_fn(t);
+  parallel_for(num_rows, num_threads, row_fn);
 }
 
 // out [T, n] = RMSNorm(x) * weight
