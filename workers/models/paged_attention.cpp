@@ -525,53 +525,53 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
   // runs, and parts of their heads, are independent once the K/V are written: spread over the threads (each
   // on one thread; a head's bits depend neither on its run nor on its part), with scratch per thread
   parallel_items<Scratch>(num_items, s.num_threads, [&](Scratch& scratch, int64_t item) {
-      auto& [scores, acc, key_rows, token_rows, seen] = scratch;
-      const int64_t run = item / num_parts, part = item % num_parts;
-      const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
-      const int64_t* table = block_tables + token_seq[first_token] * s.max_blocks;
-      seen.resize(run_len);
-      int64_t lo = key_start[first_token], hi = 0;
-      for (int64_t r = 0; r < run_len; ++r) {
-        const int64_t t = first_token + r;
-        seen[r] = Visibility{key_start[t], key_end[t], tree_base[t], uint64_t(tree_bits[t])};
-        lo = std::min(lo, seen[r].start);
-        hi = std::max(hi, seen[r].last());
+    auto& [scores, acc, key_rows, token_rows, seen] = scratch;
+    const int64_t run = item / num_parts, part = item % num_parts;
+    const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
+    const int64_t* table = block_tables + token_seq[first_token] * s.max_blocks;
+    seen.resize(run_len);
+    int64_t lo = key_start[first_token], hi = 0;
+    for (int64_t r = 0; r < run_len; ++r) {
+      const int64_t t = first_token + r;
+      seen[r] = Visibility{key_start[t], key_end[t], tree_base[t], uint64_t(tree_bits[t])};
+      lo = std::min(lo, seen[r].start);
+      hi = std::max(hi, seen[r].last());
+    }
+    const int64_t num_keys = hi - lo;
+    key_rows.resize(num_keys);
+    int64_t block = lo / s.block_size, offset = lo % s.block_size;  // walked, not divided, per key
+    for (int64_t j = 0; j < num_keys; ++j) {
+      key_rows[j] = (table[block] * s.block_size + offset) * row;
+      if (++offset == s.block_size) {
+        offset = 0;
+        ++block;
       }
-      const int64_t num_keys = hi - lo;
-      key_rows.resize(num_keys);
-      int64_t block = lo / s.block_size, offset = lo % s.block_size;  // walked, not divided, per key
-      for (int64_t j = 0; j < num_keys; ++j) {
-        key_rows[j] = (table[block] * s.block_size + offset) * row;
-        if (++offset == s.block_size) {
-          offset = 0;
-          ++block;
-        }
+    }
+    if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
+      if (run_vector_fn != nullptr) {
+        const int64_t head0 = part * part_heads, kv_column = part * part_kv_heads * dim;
+        scores.resize(run_len * part_heads * num_keys);
+        acc.resize(run_len * part_heads * (dim / 16));
+        run_vector_fn(q + first_token * s.q_stride + head0 * dim, s.q_stride, k_cache + kv_column,
+                      v_cache + kv_column, key_rows.data(), lo, num_keys, seen.data(), run_len, part_heads, group,
+                      scale, scores.data(), acc.data(), out + first_token * s.num_heads * dim + head0 * dim,
+                      s.num_heads * dim);
+        return;
       }
-      if constexpr (std::is_same_v<typename Accum<T>::type, float>) {
-        if (run_vector_fn != nullptr) {
-          const int64_t head0 = part * part_heads, kv_column = part * part_kv_heads * dim;
-          scores.resize(run_len * part_heads * num_keys);
-          acc.resize(run_len * part_heads * (dim / 16));
-          run_vector_fn(q + first_token * s.q_stride + head0 * dim, s.q_stride, k_cache + kv_column,
-                        v_cache + kv_column, key_rows.data(), lo, num_keys, seen.data(), run_len, part_heads, group,
-                        scale, scores.data(), acc.data(), out + first_token * s.num_heads * dim + head0 * dim,
-                        s.num_heads * dim);
-          return;
-        }
+    }
+    scores.resize(num_keys);
+    for (int64_t r = 0; r < run_len; ++r) {  // the scalar path, a token at a time over the keys it sees
+      const int64_t t = first_token + r;
+      token_rows.clear();
+      for (int64_t pos = seen[r].start; pos < seen[r].last(); ++pos) {
+        if (seen[r].sees(pos)) token_rows.push_back(key_rows[pos - lo]);
       }
-      scores.resize(num_keys);
-      for (int64_t r = 0; r < run_len; ++r) {  // the scalar path, a token at a time over the keys it sees
-        const int64_t t = first_token + r;
-        token_rows.clear();
-        for (int64_t pos = seen[r].start; pos < seen[r].last(); ++pos) {
-          if (seen[r].sees(pos)) token_rows.push_back(key_rows[pos - lo]);
-        }
-        for (int64_t h = 0; h < s.num_heads; ++h) {
-          const int64_t head_offset = (h / group) * dim;
-          head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, token_rows.data(),
-                      int64_t(token_rows.size()), dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
-        }
+      for (int64_t h = 0; h < s.num_heads; ++h) {
+        const int64_t head_offset = (h / group) * dim;
+        head_scalar(q + t * s.q_stride + h * dim, k_cache + head_offset, v_cache + head_offset, token_rows.data(),
+                    int64_t(token_rows.size()), dim, scale, scores.data(), out + (t * s.num_heads + h) * dim);
       }
+    }
   });
 }
 
