@@ -82,17 +82,18 @@ inline void parallel_for(int64_t n, int64_t num_threads, Fn fn) {
   for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
-// fn(state, i) likewise, one State per thread (made before its first item), the items handed out one at a time
-template <typename State, typename Fn>
-inline void parallel_items(int64_t n, int64_t num_threads, Fn fn) {
+// fn(state, i) likewise, the items handed out one at a time, `state` what state_of() gives the thread that runs
+// them (asked once a thread, before its first item)
+template <typename StateOf, typename Fn>
+inline void parallel_items(int64_t n, int64_t num_threads, StateOf state_of, Fn fn) {
   if (num_threads <= 1 || n <= 1) {
-    State state;
+    auto&& state = state_of();
     for (int64_t i = 0; i < n; ++i) fn(state, i);
     return;
   }
 #pragma omp parallel num_threads(num_threads)
   {
-    State state;
+    auto&& state = state_of();
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t i = 0; i < n; ++i) fn(state, i);
   }
@@ -381,8 +382,11 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   constexpr int64_t dim = 16 * kChunks;
   const float scale_f = float(scale);
   const int64_t rows = run_len * num_heads;  // (token, head) pairs, token-major
-  std::vector<f32x16> qv(rows * kChunks);
-  std::vector<int64_t> kv_offset(num_heads);  // [H]: element offset of each head's KV head in a slot row
+  // this thread's, kept from call to call (a decode step calls this for every layer and sequence)
+  thread_local std::vector<f32x16> qv;
+  thread_local std::vector<int64_t> kv_offset;  // [H]: element offset of each head's KV head in a slot row
+  qv.resize(rows * kChunks);
+  kv_offset.resize(num_heads);
   for (int64_t h = 0; h < num_heads; ++h) kv_offset[h] = (h / group) * dim;
   for (int64_t r = 0; r < run_len; ++r) {
     for (int64_t h = 0; h < num_heads; ++h) {
@@ -515,7 +519,7 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
   const int64_t num_parts = run_vector_fn != nullptr ? head_parts(num_runs, s.num_kv_heads, s.num_threads) : 1;
   const int64_t part_kv_heads = s.num_kv_heads / num_parts, part_heads = part_kv_heads * group;
   const int64_t num_items = num_runs * num_parts;
-  struct Scratch {  // a thread's
+  struct Scratch {  // a thread's, kept from call to call: their buffers are allocated once, not every layer
     std::vector<typename Accum<T>::type> scores;
     std::vector<f32x16> acc;
     std::vector<int64_t> key_rows;  // [keys]: element offset of each key's slot row in the cache
@@ -524,7 +528,11 @@ void attend(const T* q, const T* k_new, const T* v_new, T* k_cache, T* v_cache, 
   };
   // runs, and parts of their heads, are independent once the K/V are written: spread over the threads (each
   // on one thread; a head's bits depend neither on its run nor on its part), with scratch per thread
-  parallel_items<Scratch>(num_items, s.num_threads, [&](Scratch& scratch, int64_t item) {
+  auto scratch_of = []() -> Scratch& {
+    thread_local Scratch scratch;
+    return scratch;
+  };
+  parallel_items(num_items, s.num_threads, scratch_of, [&](Scratch& scratch, int64_t item) {
     auto& [scores, acc, key_rows, token_rows, seen] = scratch;
     const int64_t run = item / num_parts, part = item % num_parts;
     const int64_t first_token = bounds[run], run_len = bounds[run + 1] - first_token;
