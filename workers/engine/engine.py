@@ -196,32 +196,32 @@ class Engine:
         passes write from position 0 into blocks 0.. (no sequence holds them yet): they fit the cache and the
         model's length."""
         cfg = self.cfg
-        mode = cfg.fused_layers
         max_tokens = min(cfg.max_num_batched_tokens, self.block_manager.num_blocks * cfg.block_size, self.max_model_len)
-        stats = {}
-        if self.tp_group is None:
-            stats["target"] = fuse_runner(self.runner, mode, "target", max_tokens)
-        if draft is not None:
-            stats["draft"] = fuse_runner(draft.runner, mode, "draft", max_tokens)
-        if eagle is not None:
-            stats["eagle"] = fuse_runner(eagle.runner, mode, "eagle", max_tokens)
-        return stats
+        runners = self._local_runners(draft, eagle)
+        return {name: fuse_runner(runner, cfg.fused_layers, name, max_tokens) for name, runner in runners.items()}
 
     def _choose_threads(self, draft: DraftProposer | None, eagle: EagleProposer | None) -> dict[str, ThreadChoice]:
         """Choose how many threads each model's small passes get (cfg.small_pass_threads; small_pass_threads.py),
         after fusing (the native layers are what make more threads pay) and before the pass costs. The
         tensor-parallel target keeps its ranks' policy."""
         cfg = self.cfg
-        mode = cfg.small_pass_threads
         max_context = min(self.block_manager.num_blocks * cfg.block_size, self.max_model_len)
-        choices = {}
+        runners = self._local_runners(draft, eagle)
+        return {name: choose_threads(runner, cfg.small_pass_threads, name, max_context) for name, runner in runners.items()}
+
+    def _local_runners(
+        self, draft: DraftProposer | None, eagle: EagleProposer | None
+    ) -> dict[str, ModelRunner | HeadRunner]:
+        """The runners whose passes run in this process, by model: the target (unless it is tensor-parallel, its
+        ranks' passes elsewhere), the draft and the EAGLE head where the engine has them."""
+        runners: dict[str, ModelRunner | HeadRunner] = {}
         if self.tp_group is None:
-            choices["target"] = choose_threads(self.runner, mode, "target", max_context)
+            runners["target"] = self.runner
         if draft is not None:
-            choices["draft"] = choose_threads(draft.runner, mode, "draft", max_context)
+            runners["draft"] = draft.runner
         if eagle is not None:
-            choices["eagle"] = choose_threads(eagle.runner, mode, "eagle", max_context)
-        return choices
+            runners["eagle"] = eagle.runner
+        return runners
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:
         """Serve the plain decode passes of the target and the draft, and the EAGLE head's chain passes, from
