@@ -71,6 +71,7 @@ def choose_threads(runner: ThreadedRunner, mode: SmallPassThreads, name: str, ma
         choice.reason = "every pass already runs on the same threads"
         return choice
     limit = policy.single_thread_max_tokens
+    all_threads = dataclasses.replace(policy, single_thread_max_tokens=0)  # every pass on policy.num_threads
     if mode is SmallPassThreads.ONE:
         choice.reason = "one"
     elif runner.fused_max_tokens < limit:
@@ -78,19 +79,20 @@ def choose_threads(runner: ThreadedRunner, mode: SmallPassThreads, name: str, ma
     elif mode is SmallPassThreads.ALL:
         choice.num_threads, choice.reason = policy.num_threads, "all"
     else:
-        choice.num_threads, choice.reason = _measure(runner, policy, min(limit, max_context), max_context, choice)
+        choice.num_threads, choice.reason = _measure(runner, policy, all_threads, min(limit, max_context), max_context,
+                                                     choice)
     if choice.num_threads > 1:
-        runner.threads = dataclasses.replace(policy, single_thread_max_tokens=0)
+        runner.threads = all_threads
     log.info("%s model: passes of up to %d tokens on %d thread(s) (%s)", name, limit, choice.num_threads,
              choice.reason)
     return choice
 
 
 def _measure(
-    runner: ThreadedRunner, policy: ThreadPolicy, limit: int, max_context: int, choice: ThreadChoice
+    runner: ThreadedRunner, policy: ThreadPolicy, all_threads: ThreadPolicy, limit: int, max_context: int,
+    choice: ThreadChoice,
 ) -> tuple[int, str]:
-    """(threads, why): paired passes of 1 and `limit` tokens on one thread and on all of them."""
-    all_threads = dataclasses.replace(policy, single_thread_max_tokens=0)
+    """(threads, why): paired passes of 1 and `limit` tokens under `policy` (one thread) and `all_threads`."""
     verdict = ""
     try:
         for num_tokens in sorted({1, limit}):

@@ -384,19 +384,15 @@ inline float rounded(float x, const uint16_t*) {  // bfloat16: x as the bfloat16
   return load(&half);
 }
 
-// rows 0 .. num_rows - 1 of an elementwise op, spread over the threads where there are several: a row's
-// arithmetic is the same whichever thread runs it, so its bits do not depend on the split. Serial, a 512-token
-// prefill's norms, rotary, SiLU and residual adds were about a quarter of its native layers' time, one thread
-// busy and the other waiting
-template <typename RowFn>
-void for_rows(int64_t num_rows, int64_t num_threads, RowFn row_fn) {
-  parallel_for(num_rows, num_threads, row_fn);
-}
+// The elementwise ops below run their rows through parallel_for (paged_attention.cpp), spread over the threads
+// where there are several: a row's arithmetic is the same whichever thread runs it, so its bits do not depend on
+// the split. Serial, a 512-token prefill's norms, rotary, SiLU and residual adds were about a quarter of its
+// native layers' time, one thread busy and the other waiting
 
 // out [T, n] = RMSNorm(x) * weight
 template <typename T>
 void rms_norm(const T* x, const T* weight, int64_t num_tokens, int64_t n, float eps, T* out, int64_t num_threads) {
-  for_rows(num_tokens, num_threads, [&](int64_t t) {
+  parallel_for(num_tokens, num_threads, [&](int64_t t) {
     const T* tag = nullptr;
     thread_local std::vector<float> row;
     row.resize(n);
@@ -414,7 +410,7 @@ template <typename T>
 void rotate(T* qkv, int64_t row_stride, int64_t num_tokens, int64_t num_heads, int64_t head_dim, const T* cos_table,
             const T* sin_table, const int64_t* positions, int64_t num_threads) {
   const int64_t half = head_dim / 2;
-  for_rows(num_tokens, num_threads, [&](int64_t t) {
+  parallel_for(num_tokens, num_threads, [&](int64_t t) {
     const T* tag = nullptr;
     thread_local std::vector<float> x;
     x.resize(head_dim);
@@ -434,7 +430,7 @@ void rotate(T* qkv, int64_t row_stride, int64_t num_tokens, int64_t num_heads, i
 // h [T, n] += update [T, n], element by element, rounded as the eager add
 template <typename T>
 void add_into(T* h, const T* update, int64_t num_tokens, int64_t n, int64_t num_threads) {
-  for_rows(num_tokens, num_threads, [&](int64_t t) {
+  parallel_for(num_tokens, num_threads, [&](int64_t t) {
     T* out = h + t * n;
     const T* in = update + t * n;
     for (int64_t i = 0; i < n; ++i) store(out + i, load(out + i) + load(in + i));
@@ -451,7 +447,7 @@ inline float silu(float x) {
 // act [T, I] = SiLU(gate) * up, from gate_up [T, 2 I]
 template <typename T>
 void silu_mul(const T* gate_up, int64_t num_tokens, int64_t inter, T* act, int64_t num_threads) {
-  for_rows(num_tokens, num_threads, [&](int64_t t) {
+  parallel_for(num_tokens, num_threads, [&](int64_t t) {
     const T* tag = nullptr;
     const T* gate = gate_up + t * 2 * inter;
     const T* up = gate + inter;
