@@ -12,6 +12,7 @@ is one STEP call per partition (keys.by_partition).
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -66,6 +67,18 @@ class JobWrite:
     new_logprobs: tuple[TokenLogprob, ...] | None = None  # with the request's logprobs: one per new token
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # with prompt_logprobs: on the first token write
     record_fields: tuple[str, ...] = ()  # more job hash fields written with the finish (name, value, ...)
+
+    def wire(self) -> tuple[Any, ...]:
+        """The write as a plain tuple of its fields, in order: what the loop pickles for its writer process. A
+        dataclass pickles through its class's reduce path; right after an engine step has left the caches cold
+        that cost ~5x a tuple's (14 vs 3 us a one-token write, 2026-12-04)."""
+        return (self.job_id, self.attempt, self.prompt_tokens, self.completion_tokens, self.new_text,
+                self.new_token_ids, self.finish_reason, self.is_finished, self.metrics, self.failure,
+                self.new_logprobs, self.prompt_logprobs, self.record_fields)  # fmt: skip
+
+    @classmethod
+    def of_wire(cls, wire: tuple[Any, ...]) -> "JobWrite":
+        return cls(*wire)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The worker loop's handle on its writer process (workers/worker/writer_process.py): step N's outputs are
 written while step N+1 computes, with no Redis call and no other Python thread in the loop's process.
 
-    loop:     engine.step() -> writer.submit(StepWrite): one pickle into a pipe -> the next step
+    loop:     engine.step() -> writer.submit(StepWrite): one pickle of plain tuples into a socket -> the next step
     process:  the StepWrites so far -> ONE pipeline -> Settled (a Report, or the RedisError that failed it)
+    loop:     before the next step, ONE non-blocking recv takes every Settled that came back (child_process.Channel)
 
 - Backpressure: at most `max_pending` steps wait unwritten; submit() waits for the writer beyond that.
 - Retiring: a job that ended is forgotten by the loop only when a Report says its final write landed
@@ -14,18 +15,15 @@ written while step N+1 computes, with no Redis call and no other Python thread i
 """
 
 import logging
-import math
-import select
 import subprocess
 import time
-from multiprocessing.connection import Connection
 
 import redis
 
 from shared import cpu_placement
 from shared.settings import ServiceSettings
-from workers.child_process import spawn_connected
-from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite, send_pickled
+from workers.child_process import Channel, spawn_connected
+from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +43,7 @@ class StepWriter:
         self.settings = settings
         self.max_pending = max_pending
         self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
-        self._conn: Connection | None = None
-        self._poller: select.poll | None = None  # on _conn, made once: Connection.poll builds a selector per call
+        self._conn: Channel | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
         self._error: redis.RedisError | None = None
@@ -59,16 +56,15 @@ class StepWriter:
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the writer process and wait until it is connected (before the worker takes a job)."""
-        self._process, self._conn = spawn_connected(
+        self._process, conn = spawn_connected(
             lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd})"]
         )
+        self._conn = Channel.of(conn)
         cpu_placement.bind(self.io_cpus, self._process.pid)  # one thread, all its life: binding it binds the process
-        self._poller = select.poll()
-        self._poller.register(self._conn.fileno(), select.POLLIN)
-        self._conn.send(self.settings)
         try:
-            is_ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == READY
-        except EOFError:
+            self._conn.send(self.settings)
+            is_ready = self._conn.read(START_TIMEOUT_S) == [READY]
+        except (EOFError, OSError):
             is_ready = False
         if not is_ready:
             self.stop()
@@ -89,7 +85,7 @@ class StepWriter:
             self._process.kill()
             self._process.wait()
         self._conn.close()
-        self._conn = self._process = self._poller = None
+        self._conn = self._process = None
 
     # -- loop side ----------------------------------------------------------------------------------------
     def submit(self, step: StepWrite) -> None:
@@ -103,7 +99,7 @@ class StepWriter:
         if self._error is not None:  # the loop drops this epoch's jobs at its next take_reports()
             return
         try:
-            send_pickled(self._conn, step)
+            self._conn.send(step.wire())
         except OSError:
             self._on_dead()
             return
@@ -150,15 +146,15 @@ class StepWriter:
     # -- answers ----------------------------------------------------------------------------------------------
     def _receive(self, timeout_s: float | None) -> None:
         """Take every answer the process sent, waiting up to `timeout_s` (None: no limit) for the first."""
-        if self._conn is None or self._poller is None:
+        if self._conn is None:
             return
         try:
-            ready = self._poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1e3))  # [(fd, events)]
-            while ready:  # readable, or hung up (then recv raises EOFError)
-                self._settle(self._conn.recv())
-                ready = self._poller.poll(0)
+            answers = self._conn.read(timeout_s)
         except (EOFError, OSError):
             self._on_dead()
+            return
+        for answer in answers:
+            self._settle(Settled.of_wire(answer))
 
     def _settle(self, settled: Settled) -> None:
         self.num_unsettled -= settled.num_steps

@@ -1,6 +1,6 @@
 """The worker's writer process: it lands the loop's StepWrites in Redis while the loop's next steps compute.
 
-    loop (worker process):  engine.step() -> StepWrite -> pipe (one pickle, no Redis, no thread to wake)
+    loop (worker process):  engine.step() -> StepWrite -> socket (one pickle of tuples, no Redis, no thread to wake)
     this process:           the StepWrites in the pipe so far -> ONE pipeline: per partition, start notices, ONE
                             STEP script call (every job's tokens and finishes, in step order), output notices
                             -> Settled (on a Cluster one pipeline per node that owns a partition)
@@ -26,6 +26,7 @@ import pickle
 import signal
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError
@@ -41,8 +42,7 @@ READY = "ready"  # the first message: connected, scripts registered
 
 def send_pickled(conn: Connection, message: object) -> None:
     """conn.send(message) by the C pickler: Connection.send builds a multiprocessing ForkingPickler per message,
-    which copies its table of reducers first (in the worker's loop, right after a step whose weight reads left
-    the cache cold, a quarter of the send). The other end's recv() reads it as it reads send()'s."""
+    which copies its table of reducers first. The loop's end (child_process.Channel) reads the same frames."""
     conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 
@@ -58,6 +58,16 @@ class StepWrite:
     @property
     def is_empty(self) -> bool:
         return not (self.writes or self.start_notices or self.output_notices)
+
+    def wire(self) -> tuple[Any, ...]:
+        """Plain tuples for the pipe (JobWrite.wire says why)."""
+        writes = tuple(write.wire() for write in self.writes)
+        return self.epoch, writes, tuple(self.start_notices), tuple(self.output_notices)
+
+    @classmethod
+    def of_wire(cls, wire: tuple[Any, ...]) -> "StepWrite":
+        epoch, writes, start_notices, output_notices = wire
+        return cls(epoch, [JobWrite.of_wire(w) for w in writes], list(start_notices), list(output_notices))
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,17 @@ class Settled:
     num_round_trips: int = 0
     warnings: list[str] = field(default_factory=list)  # for the loop's log
 
+    def wire(self) -> tuple[Any, ...]:
+        """Plain tuples for the pipe: the loop reads one after every step it hands over."""
+        report = (self.report.ended, self.report.gone) if self.report is not None else None
+        return self.num_steps, report, self.error, self.error_epoch, self.num_round_trips, self.warnings
+
+    @classmethod
+    def of_wire(cls, wire: tuple[Any, ...]) -> "Settled":
+        num_steps, report, error, error_epoch, num_round_trips, warnings = wire
+        return cls(num_steps, Report(*report) if report is not None else None, error, error_epoch, num_round_trips,
+                   warnings)  # fmt: skip
+
 
 def main(fd: int) -> None:
     """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF)."""
@@ -100,7 +121,7 @@ def main(fd: int) -> None:
         while True:
             steps, is_last = _next_batch(conn, writer)
             if steps:
-                send_pickled(conn, writer.write_batch(steps))
+                send_pickled(conn, writer.write_batch(steps).wire())
             if is_last:
                 return
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the worker is gone
@@ -122,7 +143,7 @@ def _next_batch(conn: Connection, writer: "_Writer") -> tuple[list[StepWrite], b
         if isinstance(item, Discard):
             writer.dead_epoch = max(writer.dead_epoch, item.epoch)
         else:
-            steps.append(item)
+            steps.append(StepWrite.of_wire(item))
         if not conn.poll(0):
             return steps, False
         item = conn.recv()

@@ -2,7 +2,9 @@
 later write of its epoch (no gap) while the next epoch writes again, and a writer process that dies reaches the
 loop as a Redis failure and is replaced."""
 
+import dataclasses
 import os
+import pickle
 import signal
 from pathlib import Path
 
@@ -10,13 +12,17 @@ import pytest
 import redis
 
 from shared import cpu_placement, keys
+from shared.job_state import ErrorCode
+from shared.logprobs import TokenLogprob
 from shared.redis_server import RedisServer
+from shared.schemas import WebhookEvent
 from shared.settings import ServiceSettings
 from tests.helpers.cpus import ALLOWED, cores_of, needs_two_cores
 from tests.helpers.redis_fixtures import FAST_TIMINGS, job_record, submit_job
-from workers.worker.emitter import JobWrite, Running
+from workers.worker.emitter import JobFailure, JobWrite, Running
 from workers.worker.queue_reader import QueueReader
 from workers.worker.writer import Report, StepWrite, StepWriter
+from workers.worker.writer_process import Settled
 
 
 def _take(client: redis.Redis, settings: ServiceSettings, num_jobs: int) -> dict[str, Running]:
@@ -138,3 +144,26 @@ def test_the_writer_process_runs_on_the_io_cores(rclient: redis.Redis, settings:
     finally:
         writer.stop()
     assert job_record(rclient, job.job_id).get("token_ids") == "0"
+
+
+def test_what_crosses_the_pipe_as_tuples_comes_back_whole() -> None:
+    """The loop pickles plain tuples (JobWrite.wire): every field of every write, a step and a writer's answer
+    survive the round trip, and a field added later cannot be forgotten by wire()."""
+    failure = JobFailure(ErrorCode.TIMEOUT, "ran past its deadline", "timeout_s", {"compute_s": 0.5})
+    logprob = TokenLogprob(token="a", token_id=7, logprob=-0.25)
+    write = JobWrite("job-1", 2, 5, 9, new_text="ab", new_token_ids=(7, 8), finish_reason="stop", is_finished=True,
+                     metrics={"ttft_ms": 3.0}, failure=failure, new_logprobs=(logprob,), prompt_logprobs=(logprob,),
+                     record_fields=("logprobs", "[]"))  # fmt: skip
+    assert {f.name: getattr(write, f.name) != f.default for f in dataclasses.fields(JobWrite)} == {
+        f.name: True for f in dataclasses.fields(JobWrite)}  # every field set: the round trip checks them all
+    assert len(write.wire()) == len(dataclasses.fields(JobWrite))
+    assert JobWrite.of_wire(pickle.loads(pickle.dumps(write.wire()))) == write
+    step = StepWrite(3, [write, JobWrite("job-2", 1, 4, 1)], [("job-1", WebhookEvent.START)],
+                     [("job-2", WebhookEvent.OUTPUT)])  # fmt: skip
+    assert StepWrite.of_wire(pickle.loads(pickle.dumps(step.wire()))) == step
+    for settled in (Settled(2, Report(["job-1"], ["job-2"]), num_round_trips=1, warnings=["a notice"]),
+                    Settled(1, error=redis.ConnectionError("gone"), error_epoch=3, num_round_trips=1)):  # fmt: skip
+        back = Settled.of_wire(pickle.loads(pickle.dumps(settled.wire())))
+        assert (back.num_steps, back.report, back.error_epoch, back.num_round_trips, back.warnings) == (
+            settled.num_steps, settled.report, settled.error_epoch, settled.num_round_trips, settled.warnings)
+        assert str(back.error) == str(settled.error)
