@@ -32,6 +32,7 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
+from workers.worker.control import ControlChannel
 from workers.worker.cost import CostMeter, scheduled_tokens
 from workers.worker.deadlines import Deadlines
 from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
@@ -64,15 +65,6 @@ class EngineLike(Protocol):
     def abort(self, request_id: str) -> bool: ...
     def free_capacity(self) -> int: ...
     def free_capacity_for(self, priority: int) -> int: ...
-
-
-def _queued_priorities(payload: Any) -> set[Priority]:
-    """The queue a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish the job's priority);
-    every queue when the payload names none."""
-    try:
-        return {Priority(str(payload))}
-    except ValueError:
-        return set(Priority)
 
 
 def new_worker_id() -> str:
@@ -118,7 +110,7 @@ class Worker:
         self.leases: dict[str, Lease] = {}  # job id -> queue entry + attempt (read by the heartbeat thread)
         self.running: dict[str, Running] = {}  # job id -> token counts, for jobs inside the engine
         self._leases_lock = threading.Lock()
-        self._control = client.pubsub(ignore_subscribe_messages=True)  # cancels and "a job was queued"
+        self._control = ControlChannel(client)  # cancels and "a job was queued"
         self.stop_deadline: float | None = None  # set on SIGTERM: hand back what is unfinished by then
         self.num_pulled_last = 0
         self.epoch = 0  # +1 after each Redis failure: the writer skips writes of a failed epoch
@@ -154,6 +146,8 @@ class Worker:
         """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours."""
         wait_s = RETIRE_WAIT_S if not self.running and self.writer.num_unsettled else 0.0
         for report in self.writer.take_reports(wait_s):
+            if not (report.ended or report.gone):  # most steps: nothing ended
+                continue
             if self.metrics is not None:
                 for _ in self._timed_out.intersection(report.ended):  # its `timeout` failure landed
                     self.metrics.job_finished(JobOutcome.DEADLINE_EXCEEDED)
@@ -253,7 +247,7 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
         self.reader.ensure_groups()
-        self._control.subscribe(keys.CANCEL_CHANNEL, keys.QUEUED_CHANNEL)
+        self._control.subscribe()
         if self.settings.warm_up:
             self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
         self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
@@ -402,11 +396,9 @@ class Worker:
         """Jobs cancelled (control channel) or found lost by the heartbeat; notes a newly queued job on the way."""
         lost = self.heartbeat.take_lost()
         try:
-            while (message := self._control.get_message(timeout=0.0)) is not None:
-                if message["channel"] == keys.QUEUED_CHANNEL:
-                    self._jobs_queued.update(_queued_priorities(message["data"]))
-                else:
-                    lost.add(str(message["data"]))
+            messages = self._control.take()
+            self._jobs_queued |= messages.queued
+            lost |= messages.cancelled
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)
             self._jobs_queued = set(Priority)

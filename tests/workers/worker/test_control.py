@@ -1,0 +1,64 @@
+"""The worker's control channels on a real Redis: cancels and "a job was queued" come back from take(), all of
+a burst in one take, none when nothing was published; after Redis drops the subscription's connection, take()
+raises (the loop's warning path) or reconnects, and messages published after that arrive."""
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from shared import keys
+from shared.schemas import Priority
+from tests.helpers.waiting import wait_until
+from workers.worker.control import ControlChannel, ControlMessages
+
+
+@pytest.fixture
+def control(rclient: redis.Redis) -> Iterator[ControlChannel]:
+    channel = ControlChannel(rclient)
+    channel.subscribe()
+    wait_until(lambda: rclient.pubsub_numsub(keys.CANCEL_CHANNEL)[0][1] == 1, timeout_s=5, what="the subscription")
+    yield channel
+    channel.close()
+
+
+def _take(control: ControlChannel) -> ControlMessages:
+    """take() as the worker's loop calls it: a RedisError is logged there and the next step tries again."""
+    try:
+        return control.take()
+    except redis.RedisError:
+        return ControlMessages()
+
+
+def _take_until(control: ControlChannel, done: Callable[[ControlMessages], bool]) -> ControlMessages:
+    taken = ControlMessages()
+
+    def more() -> bool:
+        got = _take(control)
+        taken.cancelled |= got.cancelled
+        taken.queued |= got.queued
+        return done(taken)
+
+    wait_until(more, timeout_s=5, interval_s=0.001, what="the messages")
+    return taken
+
+
+def test_cancels_and_queued_jobs_come_back(control: ControlChannel, rclient: redis.Redis) -> None:
+    assert control.take() == ControlMessages()
+    for i in range(20):
+        rclient.publish(keys.CANCEL_CHANNEL, f"job-{i}")
+    rclient.publish(keys.QUEUED_CHANNEL, Priority.BATCH.value)
+    rclient.publish(keys.QUEUED_CHANNEL, "not a priority")  # names none: every queue
+    taken = _take_until(control, lambda t: len(t.cancelled) == 20 and t.queued == set(Priority))
+    assert taken.cancelled == {f"job-{i}" for i in range(20)}
+    assert control.take() == ControlMessages()  # drained: nothing more
+
+
+def test_a_dropped_subscription_comes_back(control: ControlChannel, rclient: redis.Redis) -> None:
+    assert rclient.client_kill_filter(_type="pubsub") == 1
+    # redis-py sees the closed socket on a take (raised there), reconnects and subscribes again on the next
+    wait_until(lambda: _take(control) == ControlMessages() and rclient.pubsub_numsub(keys.CANCEL_CHANNEL)[0][1] == 1
+               and rclient.client_list(_type="pubsub") != [], timeout_s=10, interval_s=0.01,
+               what="the subscription to come back")  # fmt: skip
+    rclient.publish(keys.CANCEL_CHANNEL, "job-after")
+    assert _take_until(control, lambda t: "job-after" in t.cancelled).cancelled == {"job-after"}
