@@ -17,6 +17,7 @@ from shared.redis_server import free_port
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
+from tests.workers.engine_runs import greedy, make_engine
 from workers.worker.engine_metrics import EngineMetrics, JobOutcome, SpecSnapshot, _accepted_length_histogram
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,3 +153,32 @@ def test_deadline_streak_counts_timeouts_in_a_row() -> None:
     assert value("specfleet_jobs_deadline_exceeded_total") == 9
     assert value("specfleet_worker_jobs_finished_total", {"outcome": "deadline_exceeded"}) == 9
     assert value("specfleet_worker_jobs_finished_total", {"outcome": "failed"}) == 1
+
+
+def test_refreshes_while_busy_are_spaced_and_a_finish_is_seen_whole(tiny_target: Path) -> None:
+    """A real engine's steps: between refreshes the gauges keep their value and tokens are only counted; the
+    step that finishes a job refreshes everything (its tokens all counted), as does a step with no output."""
+    engine = make_engine(tiny_target)
+    engine.add_request("a", [1, 2, 3], greedy(max_tokens=12))
+    engine.add_request("b", [4, 5], greedy(max_tokens=6))
+    metrics = EngineMetrics()
+    value = metrics.registry.get_sample_value
+    metrics.update(engine, engine.step())  # the first step refreshes: nothing was refreshed yet
+    assert value("specfleet_engine_running_seqs") == 2
+    num_tokens = 2
+    metrics._next_refresh_s = float("inf")  # as within REFRESH_INTERVAL_S of the last refresh, for good
+    while "b" in {seq.request_id for seq in engine.scheduler.running}:
+        outputs = engine.step()
+        num_tokens += sum(len(out.new_token_ids) for out in outputs)
+        metrics.update(engine, outputs)
+        if not any(out.finished for out in outputs):  # counted, not refreshed
+            assert value("specfleet_engine_generated_tokens_total") == 2
+    assert value("specfleet_engine_generated_tokens_total") == num_tokens == 12  # b's finish: everything so far
+    assert value("specfleet_engine_running_seqs") == 1 and value("specfleet_engine_ttft_seconds_count") == 1
+    metrics._next_refresh_s = float("inf")
+    while engine.num_unfinished():
+        metrics.update(engine, engine.step())
+    metrics.update(engine, [])  # idle
+    assert value("specfleet_engine_generated_tokens_total") == 18
+    assert value("specfleet_engine_running_seqs") == 0 and value("specfleet_engine_batch_size") == 0
+    assert value("specfleet_worker_jobs_finished_total", {"outcome": "succeeded"}) == 2
