@@ -44,10 +44,10 @@ class Channel:
     """Our end of the socket pair, for a loop that reads its child's answers between engine steps: one `recv`
     system call takes every answer that has arrived (none: it returns at once).
 
-    The framing is multiprocessing Connection's (a 4-byte big-endian length, then the pickle), so the child
-    keeps its Connection. Connection.recv costs a poll and two reads per message, each through its Python
-    layers: right after an engine step had left the caches cold, ~30 us a step in the worker's loop
-    (2026-12-04).
+    The framing is multiprocessing Connection's (a 4-byte big-endian length, then the pickle), so the other end
+    may be a Connection (the tensor-parallel ranks') or a Channel (the step writer's). Connection.recv costs a
+    poll and two reads per message, each through its Python layers: right after an engine step had left the
+    caches cold, ~30 us a step in the worker's loop (2026-12-04).
     """
 
     def __init__(self, fd: int) -> None:

@@ -15,8 +15,8 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
   ones still queued. A batch that fails makes its own epoch dead here at once, so no later write of a job
   lands after an earlier one that failed.
 - Start: `main(FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with the
-  loop (a multiprocessing Connection: pickled messages, each framed by its length); it takes the settings from
-  it, says READY.
+  loop (a child_process.Channel at both ends: pickled messages, each framed by its length, every message that
+  arrived taken with one recv); it takes the settings from it, says READY.
 - Signals: SIGINT and SIGTERM are ignored; the process ends on the loop's `None` (a clean stop, after the last
   steps were written) or when its connection closes (the worker died: what was not written is resumed).
 - Logging: none here; warnings travel back in Settled and the loop logs them.
@@ -25,7 +25,6 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
 import pickle
 import signal
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 import redis
@@ -34,16 +33,11 @@ from redis.exceptions import NoScriptError
 from shared import keys
 from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings
+from workers.child_process import Channel
 from workers.worker.emitter import Emitter, JobWrite
 from workers.worker.job_hooks import JobHooks, Notice
 
 READY = "ready"  # the first message: connected, scripts registered
-
-
-def send_pickled(conn: Connection, message: object) -> None:
-    """conn.send(message) by the C pickler: Connection.send builds a multiprocessing ForkingPickler per message,
-    which copies its table of reducers first. The loop's end (child_process.Channel) reads the same frames."""
-    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -112,42 +106,43 @@ def main(fd: int) -> None:
     """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's loop decides when the writer stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn = Connection(fd)
-    settings: ServiceSettings = conn.recv()
+    channel = Channel(fd)
+    try:
+        settings: ServiceSettings
+        settings, *pending = channel.read(None)
+    except EOFError:
+        channel.close()
+        return
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     writer = _Writer(client, Emitter(client, settings))
-    conn.send(READY)
     try:
+        channel.send(READY)
         while True:
-            steps, is_last = _next_batch(conn, writer)
+            steps, is_last = _batch(pending or channel.read(None), writer)
+            pending = []
             if steps:
-                send_pickled(conn, writer.write_batch(steps).wire())
+                channel.send(writer.write_batch(steps).wire())
             if is_last:
                 return
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the worker is gone
         return
     finally:
         client.close()
-        conn.close()
+        channel.close()
 
 
-def _next_batch(conn: Connection, writer: "_Writer") -> tuple[list[StepWrite], bool]:
-    """Block for one message, then take every message already sent behind it (one pipeline for all the
-    steps); a Discard among them applies to the steps before it too."""
-    try:
-        item = conn.recv()
-    except EOFError:
-        return [], True
+def _batch(messages: list[Any], writer: "_Writer") -> tuple[list[StepWrite], bool]:
+    """Every message the loop sent so far -> its steps (one pipeline for all of them), and whether the loop said
+    stop (None); a Discard among them applies to the steps before it too."""
     steps: list[StepWrite] = []
-    while item is not None:
-        if isinstance(item, Discard):
-            writer.dead_epoch = max(writer.dead_epoch, item.epoch)
+    for message in messages:
+        if message is None:
+            return steps, True
+        if isinstance(message, Discard):
+            writer.dead_epoch = max(writer.dead_epoch, message.epoch)
         else:
-            steps.append(StepWrite.of_wire(item))
-        if not conn.poll(0):
-            return steps, False
-        item = conn.recv()
-    return steps, True
+            steps.append(StepWrite.of_wire(message))
+    return steps, False
 
 
 class _Writer:
