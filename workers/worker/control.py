@@ -6,9 +6,12 @@
 
 redis-py's get_message(timeout=0) goes through its pubsub, connection and parser layers to find that nothing
 came: ~20-30 us a step right after an engine step had left the caches cold (2026-12-04), for a channel that is
-quiet almost always. Draining until get_message has nothing leaves redis-py's read buffer empty, so a socket
-with nothing to read means no message is waiting. At least every FULL_CHECK_INTERVAL_S the loop asks redis-py
-itself (its reconnects and health checks run on that path).
+quiet almost always. A drain leaves redis-py's read buffer empty, so a socket with nothing to read means no
+message is waiting. get_message also answers None for a message it consumed and dropped (a subscribe
+confirmation, a health-check PONG), so a drain ends only when the connection itself has nothing left
+(`can_read`): otherwise a cancel read into the buffer together with such a message would wait there unseen.
+At least every `full_check_interval_s` the loop asks redis-py itself (its reconnects and health checks run on
+that path).
 """
 
 import select
@@ -21,6 +24,7 @@ from shared import keys
 from shared.schemas import Priority
 
 FULL_CHECK_INTERVAL_S = 1.0  # ask redis-py at least this often, whatever the socket says
+MAX_DRAIN_READS = 10_000  # a drain gives up after this many reads (the next take, or full check, goes on)
 
 
 @dataclass
@@ -39,10 +43,11 @@ def _queued_priorities(payload: object) -> set[Priority]:
 
 
 class ControlChannel:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, full_check_interval_s: float = FULL_CHECK_INTERVAL_S) -> None:
         self._pubsub = client.pubsub(ignore_subscribe_messages=True)
         self._poller = select.poll()
         self._fd = -1  # the socket registered in _poller (redis-py opens a new one when it reconnects)
+        self.full_check_interval_s = full_check_interval_s
         self._next_full_check_s = 0.0
 
     def subscribe(self) -> None:
@@ -53,9 +58,14 @@ class ControlChannel:
         taken = ControlMessages()
         if not self._may_have_messages():
             return taken
-        self._next_full_check_s = time.monotonic() + FULL_CHECK_INTERVAL_S
-        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-            if message["channel"] == keys.QUEUED_CHANNEL:
+        self._next_full_check_s = time.monotonic() + self.full_check_interval_s
+        for _ in range(MAX_DRAIN_READS):
+            message = self._pubsub.get_message(timeout=0.0)
+            if message is None:  # nothing, or a message redis-py dropped: more may sit in its buffer
+                connection = self._pubsub.connection
+                if connection is None or not connection.can_read(timeout=0):
+                    break
+            elif message["channel"] == keys.QUEUED_CHANNEL:
                 taken.queued |= _queued_priorities(message["data"])
             else:
                 taken.cancelled.add(str(message["data"]))

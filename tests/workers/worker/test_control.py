@@ -1,5 +1,6 @@
 """The worker's control channels on a real Redis: cancels and "a job was queued" come back from take(), all of
-a burst in one take, none when nothing was published; after Redis drops the subscription's connection, take()
+a burst in one take, none when nothing was published, each seen from the socket alone (no full check of
+redis-py's) even behind the messages redis-py drops; after Redis drops the subscription's connection, take()
 raises (the loop's warning path) or reconnects, and messages published after that arrive."""
 
 from collections.abc import Callable, Iterator
@@ -52,6 +53,20 @@ def test_cancels_and_queued_jobs_come_back(control: ControlChannel, rclient: red
     taken = _take_until(control, lambda t: len(t.cancelled) == 20 and t.queued == set(Priority))
     assert taken.cancelled == {f"job-{i}" for i in range(20)}
     assert control.take() == ControlMessages()  # drained: nothing more
+
+
+def test_each_message_is_seen_from_the_socket_alone(rclient: redis.Redis) -> None:
+    """No full check after the first take: a cancel must come through the socket's poll, also when it was read
+    into redis-py's buffer together with a message redis-py drops (the subscribe confirmations)."""
+    for i in range(20):  # fresh subscriptions: the confirmations' timing varies
+        control = ControlChannel(rclient, full_check_interval_s=float("inf"))
+        try:
+            control.subscribe()
+            control.take()  # the full check: may take the first confirmation alone
+            rclient.publish(keys.CANCEL_CHANNEL, f"job-{i}")
+            assert _take_until(control, lambda t, i=i: f"job-{i}" in t.cancelled).cancelled == {f"job-{i}"}
+        finally:
+            control.close()
 
 
 def test_a_dropped_subscription_comes_back(control: ControlChannel, rclient: redis.Redis) -> None:
