@@ -44,10 +44,10 @@ class Channel:
     """Our end of the socket pair, for a loop that reads its child's answers between engine steps: one `recv`
     system call takes every answer that has arrived (none: it returns at once).
 
-    The framing is multiprocessing Connection's (a 4-byte big-endian length, then the pickle), so the other end
-    may be a Connection (the tensor-parallel ranks') or a Channel (the step writer's). Connection.recv costs a
-    poll and two reads per message, each through its Python layers: right after an engine step had left the
-    caches cold, ~30 us a step in the worker's loop (2026-12-04).
+    The framing is multiprocessing Connection's (a 4-byte big-endian length, then the pickle), so either end may
+    be a Connection or a Channel (the step writer uses a Channel at both). Connection.recv costs a poll and two
+    reads per message, each through its Python layers: right after an engine step had left the caches cold,
+    ~30 us a step in the worker's loop (2026-12-04).
     """
 
     def __init__(self, fd: int) -> None:
@@ -63,9 +63,6 @@ class Channel:
         fd = os.dup(conn.fileno())
         conn.close()
         return cls(fd)
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
 
     def send(self, message: object) -> None:
         """Pickle `message` (the C pickler, protocol 5) and write it whole; OSError once the child is gone."""
