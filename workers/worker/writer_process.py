@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from shared import keys
@@ -127,6 +128,8 @@ def main(fd: int) -> None:
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the worker is gone
         return
     finally:
+        if writer.held is not None:
+            writer.held.close()
         client.close()
         channel.close()
 
@@ -150,6 +153,8 @@ class _Writer:
         self.redis = client
         self.emitter = emitter
         self.dead_epoch = -1  # the newest epoch the loop discarded or a batch here failed in
+        # off a Cluster every batch is one pipeline, sent on a connection this process holds (no pool checkout)
+        self.held = None if isinstance(client, RedisCluster) else redis_urls.HeldConnection(client)
 
     def write_batch(self, steps: list[StepWrite]) -> Settled:
         live = [s for s in steps if s.epoch > self.dead_epoch]
@@ -168,7 +173,7 @@ class _Writer:
     def _write(self, steps: list[StepWrite], warnings: list[str]) -> Report:
         """Every partition's start notices, ONE STEP call and output notices, in one round trip (one pipeline per
         partition node on a Cluster: shared/redis_url.py PartitionPipelines)."""
-        pipes = redis_urls.PartitionPipelines(self.redis)
+        pipes = redis_urls.PartitionPipelines(self.redis, self.held)
         starts = keys.by_partition([n for s in steps for n in s.start_notices], lambda notice: notice[0])
         outputs = keys.by_partition([n for s in steps for n in s.output_notices], lambda notice: notice[0])
         writes = keys.by_partition([w for s in steps for w in s.writes], lambda write: write.job_id)
