@@ -2,6 +2,7 @@
 
     step:  retire what was written -> drop lost/cancelled jobs -> pull what the engine can admit
            -> engine.step() -> emit (hand the step's writes to the writer process)
+           (a worker that holds no job pulls first and reads its control channel after: nothing to drop before)
 
 Step N's writes (tokens, finishes, failures, webhook notices: ONE pipelined round trip, workers/worker/writer.py)
 go to Redis from a process of their own while step N+1 computes (a thread would share the loop's GIL); a job is
@@ -130,10 +131,14 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------------------------
     def step(self) -> None:
         self._retire()
-        self._drop(self._lost_jobs())
+        is_holding = bool(self.leases)
+        if is_holding:
+            self._drop(self._lost_jobs())
         self._time_out(self.deadlines.past())
         if self._may_pull():
             self._pull()
+        if not is_holding:  # nothing to drop before the pull: it goes first (a new job's start waits less)
+            self._drop(self._lost_jobs())  # a job cancelled as it was pulled is dropped before its first step
         step_start_s = time.perf_counter()
         outputs = self.engine.step() if self.running else []
         self._account(time.perf_counter() - step_start_s, outputs)
