@@ -103,6 +103,38 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
         worker.shutdown()
 
 
+
+def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that holds no job pulls before it reads its control channel. A cancel that lands between its
+    pull and that read (here: right after the pull) drops the job in the same step, before the engine runs it."""
+    settings.reclaim_interval_s = 3600.0
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    pull = worker.reader.pull
+    control = worker._control._pubsub  # the subscription the step reads after its pull
+
+    def pull_then_cancel(max_jobs: int, priorities: Any = None) -> Any:
+        leases = pull(max_jobs, priorities)
+        for lease in leases:
+            _cancel(rclient, settings, lease.job_id)
+        assert not leases or control.connection.can_read(timeout=5.0)  # the cancel reached the worker's socket
+        return leases
+
+    monkeypatch.setattr(worker.reader, "pull", pull_then_cancel)
+    try:
+        job_id = submit_job(rclient, settings, max_tokens=50, **JOB)
+        worker.step()
+        assert worker.num_pulled_last == 1  # it was pulled in this step ...
+        assert job_id not in worker.leases and job_id not in worker.running  # ... and dropped in it
+        assert worker.engine.free_capacity() == 2
+        worker.writer.drain(30)
+        job = job_record(rclient, job_id)
+        assert job["status"] == "cancelled" and int(job.get("completion_tokens") or 0) == 0
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
 def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
     tiny_target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
