@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -55,8 +55,13 @@ from workers.bench.e2e_load import (
 )
 from workers.bench.e2e_mixed import MixedPlan, preemptions, run_fairness, run_mixed
 from workers.bench.e2e_ttft import ttft_parts
+from workers.bench.http_client import cpu_seconds
 
 log = logging.getLogger(__name__)
+
+# the processes `specfleet up` places on the I/O cores (shared/cpu_placement.py), and this benchmark's clients:
+# their CPU per generated token is what one I/O core has to give (`fleet_io_cpu_us_per_token_c{N}`)
+IO_PROCESSES = ("gateway", "redis", "writer", "client")
 
 @dataclass(frozen=True)
 class E2EBenchPlan:
@@ -118,11 +123,20 @@ def _interleaved(
     for i in range(num_rounds):
         for system in ("fleet", "engine") if i % 2 == 0 else ("engine", "fleet"):
             if system == "fleet":
-                fleet_t.merge(asyncio.run(run_fleet(fleet.endpoint, bodies, concurrency)))
+                fleet_t.merge(_fleet_round(fleet, bodies, concurrency))
             else:
                 with _on_engine_cpus(fleet):
                     engine_t.merge(run_engine(engine, bodies, concurrency))
     return fleet_t, engine_t
+
+
+def _fleet_round(fleet: BenchFleet, bodies: list[dict[str, Any]], concurrency: int) -> Timings:
+    """One fleet round, with the CPU seconds each process spent while it ran (`client`: this process)."""
+    before = {**fleet.cpu_seconds(), "client": cpu_seconds()}
+    timings = asyncio.run(run_fleet(fleet.endpoint, bodies, concurrency))
+    after = {**fleet.cpu_seconds(), "client": cpu_seconds()}
+    timings.cpu_s = {name: after[name] - before.get(name, 0.0) for name in after}
+    return timings
 
 
 def _on_engine_cpus(fleet: BenchFleet) -> contextlib.AbstractContextManager[None]:
@@ -146,6 +160,9 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
             ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
+        io = [pair["fleet"].get(f"{name}_cpu_us_per_token") for name in IO_PROCESSES]
+        if all(value is not None for value in io):
+            ratios[f"fleet_io_cpu_us_per_token_c{c}"] = sum(cast(list[float], io))
         for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
             name = f"fleet_{metric.split('_')[0]}_overhead_ms_{metric.rsplit('_', 1)[1]}"
             value = pair["fleet"][metric] - pair["engine"][metric]

@@ -134,7 +134,8 @@ class BenchFleet(ProcessGroup):
         return pids
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used so far by the gateway processes, Redis and the worker."""
+        """CPU seconds used so far by the gateway processes, Redis, the worker (its loop, engine and threads) and
+        the worker's child processes (`writer`: its writer process, and tensor-parallel ranks if any)."""
         out = {"gateway": sum(cpu_seconds(pid) for pid in self.gateway_pids())}
         server = self.fleet.redis_server
         if server is not None and server.process is not None:
@@ -142,9 +143,20 @@ class BenchFleet(ProcessGroup):
         worker_pid = self.fleet.pid("worker")
         if worker_pid is not None:
             out["worker"] = cpu_seconds(worker_pid)
+            out["writer"] = sum(cpu_seconds(pid) for pid in children_of(worker_pid))
         return out
 
     def stop(self) -> None:
         """Gateway, then worker, then Redis."""
         self.fleet.stop()
 
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid` (one level), from /proc; a child that exits meanwhile is left out."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return [child for child in found if Path(f"/proc/{child}").exists()]

@@ -38,6 +38,7 @@ class Timings:
     num_tokens: int = 0
     elapsed_s: float = 0.0
     job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
+    cpu_s: dict[str, float] = field(default_factory=dict)  # fleet runs: CPU seconds by process while they ran
 
     def merge(self, other: "Timings") -> None:
         """Add another run of the same system (a latency round): tokens/s becomes all tokens over all time."""
@@ -46,6 +47,8 @@ class Timings:
         self.num_tokens += other.num_tokens
         self.elapsed_s += other.elapsed_s
         self.job_ids += other.job_ids
+        for name, seconds in other.cpu_s.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
 
     def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int) -> None:
         self.ttft_s.append(first_s - start_s)
@@ -64,6 +67,9 @@ def percentile_ms(values: list[float], q: float) -> float:
 
 
 def summary(t: Timings) -> dict[str, float]:
+    """The figures of a run; a fleet run's CPU by process as `<process>_cpu_us_per_token`."""
+    cpu = {f"{name}_cpu_us_per_token": seconds / t.num_tokens * 1e6 for name, seconds in t.cpu_s.items()
+           if t.num_tokens}  # fmt: skip
     return {
         "ttft_ms_p50": percentile_ms(t.ttft_s, 50),
         "ttft_ms_p99": percentile_ms(t.ttft_s, 99),
@@ -72,6 +78,7 @@ def summary(t: Timings) -> dict[str, float]:
         "tokens_per_s": t.num_tokens / t.elapsed_s if t.elapsed_s else 0.0,
         "num_requests": float(len(t.ttft_s)),
         "ttft_ms_mean": statistics.fmean(t.ttft_s) * 1e3 if t.ttft_s else 0.0,
+        **cpu,
     }
 
 

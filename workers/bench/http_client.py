@@ -138,9 +138,12 @@ def _parse_frame(block: str) -> SseFrame | None:
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of a process (this one by default), from /proc."""
+    """User + system CPU seconds of a process (this one by default), from /proc; 0 for one that is gone."""
     if pid is None:
         return time.process_time()
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it exited
+        return 0.0
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return ticks / os.sysconf("SC_CLK_TCK")

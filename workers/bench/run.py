@@ -132,6 +132,11 @@ def print_e2e(result: dict) -> None:
         if phase_rows:  # `--phase mixed` runs that one alone
             typer.echo(format_table(phase_rows, columns))
             typer.echo("")
+    fleet_cpu = [r for r in rows if r["phase"] == "latency" and "worker_cpu_us_per_token" in r]
+    if fleet_cpu:  # the fleet's CPU per generated token, by process (the I/O core's share: gateway to client)
+        names = ("gateway", "redis", "writer", "client", "worker")
+        typer.echo(format_table(fleet_cpu, ["system", "concurrency", *(f"{n}_cpu_us_per_token" for n in names)]))
+        typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")
 

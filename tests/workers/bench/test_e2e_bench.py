@@ -2,10 +2,16 @@
 shape (no timing is asserted: this machine is shared and noisy)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
+from workers.bench.e2e_fleet import children_of
 from workers.bench.e2e_load import lost_tokens
+from workers.bench.http_client import cpu_seconds
 from workers.bench.report import machine_info, write_json
 
 HEADLINES = (
@@ -51,6 +57,10 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     for r in latency:  # the fleet's TTFT split by the times Redis recorded (workers/bench/e2e_ttft.py)
         if r["system"] == "fleet":
             assert r["queued_ms_p50"] >= 0 and r["first_write_ms_p50"] >= 0
+            # the CPU each process spent per generated token while the fleet rounds ran (/proc, 10 ms ticks)
+            assert all(r[f"{name}_cpu_us_per_token"] >= 0 for name in ("gateway", "redis", "writer", "client",
+                                                                        "worker"))  # fmt: skip
+    assert {f"fleet_io_cpu_us_per_token_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert {f"fleet_ttft_queued_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert doc["machine"]["load_avg_1m_before"] >= 0
     cost = [r for r in doc["rows"] if r["phase"] == "cost"]  # from the jobs' own records, SD on and off
@@ -77,3 +87,21 @@ def test_lost_tokens_counts_missing_extra_and_moved_tokens() -> None:
     assert lost_tokens([1, 2, 3], [1, 2, 3, 3]) == 1  # one repeated
     assert lost_tokens([1, 2, 3], [1, 3, 2]) == 2  # two out of place
     assert lost_tokens([1, 2], []) == 2
+
+
+def test_the_worker_s_child_processes_are_found(tmp_path: Path) -> None:
+    """The writer's CPU is read from the worker's children (/proc/<pid>/task/*/children)."""
+    script = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print(p.pid, flush=True); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert children_of(parent.pid) == [child]
+        assert cpu_seconds(child) >= 0 and cpu_seconds(2**22 + 1) == 0.0  # a pid that is not there: 0
+    finally:
+        for pid in children_of(parent.pid):
+            os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        assert parent.stdout is not None
+        parent.stdout.close()
