@@ -7,9 +7,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,14 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
 
 
 
+def _peeked(sock: socket.socket, text: bytes) -> bool:
+    """Whether `text` waits in `sock`'s receive queue (nothing is read from it)."""
+    try:
+        return text in sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+
+
 def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,13 +122,15 @@ def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
     settings.reclaim_interval_s = 3600.0
     worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
     pull = worker.reader.pull
-    control = worker._control._pubsub  # the subscription the step reads after its pull
+    control_socket = worker._control._pubsub.connection._sock  # the subscription the step reads after its pull
 
     def pull_then_cancel(max_jobs: int, priorities: Any = None) -> Any:
         leases = pull(max_jobs, priorities)
         for lease in leases:
             _cancel(rclient, settings, lease.job_id)
-        assert not leases or control.connection.can_read(timeout=5.0)  # the cancel reached the worker's socket
+            # the cancel is on the worker's socket (peeked, not read: the step's own read takes it)
+            wait_until(partial(_peeked, control_socket, lease.job_id.encode()), interval_s=0.001,
+                       what="the cancel on the worker's control socket")  # fmt: skip
         return leases
 
     monkeypatch.setattr(worker.reader, "pull", pull_then_cancel)
