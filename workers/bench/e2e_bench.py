@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 # their CPU per generated token is what one I/O core has to give (`fleet_io_cpu_us_per_token_c{N}`)
 IO_PROCESSES = ("gateway", "redis", "writer", "client")
 
+
 @dataclass(frozen=True)
 class E2EBenchPlan:
     concurrencies: tuple[int, ...] = (1, 4, 16)

@@ -127,11 +127,7 @@ class BenchFleet(ProcessGroup):
         """The gateway process and, with several workers, its children (uvicorn's worker processes)."""
         pid = self.fleet.pid("gateway")
         assert pid is not None
-        pids = [pid]
-        children = Path(f"/proc/{pid}/task/{pid}/children")
-        if children.exists():
-            pids += [int(p) for p in children.read_text().split()]
-        return pids
+        return [pid, *children_of(pid)]
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by the gateway processes, Redis, the worker (its loop, engine and threads) and

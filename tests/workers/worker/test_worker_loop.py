@@ -105,7 +105,6 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
         worker.shutdown()
 
 
-
 def _peeked(sock: socket.socket, text: bytes) -> bool:
     """Whether `text` waits in `sock`'s receive queue (nothing is read from it)."""
     try:
@@ -146,6 +145,7 @@ def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
     finally:
         worker.request_stop(0.0)
         worker.shutdown()
+
 
 def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
     tiny_target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
