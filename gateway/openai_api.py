@@ -40,7 +40,6 @@ from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, EventType, Job, Tok
 log = logging.getLogger(__name__)
 
 JOB_ID_HEADER = "x-specfleet-job-id"
-DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming call checks that its client is still there
 DONE_FRAME = b"data: [DONE]\n\n"
 
 
@@ -137,7 +136,8 @@ class Call:
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
     async def _wait(self) -> Job:
-        """Block until the job is final; a client that leaves meanwhile cancels it."""
+        """Block until the job is final; a client that leaves meanwhile cancels it, as soon as its connection
+        closes (the server's disconnect message, not a poll)."""
 
         async def final_event() -> None:
             async with aclosing(self.gw.hub.follow(self.job_id)) as events:
@@ -145,23 +145,30 @@ class Call:
                     if event is not None and event.type.is_final:
                         return
 
+        async def client_left() -> None:
+            # the body was read: what the server still has to tell this call is that its client went away
+            while (await self.request.receive())["type"] != "http.disconnect":
+                pass
+
         follower = asyncio.create_task(final_event())
+        watcher = asyncio.create_task(client_left())
         try:
-            while not follower.done():
-                await asyncio.wait({follower}, timeout=DISCONNECT_POLL_S)
-                if not follower.done() and await self.request.is_disconnected():
-                    await self._cancel_if_abandoned()
-                    break
+            await asyncio.wait({follower, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if follower.done():
                 follower.result()
                 self.is_finished = True
+            else:
+                if (error := watcher.exception()) is not None:
+                    log.warning("job %s: lost track of its client (%r); taking it as gone", self.job_id, error)
+                await self._cancel_if_abandoned()
         finally:
-            if not follower.done():
-                follower.cancel()
-                try:
-                    await follower
-                except asyncio.CancelledError:
-                    pass
+            for task in (follower, watcher):
+                if not task.done():
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
         fields = await self.gw.store.get(self.job_id)
         if fields is None:
             raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
