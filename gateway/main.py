@@ -18,6 +18,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import process_exiting
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
+from gateway.redis_wire import WireConnection
 from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
@@ -56,11 +57,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             decode_responses=True,
             health_check_interval=30,
         )
+        # the batched commands' own connection (gateway/redis_wire.py; a Cluster: None, redis-py's client)
+        wire = WireConnection.for_url(redis_url, redis.response_callbacks)
         gateway = app.state.gateway = Gateway(
             settings=settings,
             redis=redis,
-            store=JobStore(redis, settings),
-            hub=EventHub(redis, redis_url, settings.sse_keepalive_s),
+            store=JobStore(redis, settings, wire),
+            hub=EventHub(redis, redis_url, settings.sse_keepalive_s, wire=wire),
             prompt_limit=PromptLimit(redis, settings.model_info_refresh_s),
             limiter=RateLimiter(settings),
         )
@@ -69,6 +72,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                 await _require_keys(redis)
             except BaseException:
                 await redis.aclose()
+                if wire is not None:
+                    wire.close()
                 raise
         try:
             await gateway.store.ensure_groups()
@@ -80,6 +85,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         finally:
             await gateway.hub.stop()
             await redis.aclose()
+            if wire is not None:
+                wire.close()
             process_exiting()
 
     # FastAPI's own OpenTelemetry hooks are off: /metrics (Prometheus) is this service's telemetry.

@@ -17,25 +17,20 @@ connects fail or are refused), subscribing every wanted channel again. Each SUBS
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import hiredis
-from redis.asyncio.connection import parse_url
-from redis.asyncio.sentinel import Sentinel
 
+from gateway.redis_address import address_of
 from shared import redis_url as redis_urls
-from shared.redis_url import Topology
 
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 0.5  # pause after a lost connection or a failed connect; doubled while connects keep failing
 RECONNECT_MAX_S = 5.0  # ... up to this (a connection that got a SUBSCRIBE confirmed starts over from RECONNECT_S)
 PING_INTERVAL_S = 15.0  # a PING after an interval without a reply; still unanswered an interval later: dead
-CONNECT_TIMEOUT_S = 5.0
 
 
 def encode_command(*args: str) -> bytes:
@@ -56,35 +51,6 @@ async def cancel(task: asyncio.Task[None] | None) -> None:
         await task
     except asyncio.CancelledError:
         pass
-
-
-@dataclass(frozen=True)
-class Address:
-    """Where one connect goes, and how it identifies itself."""
-
-    host: str = "localhost"
-    port: int = 6379
-    path: str | None = None  # a unix socket (then host and port are unused)
-    username: str | None = None
-    password: str | None = None
-    tls: ssl.SSLContext | None = None
-
-
-def tls_context(options: dict[str, Any]) -> ssl.SSLContext:
-    """An SSL context as redis-py's SSLConnection makes one from the URL's options: the peer's certificate and
-    host name checked unless `ssl_cert_reqs=none` (or `optional`, or `ssl_check_hostname=false`)."""
-    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
-    cert_reqs = str(options.get("ssl_cert_reqs", "required")).lower()
-    if cert_reqs == "none":
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    else:
-        context.check_hostname = bool(options.get("ssl_check_hostname", True))
-        if cert_reqs == "optional":
-            context.verify_mode = ssl.CERT_OPTIONAL
-    if options.get("ssl_certfile"):
-        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
-    return context
 
 
 class _Protocol(asyncio.Protocol):
@@ -212,22 +178,11 @@ class Subscriber:
             await asyncio.sleep(delay_s)
 
     async def _connect(self) -> _Protocol:
-        address = await self._address()
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            if address.path is not None:
-                _, protocol = await loop.create_unix_connection(
-                    lambda: _Protocol(self._on_reply), address.path, ssl=address.tls
-                )
-            else:
-                _, protocol = await loop.create_connection(
-                    lambda: _Protocol(self._on_reply), address.host, address.port, ssl=address.tls
-                )
+        self._num_attempts += 1
+        address = await address_of(self.target, self._num_attempts - 1)
+        protocol: _Protocol = await address.open(lambda: _Protocol(self._on_reply))
         self.num_connects += 1
-        hello = b""
-        if address.password is not None:
-            credentials = [address.username, address.password] if address.username else [address.password]
-            hello += encode_command("AUTH", *credentials)
+        hello = b"".join(encode_command(*command) for command in address.hello())
         if self.channels:
             hello += encode_command("SUBSCRIBE", *sorted(self.channels))
         if self.patterns:
@@ -256,29 +211,3 @@ class Subscriber:
                 else:
                     ping_sent_s = None
                 checked_s = time.monotonic()
-
-    async def _address(self) -> Address:
-        target = self.target
-        self._num_attempts += 1
-        if target.topology is Topology.STANDALONE:
-            options: dict[str, Any] = dict(parse_url(target.url))
-            is_tls = target.url.lower().startswith("rediss://")
-            return Address(
-                host=options.get("host", "localhost"),
-                port=int(options.get("port", 6379)),
-                path=options.get("path"),
-                username=options.get("username"),
-                password=options.get("password"),
-                tls=tls_context(options) if is_tls else None,
-            )
-        tls = tls_context({}) if target.is_tls else None
-        if target.topology is Topology.SENTINEL:
-            sentinel = Sentinel(list(target.nodes), socket_timeout=CONNECT_TIMEOUT_S)
-            try:
-                host, port = await sentinel.discover_master(target.master_name)
-            finally:
-                for node in sentinel.sentinels:
-                    await node.aclose()
-        else:  # a cluster: the seed nodes in turn
-            host, port = target.nodes[(self._num_attempts - 1) % len(target.nodes)]
-        return Address(host, int(port), None, target.username, target.password, tls)

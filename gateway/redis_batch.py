@@ -5,21 +5,28 @@ Under load much of a gateway's CPU is not Python but the socket: one write to Re
 command. The commands issued in one turn of the event loop (the requests that arrived together, the streams that
 one engine step woke) go out as ONE pipelined write and come back in one read; each caller still gets its own
 reply, or its own error. A command alone (no concurrency) is sent at once, so an idle gateway adds no wait.
-At most MAX_IN_FLIGHT batches are out at once, each on one pooled connection; the commands issued meanwhile
-go in the next batch when one comes back. So a burst of thousands of requests (SSE clients connecting at once)
-holds MAX_IN_FLIGHT connections a batcher, not one a request: none waits for a free one in the pool (a wait that
-times out is a 503), and the larger the burst, the larger each batch.
+At most MAX_IN_FLIGHT batches are out at once; the commands issued meanwhile go in the next batch when one comes
+back. So a burst of thousands of requests (SSE clients connecting at once) holds MAX_IN_FLIGHT batches a batcher,
+not a connection a request: none waits for a free one in the pool (a wait that times out is a 503), and the
+larger the burst, the larger each batch. The batches travel on the process's own command connection
+(gateway/redis_wire.py: pipelined, replies parsed as they arrive) when it has one; on a Cluster, or without one,
+each on a connection of redis-py's pool.
 
 Pipelining changes how the commands travel, not what each does: each script call stays one atomic run.
 """
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.redis_wire import WireConnection, WireUnsupported
+
+log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # batches sent and not yet answered: one being answered while the next is on its way
 # a batch unanswered this long fails (503, as the pool's wait for a connection does) and frees its slot: a Redis
@@ -36,9 +43,12 @@ class _Call:
 class CommandBatcher:
     """`await batcher.call("XRANGE", key, ...)` -> the command's reply, as `redis.execute_command` gives it."""
 
-    def __init__(self, redis: Redis, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    def __init__(
+        self, redis: Redis, reply_timeout_s: float = REPLY_TIMEOUT_S, wire: WireConnection | None = None
+    ) -> None:
         self.redis = redis
         self.reply_timeout_s = reply_timeout_s
+        self.wire = wire  # the process's command connection (gateway/redis_wire.py); None: redis-py's client
         self._waiting: list[_Call] = []  # commands not sent yet: they go in the next batch
         self._sending: set[asyncio.Task[None]] = set()  # batches out (referenced: the loop keeps weak references)
         self._is_flush_due = False  # a flush is scheduled for this loop turn
@@ -104,6 +114,11 @@ class CommandBatcher:
 
     async def _run(self, batch: list[_Call]) -> list[object]:
         """Each call's reply, or its error."""
+        if self.wire is not None and self.wire.is_usable:
+            try:
+                return await self.wire.execute([call.command for call in batch])
+            except WireUnsupported as exc:  # a Redis before 6.0: this batch and the next go through redis-py
+                log.warning("%s", exc)
         if len(batch) == 1:
             try:
                 return [await self.redis.execute_command(*batch[0].command)]
@@ -119,8 +134,10 @@ class ScriptBatcher(CommandBatcher):
     """`await batcher.run(keys, args)` -> the script's reply, as redis-py's registered Script gives it; a Redis
     that lost its scripts (a restart) gets the script, then the calls it refused again."""
 
-    def __init__(self, redis: Redis, script: str, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        super().__init__(redis, reply_timeout_s)
+    def __init__(
+        self, redis: Redis, script: str, reply_timeout_s: float = REPLY_TIMEOUT_S, wire: WireConnection | None = None
+    ) -> None:
+        super().__init__(redis, reply_timeout_s, wire)
         self.script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()
 

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from gateway.redis_batch import CommandBatcher, ScriptBatcher
+from gateway.redis_wire import WireConnection
 from shared import keys, lua
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
@@ -48,14 +49,15 @@ class QueueFull(Exception):
 
 
 class JobStore:
-    def __init__(self, redis: Redis, settings: ServiceSettings) -> None:
+    def __init__(self, redis: Redis, settings: ServiceSettings, wire: WireConnection | None = None) -> None:
         self.redis = redis
         self.settings = settings
         self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
-        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT)  # concurrent submits: one write
+        # `wire`: the process's command connection (gateway/redis_wire.py), which the batchers send on
+        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT, wire=wire)  # concurrent submits: one write
         # concurrent requests' reads (keys, jobs, batches): one write a loop turn, not a pooled connection each
-        self.reads = CommandBatcher(redis)
-        self.read_jobs = ScriptBatcher(redis, lua.READ_JOB)  # a job with its whole output, at one instant
+        self.reads = CommandBatcher(redis, wire=wire)
+        self.read_jobs = ScriptBatcher(redis, lua.READ_JOB, wire=wire)  # a job with its output, at one instant
         self._finish = redis.register_script(lua.FINISH)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)

@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from gateway.pubsub import Subscriber, cancel
 from gateway.redis_batch import CommandBatcher
+from gateway.redis_wire import WireConnection
 from shared import keys
 from shared.job_state import JobStatus
 from shared.lua import EventWake, parse_event_wake
@@ -133,10 +134,15 @@ class _Feed:
 
 class EventHub:
     def __init__(
-        self, redis: Redis, redis_url: str, keepalive_s: float, linger_s: float = CHANNEL_LINGER_S
+        self,
+        redis: Redis,
+        redis_url: str,
+        keepalive_s: float,
+        linger_s: float = CHANNEL_LINGER_S,
+        wire: WireConnection | None = None,  # the process's command connection (gateway/redis_wire.py)
     ) -> None:
         self.redis = redis
-        self.reads = CommandBatcher(redis)  # the feeds' XRANGEs of one loop turn: one write
+        self.reads = CommandBatcher(redis, wire=wire)  # the feeds' XRANGEs of one loop turn: one write
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
         self.pubsub = Subscriber(redis_url, self._on_message, self._on_subscribed, self._on_lost)

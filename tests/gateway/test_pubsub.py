@@ -11,7 +11,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from gateway.pubsub import Subscriber, encode_command, tls_context
+from gateway.pubsub import Subscriber, encode_command
+from gateway.redis_address import tls_context
 from shared import redis_url as redis_urls
 from shared.redis_server import RedisServer
 from shared.redis_topologies import LocalSentinel

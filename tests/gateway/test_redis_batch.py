@@ -1,5 +1,7 @@
 """CommandBatcher and ScriptBatcher against a real Redis: the calls of one loop turn go out as one write, each
-gets its own reply or its own error, and a Redis that lost its scripts gets the script again."""
+gets its own reply or its own error, and a Redis that lost its scripts gets the script again. Every test runs
+both ways a batch travels: on redis-py's pooled connections, and on the gateway's command connection
+(gateway/redis_wire.py)."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
@@ -10,6 +12,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redis_batch import MAX_IN_FLIGHT, CommandBatcher, ScriptBatcher
+from gateway.redis_wire import WireConnection
 
 # KEYS[1]: a counter. ARGV[1]: a step ('boom': the script fails) -> the counter after the step
 SCRIPT = """
@@ -18,32 +21,40 @@ return redis.call('INCRBY', KEYS[1], ARGV[1])
 """
 
 
-def _run(redis_url: str, body: Callable[[Redis], Awaitable[None]]) -> None:
+@pytest.fixture(params=["redis-py", "wire"])
+def travel(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _run(redis_url: str, travel: str, body: Callable[[Redis, WireConnection | None], Awaitable[None]]) -> None:
     async def main() -> None:
         client = Redis.from_url(redis_url, decode_responses=True)
+        wire = WireConnection.for_url(redis_url, client.response_callbacks) if travel == "wire" else None
         try:
-            await body(client)
+            await body(client, wire)
         finally:
+            if wire is not None:
+                wire.close()
             await client.aclose()
 
     asyncio.run(main())
 
 
-def test_one_turns_calls_are_one_write_with_their_own_replies(redis_url: str) -> None:
-    async def body(client: Redis) -> None:
-        batcher = ScriptBatcher(client, SCRIPT)
+def test_one_turns_calls_are_one_write_with_their_own_replies(redis_url: str, travel: str) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire)
         replies = await asyncio.gather(*(batcher.run([f"n{i % 2}"], [1]) for i in range(20)))
         assert sorted(replies) == sorted([*range(1, 11), *range(1, 11)])  # type: ignore[type-var]
         assert batcher.num_calls == 20 and batcher.num_sends < 20
         assert await batcher.run(["n0"], [5]) == 15  # a call alone is sent at once
         assert batcher.num_sends < 21
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
-def test_a_failing_call_fails_alone(redis_url: str) -> None:
-    async def body(client: Redis) -> None:
-        batcher = ScriptBatcher(client, SCRIPT)
+def test_a_failing_call_fails_alone(redis_url: str, travel: str) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire)
         replies = await asyncio.gather(
             batcher.run(["k"], [1]), batcher.run(["k"], ["boom"]), batcher.run(["k"], [2]),
             return_exceptions=True,
@@ -51,25 +62,25 @@ def test_a_failing_call_fails_alone(redis_url: str) -> None:
         assert replies[0] == 1 and replies[2] == 3
         assert isinstance(replies[1], ResponseError) and "boom" in str(replies[1])
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
 @pytest.mark.parametrize("num_calls", [1, 5])
-def test_a_redis_that_lost_its_scripts_gets_them_again(redis_url: str, num_calls: int) -> None:
-    async def body(client: Redis) -> None:
-        batcher = ScriptBatcher(client, SCRIPT)
+def test_a_redis_that_lost_its_scripts_gets_them_again(redis_url: str, travel: str, num_calls: int) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire)
         assert await batcher.run(["k"], [1]) == 1
         await client.script_flush()  # as after a restart of Redis
         replies = await asyncio.gather(*(batcher.run(["k"], [1]) for _ in range(num_calls)))
         assert sorted(replies) == list(range(2, 2 + num_calls))  # type: ignore[type-var]
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
-def test_commands_of_one_turn_are_one_write(redis_url: str) -> None:
-    async def body(client: Redis) -> None:
+def test_commands_of_one_turn_are_one_write(redis_url: str, travel: str) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
         await client.xadd("s", {"n": "1"})
-        batcher = CommandBatcher(client)
+        batcher = CommandBatcher(client, wire=wire)
         replies = await asyncio.gather(
             *(batcher.call("XRANGE", "s", "-", "+", "COUNT", 10) for _ in range(8)),
             batcher.call("HSET", "s", "x", "1"),  # a wrong type: this call alone fails
@@ -81,13 +92,13 @@ def test_commands_of_one_turn_are_one_write(redis_url: str) -> None:
         with pytest.raises(ResponseError, match="WRONGTYPE"):  # alone: sent at once, its error all the same
             await batcher.call("HSET", "s", "x", "1")
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
-def test_a_requests_commands_share_the_turns_write(redis_url: str) -> None:
-    async def body(client: Redis) -> None:
+def test_a_requests_commands_share_the_turns_write(redis_url: str, travel: str) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
         await client.hset("h", mapping={"owner": "k1", "status": "queued"})
-        batcher = CommandBatcher(client)
+        batcher = CommandBatcher(client, wire=wire)
         mine = batcher.calls(("HGETALL", "h"), ("HMGET", "h", "owner", "status"), ("HGETALL", "missing"))
         others = [batcher.call("HGET", "h", "owner") for _ in range(4)]
         replies, *owners = await asyncio.gather(mine, *others)
@@ -98,17 +109,17 @@ def test_a_requests_commands_share_the_turns_write(redis_url: str) -> None:
         with pytest.raises(ResponseError, match="WRONGTYPE"):  # one command's error fails the request's calls
             await batcher.calls(("HGETALL", "h"), ("XRANGE", "h", "-", "+"))
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
-def test_calls_of_many_turns_wait_for_a_batch_to_come_back(redis_url: str) -> None:
+def test_calls_of_many_turns_wait_for_a_batch_to_come_back(redis_url: str, travel: str) -> None:
     """Calls issued turn after turn while batches are out: at most MAX_IN_FLIGHT batches (connections) at once,
     the calls of the turns between go together in the next one, and every call gets its own reply."""
 
-    async def body(client: Redis) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
         counter = Redis.from_url(redis_url, decode_responses=True)
         connected_before = int((await counter.info("stats"))["total_connections_received"])
-        batcher = CommandBatcher(client)
+        batcher = CommandBatcher(client, wire=wire)
 
         async def incr_later(turn: int) -> object:
             for _ in range(turn):
@@ -122,16 +133,16 @@ def test_calls_of_many_turns_wait_for_a_batch_to_come_back(redis_url: str) -> No
         assert connected <= MAX_IN_FLIGHT + 1  # + the counter's own
         await counter.aclose()
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
 
 
-def test_a_batch_redis_does_not_answer_fails_and_frees_its_slot(redis_url: str) -> None:
+def test_a_batch_redis_does_not_answer_fails_and_frees_its_slot(redis_url: str, travel: str) -> None:
     """CLIENT PAUSE holds every reply: the batches out fail with Redis's TimeoutError after reply_timeout_s (the
     gateway answers 503), their slots free, and once Redis answers again so do the calls."""
 
-    async def body(client: Redis) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
         admin = Redis.from_url(redis_url, decode_responses=True)
-        batcher = CommandBatcher(client, reply_timeout_s=0.3)
+        batcher = CommandBatcher(client, reply_timeout_s=0.3, wire=wire)
         await batcher.call("SET", "k", "1")  # connected before the pause
         await admin.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
         try:
@@ -143,4 +154,4 @@ def test_a_batch_redis_does_not_answer_fails_and_frees_its_slot(redis_url: str) 
         assert stuck and all(isinstance(r, RedisTimeoutError) for r in stuck), stuck
         assert await batcher.call("SET", "after", "2") is True and await batcher.call("GET", "after") == "2"
 
-    _run(redis_url, body)
+    _run(redis_url, travel, body)
