@@ -6,8 +6,7 @@ hiredis in the transport's `data_received` (as gateway/pubsub.py does for events
 
 redis-py's asyncio client spends ~100 µs of CPU a call around the round trip (the pool's checkout and release,
 a pipeline object, a stream read per reply, the retry wrapper): more than Redis takes to run the submit's
-script. Here a call costs ~40-60 µs (`tests/gateway/test_redis_wire.py` checks behaviour; the README's benchmark
-section has the figures).
+script. Here a call costs ~40-60 µs (README, "The submit path").
 
 A reply is what redis-py's client returns for the command (its response callbacks: HGETALL -> dict, XRANGE ->
 [(id, fields)]); an error reply is the exception redis-py raises for it (NOSCRIPT -> NoScriptError, else a

@@ -303,6 +303,7 @@ class Worker:
         except redis.RedisError as exc:
             log.warning("could not unregister worker %s's version: %s", self.worker_id, exc)
         self._control.close()
+        self.reader.close()
 
     # -- per job -------------------------------------------------------------------------------------------
     def _admit(self, lease: Lease) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 import redis.cluster
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from shared import keys, lua
 from shared import redis_url as redis_urls
@@ -87,6 +87,9 @@ class QueueReader:
         self.priority_order = PriorityOrder(settings.starvation_limit)
         self._pull = client.register_script(lua.PULL)
         self._requeue = client.register_script(lua.REQUEUE)
+        # the loop's pulls and idle waits go out on a connection it holds (shared/redis_url.py); a Cluster routes
+        # each command by its slot instead
+        self._held = None if isinstance(client, redis.cluster.RedisCluster) else redis_urls.HeldConnection(client)
         self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
         self._expired = _error_json(
             JobStatus.EXPIRED, ErrorCode.EXPIRED, "the job's ttl_s passed before it started"
@@ -171,13 +174,25 @@ class QueueReader:
         call_keys = [keys.queue_stream(p, partition) for p in order]
         call_args = self._args(partition, max_jobs, reclaim_ms)
         try:
-            reply = self._pull(keys=call_keys, args=call_args)
+            reply = self._run_pull(call_keys, call_args)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self.ensure_groups()  # the streams were deleted under us (a flushed or replaced Redis)
-            reply = self._pull(keys=call_keys, args=call_args)
+            reply = self._run_pull(call_keys, call_args)
         return self._read_reply(partition, order, reply)
+
+    def _run_pull(self, call_keys: list[str], call_args: list[str | int]) -> Any:
+        """One PULL call, on the held connection when there is one (a Redis that lost its scripts gets it again)."""
+        if self._held is None:
+            return self._pull(keys=call_keys, args=call_args)
+        reply = self._held.execute([("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *call_args)])[0]
+        if isinstance(reply, NoScriptError):
+            self._pull.sha = self.redis.script_load(lua.PULL)
+            reply = self._held.execute([("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *call_args)])[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _look(self, streams: dict[int, list[Priority]]) -> dict[Priority, bool]:
         """Whether entries wait on these streams (PULL with n = 0: nothing taken), every partition pipelined."""
@@ -238,7 +253,17 @@ class QueueReader:
             block_ms = max(1, block_ms // len(self.partitions))
         else:
             streams = {keys.queue_stream(p, n): self.last_ids[(n, p)] for n in self.partitions for p in Priority}
-        self.redis.xread(streams, count=1, block=block_ms)  # type: ignore[arg-type]
+        if self._held is None:
+            self.redis.xread(streams, count=1, block=block_ms)  # type: ignore[arg-type]
+            return
+        reply = self._held.execute([("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *streams, *streams.values())])
+        if isinstance(reply[0], Exception):
+            raise reply[0]
+
+    def close(self) -> None:
+        """Give the held connection back to the client's pool."""
+        if self._held is not None:
+            self._held.close()
 
     def hand_back(self, lease: Lease) -> str:
         """Put a held job back at the tail of its queue (not counted as a delivery) -> 'ok' | 'gone' | 'lost'."""

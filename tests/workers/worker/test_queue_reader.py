@@ -161,3 +161,21 @@ def test_wait_for_jobs_sees_a_job_queued_after_the_pull(
     started = time.monotonic()
     reader.wait_for_jobs(block_ms=5000)
     assert time.monotonic() - started < 1
+
+
+def test_a_redis_that_lost_its_scripts_or_its_streams_is_pulled_from_again(
+    rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    """The loop's pulls go out on the connection it holds: a Redis that lost its scripts (a restart) gets the
+    script again, and one that lost its streams (flushed) gets its consumer groups again."""
+    reader = _reader(rclient, settings)
+    first = submit_job(rclient, settings)
+    assert [lease.job_id for lease in reader.pull(1)] == [first]
+    rclient.script_flush()
+    second = submit_job(rclient, settings)
+    assert [lease.job_id for lease in reader.pull(1)] == [second]
+    rclient.flushall()
+    assert reader.pull(1) == []  # NOGROUP: the groups are made again
+    third = submit_job(rclient, settings)
+    assert [lease.job_id for lease in reader.pull(1)] == [third]
+    reader.close()
