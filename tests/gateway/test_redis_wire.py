@@ -123,7 +123,8 @@ def test_a_dropped_connection_fails_what_it_was_waiting_for_and_the_next_call_co
         await wire.execute([("CLIENT", "SETNAME", "wire")])
         blocked = asyncio.create_task(wire.execute([("BLPOP", "nothing", 5)]))
         await asyncio.sleep(0.2)
-        assert await client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+        wire_id = next(c["id"] for c in await client.client_list() if c["name"] == "wire")
+        assert await client.client_kill_filter(_id=wire_id) == 1
         with pytest.raises(RedisConnectionError, match="lost"):
             await blocked
         assert await wire.execute([("SET", "k", "1"), ("GET", "k")]) == [True, "1"]
