@@ -24,6 +24,7 @@ from typing import Any
 import hiredis
 
 from gateway.redis_address import address_of
+from gateway.redis_wire import pack
 from shared import redis_url as redis_urls
 
 log = logging.getLogger(__name__)
@@ -31,15 +32,6 @@ log = logging.getLogger(__name__)
 RECONNECT_S = 0.5  # pause after a lost connection or a failed connect; doubled while connects keep failing
 RECONNECT_MAX_S = 5.0  # ... up to this (a connection that got a SUBSCRIBE confirmed starts over from RECONNECT_S)
 PING_INTERVAL_S = 15.0  # a PING after an interval without a reply; still unanswered an interval later: dead
-
-
-def encode_command(*args: str) -> bytes:
-    """A command as RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg.encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 async def cancel(task: asyncio.Task[None] | None) -> None:
@@ -131,17 +123,17 @@ class Subscriber:
     def subscribe(self, *channels: str) -> None:
         self.channels.update(channels)
         if self._protocol is not None:  # else the connect subscribes them
-            self._protocol.write(encode_command("SUBSCRIBE", *channels))
+            self._protocol.write(pack([("SUBSCRIBE", *channels)]))
 
     def psubscribe(self, *patterns: str) -> None:
         self.patterns.update(patterns)
         if self._protocol is not None:
-            self._protocol.write(encode_command("PSUBSCRIBE", *patterns))
+            self._protocol.write(pack([("PSUBSCRIBE", *patterns)]))
 
     def unsubscribe(self, *channels: str) -> None:
         self.channels.difference_update(channels)
         if self._protocol is not None:
-            self._protocol.write(encode_command("UNSUBSCRIBE", *channels))
+            self._protocol.write(pack([("UNSUBSCRIBE", *channels)]))
 
     def _on_reply(self, reply: Any) -> None:
         if isinstance(reply, list) and len(reply) >= 3:
@@ -182,11 +174,11 @@ class Subscriber:
         address = await address_of(self.target, self._num_attempts - 1)
         protocol: _Protocol = await address.open(lambda: _Protocol(self._on_reply))
         self.num_connects += 1
-        hello = b"".join(encode_command(*command) for command in address.hello())
+        hello = pack(address.hello())
         if self.channels:
-            hello += encode_command("SUBSCRIBE", *sorted(self.channels))
+            hello += pack([("SUBSCRIBE", *sorted(self.channels))])
         if self.patterns:
-            hello += encode_command("PSUBSCRIBE", *sorted(self.patterns))
+            hello += pack([("PSUBSCRIBE", *sorted(self.patterns))])
         protocol.write(hello)
         return protocol
 
@@ -206,7 +198,7 @@ class Subscriber:
                     log.warning("pub/sub: no reply to a PING for %.1fs; reconnecting", time.monotonic() - ping_sent_s)
                     protocol.close()
                 elif protocol.last_reply_s < checked_s:  # heard nothing since the last check
-                    protocol.write(encode_command("PING"))
+                    protocol.write(pack([("PING",)]))
                     ping_sent_s = time.monotonic()
                 else:
                     ping_sent_s = None

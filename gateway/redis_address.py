@@ -42,10 +42,17 @@ class Address:
         return protocol
 
     def hello(self) -> list[tuple[str, ...]]:
-        """The commands a connection sends first: AUTH when there is a password."""
+        """What a RESP2 connection (pub/sub) sends first: AUTH when there is a password."""
         if self.password is None:
             return []
         return [("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)]
+
+    def hello_resp3(self) -> tuple[str | int, ...]:
+        """What a RESP3 connection sends first: HELLO 3, with the credentials (a password alone authenticates the
+        `default` user)."""
+        if self.password is None:
+            return ("HELLO", 3)
+        return ("HELLO", 3, "AUTH", self.username or "default", self.password)
 
 
 def tls_context(options: dict[str, Any]) -> ssl.SSLContext:

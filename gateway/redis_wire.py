@@ -40,7 +40,7 @@ Command = Sequence[str | int | float | bytes]
 
 
 def pack(commands: Sequence[Command]) -> bytes:
-    """Commands as RESP arrays of bulk strings, arguments encoded as redis-py encodes them (str as UTF-8, int
+    """Commands (this connection's, and the pub/sub connection's) as RESP arrays of bulk strings, arguments encoded as redis-py encodes them (str as UTF-8, int
     and float by repr; a bool or other type is a DataError, before anything is sent)."""
     parts = []
     for command in commands:
@@ -60,11 +60,6 @@ def pack(commands: Sequence[Command]) -> bytes:
 
 class WireUnsupported(RedisConnectionError):
     """The Redis refused HELLO 3 (a version before 6.0): the caller sends through redis-py's client instead."""
-
-
-def _auth(username: str | None, password: str | None) -> tuple[str, ...]:
-    """HELLO's AUTH clause (a password alone authenticates the `default` user)."""
-    return () if password is None else ("AUTH", username or "default", password)
 
 
 class _Protocol(asyncio.Protocol):
@@ -188,7 +183,7 @@ class WireConnection:
             raise RedisConnectionError(f"cannot connect to Redis: {exc}") from exc
         self.num_connects += 1
         # RESP3, as redis-py's client speaks it (its callbacks expect RESP3 replies), with the credentials
-        hello: list[Command] = [("HELLO", 3, *_auth(address.username, address.password))]
+        hello: list[Command] = [address.hello_resp3()]
         if address.db:
             hello.append(("SELECT", address.db))
         try:

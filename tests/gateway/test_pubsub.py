@@ -11,8 +11,9 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from gateway.pubsub import Subscriber, encode_command
+from gateway.pubsub import Subscriber
 from gateway.redis_address import tls_context
+from gateway.redis_wire import pack
 from shared import redis_url as redis_urls
 from shared.redis_server import RedisServer
 from shared.redis_topologies import LocalSentinel
@@ -62,8 +63,8 @@ async def _published(redis: Redis, channel: str, data: str, log: _Log) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_encode_command_is_resp() -> None:
-    assert encode_command("SUBSCRIBE", "a", "ß") == b"*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$2\r\n\xc3\x9f\r\n"
+def test_commands_are_resp() -> None:
+    assert pack([("SUBSCRIBE", "a", "ß")]) == b"*3\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n$2\r\n\xc3\x9f\r\n"
 
 
 def test_messages_arrive_in_order_and_unsubscribed_channels_go_quiet(redis_url: str) -> None:

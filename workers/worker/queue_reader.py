@@ -186,10 +186,11 @@ class QueueReader:
         """One PULL call, on the held connection when there is one (a Redis that lost its scripts gets it again)."""
         if self._held is None:
             return self._pull(keys=call_keys, args=call_args)
-        reply = self._held.execute([("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *call_args)])[0]
+        arguments = (len(call_keys), *call_keys, *call_args)
+        reply = self._held.execute([("EVALSHA", self._pull.sha, *arguments)])[0]
         if isinstance(reply, NoScriptError):
             self._pull.sha = self.redis.script_load(lua.PULL)
-            reply = self._held.execute([("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *call_args)])[0]
+            reply = self._held.execute([("EVALSHA", self._pull.sha, *arguments)])[0]
         if isinstance(reply, Exception):
             raise reply
         return reply
