@@ -5,7 +5,8 @@ Request: `prompt` (a string, or a list holding one string) or `messages` (system
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
 (string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), and specfleet's
-own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters) and `timeout_s` (the execution deadline). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
+own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
+`stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`n` > 1, a penalty, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
@@ -51,7 +52,7 @@ from shared.response_format import (
     tool_call_objects,
     tool_calls_of,
 )
-from shared.schemas import MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
+from shared.schemas import MAX_STREAM_INTERVAL_MS, MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -90,6 +91,7 @@ class _Common(BaseModel):
     top_k: StrictInt | None = Field(None, ge=-1)
     ignore_eos: StrictBool | None = None
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
+    stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
@@ -297,6 +299,8 @@ def to_job_request(
         fields["ignore_eos"] = req.ignore_eos
     if req.timeout_s is not None:
         fields["timeout_s"] = float(req.timeout_s)
+    if req.stream_interval_ms is not None:
+        fields["stream_interval_ms"] = req.stream_interval_ms
     if isinstance(req, CompletionRequest):
         fields["prompt"] = req.prompt_text()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS

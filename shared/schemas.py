@@ -14,6 +14,7 @@ MAX_METADATA_KEYS = 16
 MAX_METADATA_VALUE_CHARS = 512
 MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"  # `demo-v3@2`, `llama-8b:2026-11-30`
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest execution deadline a job may ask (`timeout_s`, `Cancel-After`)
+MAX_STREAM_INTERVAL_MS = 60_000  # the longest a job may ask its token events apart (`stream_interval_ms`)
 
 
 class Priority(StrEnum):
@@ -73,6 +74,10 @@ class JobRequest(BaseModel):
     # execution deadline, counted from the job's creation (Replicate's `Cancel-After`): a job still running
     # then fails with code `timeout`, keeping its output; None: settings.job_timeout_s from its first start
     timeout_s: float | None = Field(None, gt=0.0, le=MAX_TIMEOUT_S)
+    # the job's token events come at most once per this many ms, each with the tokens since the last (the first
+    # token and the end come at once: workers/worker/stream_interval.py); None: the worker's
+    # settings.stream_interval_ms; 0: every engine step
+    stream_interval_ms: int | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)
     metadata: dict[str, str] = Field(default_factory=dict)
     # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")

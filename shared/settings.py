@@ -25,7 +25,7 @@ from pydantic_settings import (
 from shared import keys
 from shared.cpu_placement import parse_cpu_list
 from shared.redis_url import parse as parse_redis_url
-from shared.schemas import MODEL_VERSION_PATTERN, Priority
+from shared.schemas import MAX_STREAM_INTERVAL_MS, MODEL_VERSION_PATTERN, Priority
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +42,20 @@ class QueueLimits(BaseModel):
     interactive: int = Field(default=1_000, ge=1)
     default: int = Field(default=10_000, ge=1)
     batch: int = Field(default=100_000, ge=1)
+
+    def for_priority(self, priority: Priority) -> int:
+        return int(getattr(self, priority.value))
+
+
+class StreamIntervals(BaseModel):
+    """A job's token events at most once per this many ms, by its priority, unless its request names its own
+    `stream_interval_ms` (workers/worker/stream_interval.py); 0: one event per engine step that gave it tokens.
+    A batch's jobs are read when they end (its result file), not watched token by token: one event a second
+    spares the fleet's I/O side nearly all of its per-token work for them."""
+
+    interactive: int = Field(default=0, ge=0, le=MAX_STREAM_INTERVAL_MS)
+    default: int = Field(default=0, ge=0, le=MAX_STREAM_INTERVAL_MS)
+    batch: int = Field(default=1_000, ge=0, le=MAX_STREAM_INTERVAL_MS)
 
     def for_priority(self, priority: Priority) -> int:
         return int(getattr(self, priority.value))
@@ -93,6 +107,7 @@ class ServiceSettings(BaseSettings):
     events_maxlen: int = Field(default=keys.EVENTS_MAXLEN, ge=100)
     # execution deadline of a job without `timeout_s`, counted from its first start (workers/worker/deadlines.py)
     job_timeout_s: float = Field(default=300.0, gt=0)
+    stream_interval_ms: StreamIntervals = StreamIntervals()  # token events of a job at most this often
 
     # workers
     engine_config: Path = Path("configs/engine.yaml")

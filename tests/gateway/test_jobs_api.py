@@ -46,6 +46,8 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": "x", "temperature": "hot"}, "temperature"),
         ({"prompt": "x", "bogus": 1}, "bogus"),
         ({"prompt": ""}, "prompt"),
+        ({"prompt": "x", "stream_interval_ms": -1}, "stream_interval_ms"),
+        ({"prompt": "x", "stream_interval_ms": 60_001}, "stream_interval_ms"),
     ],
 )
 def test_schema_errors_are_422_with_the_field(

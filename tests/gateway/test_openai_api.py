@@ -80,6 +80,19 @@ def test_completion_is_a_job_and_matches_its_stream(
     assert chunks[-1].usage.completion_tokens == 12
 
 
+def test_stream_interval_ms_sends_fewer_larger_chunks_of_the_same_text(client: openai.OpenAI) -> None:
+    whole = client.completions.create(prompt="def f(x):", extra_body={"ignore_eos": True}, **GREEDY)
+    stream = client.completions.create(
+        prompt="def f(x):", stream=True, extra_body={"ignore_eos": True, "stream_interval_ms": 60_000}, **GREEDY
+    )
+    texts = [c.choices[0].text for c in stream if c.choices]
+    assert "".join(texts) == whole.choices[0].text
+    assert len([text for text in texts if text]) <= 2  # the first token at once, the rest with the end
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(prompt="x", extra_body={"stream_interval_ms": -5}, **GREEDY)
+    assert bad.value.body["param"] == "stream_interval_ms"  # type: ignore[index]
+
+
 def test_chat_sync_and_stream(client: openai.OpenAI) -> None:
     messages = [
         {"role": "system", "content": "You write Python."},

@@ -32,6 +32,8 @@ def test_defaults_and_speculative_mapping() -> None:
         {"prompt": "x", "unknown": 1},
         {"prompt": "x", "metadata": {f"k{i}": "v" for i in range(17)}},
         {"prompt": "x", "ttl_s": -1},
+        {"prompt": "x", "stream_interval_ms": 0.5},
+        {"prompt": "x", "stream_interval_ms": 60_001},
     ],
 )
 def test_invalid_requests(body: dict[str, object]) -> None:

@@ -12,6 +12,9 @@
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
    The fleet's TTFT split by the times Redis recorded: `queued_ms_p50` (created -> started) and
    `first_write_ms_p50` (started -> first token written) on its rows (workers/bench/e2e_ttft.py).
+   A third system in the same interleaved rounds, `fleet_stream_interval`: the same requests with
+   `stream_interval_ms` (`plan.stream_interval_ms`: a job's tokens in one event at most that often, the first
+   token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`).
 5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
@@ -79,6 +82,7 @@ class E2EBenchPlan:
     num_engine_threads: int = 1  # torch threads of the worker and of the in-process engine
     num_gateway_procs: int = 2  # the submit rate is measured with 1 and with this many; the rest with 1
     max_num_seqs: int = 32
+    stream_interval_ms: int = 50  # of the latency phase's `fleet_stream_interval` requests
     mixed: MixedPlan = MixedPlan()
 
     @classmethod
@@ -100,12 +104,14 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
     rows = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
-        fleet_t, engine_t = _interleaved(fleet, engine, bodies, c, plan.latency_rounds)
-        for system, t in (("fleet", fleet_t), ("engine", engine_t)):
+        systems = _interleaved(fleet, engine, bodies, c, plan)
+        for system, t in systems.items():
             rows.append({"phase": "latency", "system": system, "concurrency": c, "rounds": plan.latency_rounds,
                          **summary(t)})  # fmt: skip
-        fleet_row, engine_row = rows[-2], rows[-1]
-        fleet_row.update(ttft_parts(fleet.redis_url, fleet_t))  # where the fleet's first tokens waited
+            if system.startswith("fleet"):  # where the fleet's first tokens waited
+                rows[-1].update(ttft_parts(fleet.redis_url, t))
+        fleet_t = systems["fleet"]
+        fleet_row, engine_row = rows[-3], rows[-2]
         two = asyncio.run(run_fleet(fleet.endpoint, bodies, c, one_request=False))
         rows.append({"phase": "latency", "system": "fleet_two_requests", "concurrency": c, "rounds": 1,
                      **summary(two)})  # fmt: skip
@@ -117,18 +123,21 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
 
 
 def _interleaved(
-    fleet: BenchFleet, engine: Any, bodies: list[dict[str, Any]], concurrency: int, num_rounds: int
-) -> tuple[Timings, Timings]:
-    """(fleet, engine) timings of `num_rounds` rounds each, the first system alternating round by round."""
-    fleet_t, engine_t = Timings(), Timings()
-    for i in range(num_rounds):
-        for system in ("fleet", "engine") if i % 2 == 0 else ("engine", "fleet"):
-            if system == "fleet":
-                fleet_t.merge(_fleet_round(fleet, bodies, concurrency))
-            else:
+    fleet: BenchFleet, engine: Any, bodies: list[dict[str, Any]], concurrency: int, plan: E2EBenchPlan
+) -> dict[str, Timings]:
+    """system -> its timings over `plan.latency_rounds` rounds: `fleet`, `engine` and `fleet_stream_interval`
+    (the same bodies with `plan.stream_interval_ms`), the order rotating round by round."""
+    order = ["fleet", "engine", "fleet_stream_interval"]
+    timed = {system: Timings() for system in order}
+    spaced = [{**body, "stream_interval_ms": plan.stream_interval_ms} for body in bodies]
+    for i in range(plan.latency_rounds):
+        for system in order[i % 3 :] + order[: i % 3]:
+            if system == "engine":
                 with _on_engine_cpus(fleet):
-                    engine_t.merge(run_engine(engine, bodies, concurrency))
-    return fleet_t, engine_t
+                    timed[system].merge(run_engine(engine, bodies, concurrency))
+            else:
+                timed[system].merge(_fleet_round(fleet, spaced if system != "fleet" else bodies, concurrency))
+    return {system: timed[system] for system in ("fleet", "engine", "fleet_stream_interval")}
 
 
 def _fleet_round(fleet: BenchFleet, bodies: list[dict[str, Any]], concurrency: int) -> Timings:
@@ -161,9 +170,16 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
             ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
-        io = [pair["fleet"].get(f"{name}_cpu_us_per_token") for name in IO_PROCESSES]
-        if all(value is not None for value in io):
-            ratios[f"fleet_io_cpu_us_per_token_c{c}"] = sum(cast(list[float], io))
+        for system, suffix in (("fleet", ""), ("fleet_stream_interval", "_stream_interval")):
+            io = [pair.get(system, {}).get(f"{name}_cpu_us_per_token") for name in IO_PROCESSES]
+            if all(value is not None for value in io):
+                ratios[f"fleet_io_cpu_us_per_token_c{c}{suffix}"] = sum(cast(list[float], io))
+        if "fleet_stream_interval" in pair and engine_tokens_per_s > 0:
+            spaced = pair["fleet_stream_interval"]
+            ratios[f"fleet_vs_engine_tokens_per_s_c{c}_stream_interval"] = spaced["tokens_per_s"] / engine_tokens_per_s
+            ratios[f"fleet_ttft_overhead_ms_p50_c{c}_stream_interval"] = spaced["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
+            ratios[f"fleet_tokens_per_event_c{c}_stream_interval"] = spaced["tokens_per_event"]
+            ratios[f"fleet_tokens_per_event_c{c}"] = pair["fleet"]["tokens_per_event"]
         for metric in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
             name = f"fleet_{metric.split('_')[0]}_overhead_ms_{metric.rsplit('_', 1)[1]}"
             value = pair["fleet"][metric] - pair["engine"][metric]

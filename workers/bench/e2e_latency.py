@@ -36,6 +36,7 @@ class Timings:
     ttft_s: list[float] = field(default_factory=list)
     tpot_s: list[float] = field(default_factory=list)
     num_tokens: int = 0
+    num_events: int = 0  # token events read (fleet) or step outputs with tokens (engine)
     elapsed_s: float = 0.0
     job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
     cpu_s: dict[str, float] = field(default_factory=dict)  # fleet runs: CPU seconds by process while they ran
@@ -45,16 +46,18 @@ class Timings:
         self.ttft_s += other.ttft_s
         self.tpot_s += other.tpot_s
         self.num_tokens += other.num_tokens
+        self.num_events += other.num_events
         self.elapsed_s += other.elapsed_s
         self.job_ids += other.job_ids
         for name, seconds in other.cpu_s.items():
             self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
 
-    def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int) -> None:
+    def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int, num_events: int) -> None:
         self.ttft_s.append(first_s - start_s)
         if num_tokens > 1:
             self.tpot_s.append((last_s - first_s) / (num_tokens - 1))
         self.num_tokens += num_tokens
+        self.num_events += num_events
 
 
 def percentile_ms(values: list[float], q: float) -> float:
@@ -78,6 +81,7 @@ def summary(t: Timings) -> dict[str, float]:
         "tokens_per_s": t.num_tokens / t.elapsed_s if t.elapsed_s else 0.0,
         "num_requests": float(len(t.ttft_s)),
         "ttft_ms_mean": statistics.fmean(t.ttft_s) * 1e3 if t.ttft_s else 0.0,
+        "tokens_per_event": t.num_tokens / t.num_events if t.num_events else 0.0,
         **cpu,
     }
 
@@ -102,16 +106,17 @@ async def _fleet_client(
                 job_id = json.loads(raw)["id"]
                 frames = conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream"))
             first = last = 0.0
-            num_tokens = 0
+            num_tokens = num_events = 0
             async for frame in frames:
                 if frame.event == EventType.TOKEN.value:
                     last = time.perf_counter()
                     first = first or last
                     num_tokens += len(json.loads(frame.data)["token_ids"])
+                    num_events += 1
                 elif frame.event == EventType.ERROR.value:
                     raise RuntimeError(f"job {job_id or conn.headers.get('x-specfleet-job-id')} failed: {frame.data}")
             timings.job_ids.append(job_id or conn.headers["x-specfleet-job-id"])
-            timings.add(start, first, last, num_tokens)
+            timings.add(start, first, last, num_tokens, num_events)
     finally:
         await conn.close()
 
@@ -133,7 +138,7 @@ async def run_fleet(
 def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
     """The same closed loop against an in-process Engine (workers.engine.engine.Engine)."""
     queues = [bodies[i::num_clients] for i in range(num_clients)]
-    live: dict[str, list[float]] = {}  # request id -> [start, first, last, num_tokens]
+    live: dict[str, list[float]] = {}  # request id -> [start, first, last, num_tokens, num_events]
     client_of: dict[str, int] = {}  # request id -> its client
     timings = Timings()
     num_started = 0
@@ -145,7 +150,7 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
         request = JobRequest.model_validate(queues[client].pop(0))
         request_id = f"c{client}-{num_started}"
         num_started += 1
-        live[request_id] = [time.perf_counter(), 0.0, 0.0, 0.0]
+        live[request_id] = [time.perf_counter(), 0.0, 0.0, 0.0, 0.0]
         client_of[request_id] = client
         engine.add_request(request_id, engine_prompt(request, engine.tokenizer, []),
                            sampling_params(request, request.max_tokens))
@@ -162,8 +167,9 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
                 entry[1] = entry[1] or now
                 entry[2] = now
                 entry[3] += len(out.new_token_ids)
+                entry[4] += 1
             if out.finished:
-                timings.add(entry[0], entry[1], entry[2], int(entry[3]))
+                timings.add(entry[0], entry[1], entry[2], int(entry[3]), int(entry[4]))
                 del live[out.request_id]
                 add_next(client_of.pop(out.request_id))
     timings.elapsed_s = time.perf_counter() - start

@@ -43,6 +43,7 @@ from workers.worker.job_hooks import JobHooks
 from workers.worker.logprobs import JobLogprobs, TokenTexts
 from workers.worker.prompts import engine_priority, engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
+from workers.worker.stream_interval import TokenHold
 from workers.worker.warmup import WarmupReport, warm_up
 from workers.worker.writer import StepWrite, StepWriter
 
@@ -105,6 +106,7 @@ class Worker:
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info, io_cpus)
         self.hooks = JobHooks(client, settings)  # webhook start/output notices
         self.writer = StepWriter(settings, io_cpus=io_cpus)  # a process of its own (writer_process.py)
+        self.hold = TokenHold()  # tokens of jobs with a stream interval, between their writes
         self.deadlines = Deadlines(settings.job_timeout_s)  # execution deadlines of held jobs
         self.costs = CostMeter(settings.price_per_worker_hour)  # engine seconds per held job
         self._timed_out: set[str] = set()  # jobs whose `timeout` failure is written, not yet landed
@@ -200,7 +202,8 @@ class Worker:
         """Hand this step's writes to the writer; a job the engine finished leaves `running` (its KV is free)
         but stays held until its final write landed."""
         step, self._pending = self._pending, StepWrite(self.epoch)
-        step.writes += self.emitter.writes_for(self.running, outputs)
+        writes = step.writes + self.emitter.writes_for(self.running, outputs)
+        step.writes = self.hold.take(writes, time.monotonic())
         step.output_notices += self.hooks.on_output(outputs)
         for out in outputs:
             if out.finished:
@@ -283,6 +286,7 @@ class Worker:
         """Land what the writer holds, hand every unfinished job back to its queue, then unregister."""
         try:
             self._pending.epoch = self.epoch
+            self._pending.writes = self.hold.flush() + self._pending.writes  # held tokens land before a handback
             self.writer.submit(self._pending)
             for report in self.writer.drain(DRAIN_TIMEOUT_S):
                 self._forget(report.ended)
@@ -357,6 +361,10 @@ class Worker:
                 logprobs=self._job_logprobs(lease, num_prompt - num_resumed),
                 wants_token_logprobs=request.logprobs is not None,
             )
+            interval_ms = request.stream_interval_ms
+            if interval_ms is None:
+                interval_ms = self.settings.stream_interval_ms.for_priority(lease.priority)
+            self.hold.track(lease.job_id, interval_ms / 1e3)
             log.debug("started job %s attempt %d (%d prompt tokens)", lease.job_id, lease.attempt, num_prompt)
 
     def _job_logprobs(self, lease: Lease, num_prompt_tokens: int) -> JobLogprobs | None:
@@ -420,6 +428,7 @@ class Worker:
 
     def _forget(self, job_ids: list[str]) -> None:
         self.hooks.forget(job_ids)
+        self.hold.forget(job_ids)
         self.deadlines.forget(job_ids)
         self.costs.forget(job_ids)
         self._timed_out.difference_update(job_ids)

@@ -43,8 +43,9 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert {("ceiling", "redis_xadd_pipelined"), ("submit", "gateway_x1"), ("sse", "gateway_x1")} <= phases
     latency = [r for r in doc["rows"] if r["phase"] == "latency"]
     assert {(r["system"], r["concurrency"]) for r in latency} == {
-        (s, c) for s in ("fleet", "engine", "fleet_two_requests") for c in plan.concurrencies
-    }  # fleet: submit and stream in one request; fleet_two_requests: POST, then GET /stream
+        (s, c) for s in ("fleet", "engine", "fleet_two_requests", "fleet_stream_interval") for c in plan.concurrencies
+    }  # fleet: submit and stream in one request; fleet_two_requests: POST, then GET /stream;
+    # fleet_stream_interval: as fleet, the requests with `stream_interval_ms`
     assert all(r["num_requests"] == r["rounds"] * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
                for r in latency)
     assert {r["rounds"] for r in latency if r["system"] != "fleet_two_requests"} == {plan.latency_rounds}
@@ -61,6 +62,11 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
             assert all(r[f"{name}_cpu_us_per_token"] >= 0 for name in ("gateway", "redis", "writer", "client",
                                                                         "worker"))  # fmt: skip
     assert {f"fleet_io_cpu_us_per_token_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    assert {f"fleet_{name}_c{c}_stream_interval" for c in plan.concurrencies
+            for name in ("vs_engine_tokens_per_s", "io_cpu_us_per_token", "tokens_per_event")} <= set(doc["ratios"])
+    for r in latency:  # token events read: one or more tokens each
+        if r["system"].startswith("fleet"):
+            assert 1 <= r["tokens_per_event"] <= plan.max_tokens
     assert {f"fleet_ttft_queued_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert doc["machine"]["load_avg_1m_before"] >= 0
     cost = [r for r in doc["rows"] if r["phase"] == "cost"]  # from the jobs' own records, SD on and off

@@ -229,3 +229,79 @@ def _assert_whole_once(records: list[Any], streams: list[Any], max_tokens: int) 
         assert int(job["attempt"]) >= 2
         streamed = [t for _, e in events if e["type"] == "token" for t in json.loads(e["data"])["token_ids"]]
         assert streamed == token_ids
+
+
+def _step_until_idle(worker: Worker, max_steps: int = 500) -> None:
+    """Step until the worker holds nothing (its jobs finished and their final writes landed)."""
+    for _ in range(max_steps):
+        worker.step()
+        if not worker.leases and worker.num_pulled_last == 0:
+            return
+    raise AssertionError(f"the worker still holds {sorted(worker.leases)} after {max_steps} steps")
+
+
+def _token_events(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
+    return [json.loads(e["data"]) for _, e in client.xrange(keys.job_events(job_id)) if e["type"] == "token"]
+
+
+def test_a_stream_interval_writes_fewer_larger_events_of_the_same_output(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    """The worker's stream_interval_ms holds a job's tokens between writes (one event at the first token, one
+    with the end); a request's own stream_interval_ms (0 here) overrides it. Same greedy output either way."""
+    settings.stream_interval_ms.default = 60_000
+    max_tokens = 60
+    held = submit_job(rclient, settings, max_tokens=max_tokens, logprobs=1, **JOB)
+    plain = submit_job(rclient, settings, max_tokens=max_tokens, logprobs=1, stream_interval_ms=0, **JOB)
+    batch = submit_job(rclient, settings, max_tokens=max_tokens, logprobs=1, priority="batch", **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=3))
+    try:
+        for _ in range(20):  # the pull and the prefill, then one token a step
+            worker.step()
+            worker.writer.drain(30)
+        assert worker.hold.interval_s == {held: 60.0, batch: 1.0}  # a batch job's default: settings' `batch`
+        assert int(rclient.hget(keys.job_hash(held), "completion_tokens") or 0) == 1  # mid-run: its first token
+        assert int(rclient.hget(keys.job_hash(plain), "completion_tokens") or 0) == 20
+        _step_until_idle(worker)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    records = {job_id: job_record(rclient, job_id) for job_id in (held, plain, batch)}
+    assert {r["status"] for r in records.values()} == {"succeeded"}
+    assert records[held]["token_ids"] == records[plain]["token_ids"] == records[batch]["token_ids"]
+    assert records[held]["logprobs"] == records[plain]["logprobs"] == records[batch]["logprobs"]
+    events = {job_id: _token_events(rclient, job_id) for job_id in (held, plain, batch)}
+    assert [len(e["token_ids"]) for e in events[held]] == [1, max_tokens - 1]
+    assert len(events[plain]) == max_tokens
+    for job_id, job_events in events.items():
+        token_ids = [int(t) for t in records[job_id]["token_ids"].split(",")]
+        assert [t for e in job_events for t in e["token_ids"]] == token_ids
+        assert "".join(e["text"] for e in job_events) == records[job_id]["text"]
+        assert [lp for e in job_events for lp in e["logprobs"]] == json.loads(records[job_id]["logprobs"])
+
+
+def test_a_stopping_worker_writes_the_tokens_it_held_before_handing_the_job_back(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    settings.stream_interval_ms.default = 60_000
+    max_tokens = 80
+    job_id = submit_job(rclient, settings, max_tokens=max_tokens, **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=1))
+    for _ in range(12):
+        worker.step()
+        worker.writer.drain(30)
+    num_generated = worker.running[job_id].completion_tokens
+    assert num_generated > 1 and int(rclient.hget(keys.job_hash(job_id), "completion_tokens") or 0) == 1
+    worker.request_stop(0.0)
+    worker.shutdown()
+    record = job_record(rclient, job_id)
+    assert int(record["completion_tokens"]) == num_generated and record["status"] == "queued"
+
+    settings.stream_interval_ms.default = 0
+    second = _started(_worker(rclient, settings, tiny_target, max_num_seqs=1))
+    try:
+        _step_until_idle(second)
+    finally:
+        second.request_stop(0.0)
+        second.shutdown()
+    _assert_whole_once([job_record(rclient, job_id)], [rclient.xrange(keys.job_events(job_id))], max_tokens)

@@ -1,0 +1,116 @@
+"""Fewer, larger token events: a job's new tokens are written at most once per its stream interval.
+
+Every token event costs the same fixed work on the fleet's I/O side whatever it carries: its share of the
+STEP call, an XADD and a PUBLISH in Redis, a pub/sub message, an XRANGE and a socket write in the gateway, a
+parse in the client. A job with a stream interval (`stream_interval_ms` of its request, else the worker's
+`settings.stream_interval_ms`; 0 = every step, as before) keeps the tokens of the steps in between here and
+writes them as one event:
+
+- its first write of an attempt goes at once (time to first token is not traded);
+- its end (success or failure) goes at once, with whatever it held before it, in order;
+- otherwise its tokens wait until `interval` passed since its last token write; a job that stops producing
+  (preempted) is written out at the first step after that.
+
+Tokens held here are not in Redis: a crash loses them as it loses a step not yet written (the job resumes
+from the last token written, shared/lua.py). A job dropped (cancelled, taken over) loses them with it; a
+worker that stops writes them out first (`flush`). The vLLM and SGLang servers' `stream_interval` does this in
+token counts; here it is time, which means the same to a reader at any step speed.
+"""
+
+import math
+from dataclasses import replace
+
+from workers.worker.emitter import JobWrite
+
+
+def merge(held: list[JobWrite], later: JobWrite) -> JobWrite:
+    """One write of the `held` writes' tokens then `later`'s (same job and attempt; `later` may end the job)."""
+    if not held:
+        return later
+    parts = [*held, later]
+    logprobs = None
+    if all(part.new_logprobs is not None for part in parts):
+        logprobs = tuple(lp for part in parts for lp in part.new_logprobs or ())
+    prompt_logprobs = next((part.prompt_logprobs for part in parts if part.prompt_logprobs is not None), None)
+    return replace(
+        later,
+        new_text="".join(part.new_text for part in parts),
+        new_token_ids=tuple(token_id for part in parts for token_id in part.new_token_ids),
+        new_logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+class TokenHold:
+    """job id -> its tokens not written yet, for the jobs that have a stream interval."""
+
+    def __init__(self) -> None:
+        self.interval_s: dict[str, float] = {}  # job id -> its stream interval (jobs with one > 0 only)
+        self.held: dict[str, list[JobWrite]] = {}  # job id -> its token-only writes since its last write, in order
+        self._last_write_s: dict[str, float] = {}  # job id -> monotonic time of its last token write
+        self._due_s = math.inf  # the earliest time a held write is due
+
+    def track(self, job_id: str, interval_s: float) -> None:
+        """A job started (each attempt): hold its tokens for `interval_s` (<= 0: never)."""
+        self.forget([job_id])
+        if interval_s > 0:
+            self.interval_s[job_id] = interval_s
+
+    def take(self, writes: list[JobWrite], now_s: float) -> list[JobWrite]:
+        """One step's writes -> what to write now, in order: token-only writes inside their job's interval stay
+        here (appended: a step costs a held job a list append), the job's next write that goes takes them along
+        (merged then, once), held writes past their interval come out at the end."""
+        if not self.interval_s:
+            return writes
+        out = []
+        for write in writes:
+            job_id = write.job_id
+            held = self.held.get(job_id)
+            last_s = self._last_write_s.get(job_id)
+            is_tokens_only = write.new_token_ids and not write.is_finished and write.failure is None
+            if is_tokens_only and last_s is not None and now_s - last_s < self.interval_s.get(job_id, 0.0):
+                if held is None:
+                    self.held[job_id] = [write]
+                    self._due_s = min(self._due_s, last_s + self.interval_s[job_id])
+                else:
+                    held.append(write)
+                continue
+            if held is not None:
+                del self.held[job_id]
+                if write.failure is None and write.attempt == held[0].attempt:
+                    write = merge(held, write)
+                else:  # a failure carries no tokens: the held ones land first
+                    out.append(merge(held[:-1], held[-1]))
+            if write.new_token_ids:
+                self._last_write_s[job_id] = now_s
+            out.append(write)
+        if now_s >= self._due_s:
+            out += self._take_due(now_s)
+        return out
+
+    def _take_due(self, now_s: float) -> list[JobWrite]:
+        due = []
+        self._due_s = math.inf
+        for job_id in list(self.held):
+            due_s = self._last_write_s[job_id] + self.interval_s[job_id]
+            if due_s <= now_s:
+                held = self.held.pop(job_id)
+                due.append(merge(held[:-1], held[-1]))
+                self._last_write_s[job_id] = now_s
+            else:
+                self._due_s = min(self._due_s, due_s)
+        return due
+
+    def flush(self) -> list[JobWrite]:
+        """Everything held, to write now (the worker stops)."""
+        writes = [merge(held[:-1], held[-1]) for held in self.held.values()]
+        self.held.clear()
+        self._due_s = math.inf
+        return writes
+
+    def forget(self, job_ids: list[str]) -> None:
+        """Jobs that ended or are no longer this worker's: what they held is dropped."""
+        for job_id in job_ids:
+            self.interval_s.pop(job_id, None)
+            self.held.pop(job_id, None)
+            self._last_write_s.pop(job_id, None)
