@@ -41,6 +41,35 @@ def merge(held: list[JobWrite], later: JobWrite) -> JobWrite:
     )
 
 
+def coalesce(writes: list[JobWrite]) -> list[JobWrite]:
+    """Several steps' writes, in step order -> the same tokens in fewer writes: each job's token-only writes join
+    its next write that continues them (same attempt, its tokens right after theirs): its end, or its last
+    token-only one. A failure stays apart, after the tokens before it; a write that does not continue them (a
+    replay) is not merged, so the STEP script still skips it. The writer process applies this to the steps it
+    takes at once (they came while it wrote the last batch), so a busy writer sends fewer, larger events and
+    delays none. Per job the order is kept; across jobs it is not needed (each has its own stream)."""
+    held: dict[str, list[JobWrite]] = {}  # job id -> its token-only writes not placed yet
+    out: list[JobWrite] = []
+    for write in writes:
+        pending = held.pop(write.job_id, None)
+        if pending is not None and (write.failure is not None or not _continues(pending[-1], write)):
+            out.append(merge(pending[:-1], pending[-1]))
+            pending = None
+        if write.new_token_ids and not write.is_finished and write.failure is None:
+            held[write.job_id] = [*pending, write] if pending is not None else [write]
+        else:
+            out.append(merge(pending or [], write))
+    out += [merge(pending[:-1], pending[-1]) for pending in held.values()]
+    return out
+
+
+def _continues(earlier: JobWrite, later: JobWrite) -> bool:
+    """`later`'s tokens start where `earlier`'s end, in the same attempt."""
+    return later.attempt == earlier.attempt and later.completion_tokens - len(later.new_token_ids) == (
+        earlier.completion_tokens
+    )
+
+
 class TokenHold:
     """job id -> its tokens not written yet, for the jobs that have a stream interval."""
 

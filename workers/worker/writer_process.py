@@ -2,7 +2,8 @@
 
     loop (worker process):  engine.step() -> StepWrite -> socket (one pickle of tuples, no Redis, no thread to wake)
     this process:           the StepWrites in the pipe so far -> ONE pipeline: per partition, start notices, ONE
-                            STEP script call (every job's tokens and finishes, in step order), output notices
+                            STEP script call (every job's tokens and finishes, in step order; a job's tokens
+                            of several steps as one event: stream_interval.coalesce), output notices
                             -> Settled (on a Cluster one pipeline per node that owns a partition)
 
 A process, not a thread: a writer thread takes the loop's GIL for every step's serialisation, round trip and
@@ -37,6 +38,7 @@ from shared.settings import ServiceSettings
 from workers.child_process import Channel
 from workers.worker.emitter import Emitter, JobWrite
 from workers.worker.job_hooks import JobHooks, Notice
+from workers.worker.stream_interval import coalesce
 
 READY = "ready"  # the first message: connected, scripts registered
 
@@ -176,7 +178,10 @@ class _Writer:
         pipes = redis_urls.PartitionPipelines(self.redis, self.held)
         starts = keys.by_partition([n for s in steps for n in s.start_notices], lambda notice: notice[0])
         outputs = keys.by_partition([n for s in steps for n in s.output_notices], lambda notice: notice[0])
-        writes = keys.by_partition([w for s in steps for w in s.writes], lambda write: write.job_id)
+        all_writes = [w for s in steps for w in s.writes]
+        if len(steps) > 1:  # steps that came while the last batch was written: a job's tokens in one event
+            all_writes = coalesce(all_writes)
+        writes = keys.by_partition(all_writes, lambda write: write.job_id)
         planned = []  # per partition: its pipeline, its commands' span there, its STEP call's index (or None)
         for partition in sorted(starts.keys() | outputs.keys() | writes.keys()):
             pipe = pipes.of(partition)

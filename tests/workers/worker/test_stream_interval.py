@@ -2,10 +2,12 @@
 once, the tokens between come out merged once its interval passed, in order, with nothing dropped or doubled;
 a job without an interval passes straight through. Times are given, not slept."""
 
+import dataclasses
+
 from shared.job_state import ErrorCode
 from shared.logprobs import TokenLogprob
 from workers.worker.emitter import JobFailure, JobWrite
-from workers.worker.stream_interval import TokenHold
+from workers.worker.stream_interval import TokenHold, coalesce
 
 
 def tokens(job_id: str, ids: list[int], completion_tokens: int, *, logprobs: bool = False) -> JobWrite:
@@ -109,3 +111,26 @@ def test_forget_drops_and_flush_takes_everything_held() -> None:
     assert hold.take([tokens("b", [3], 3)], 0.2) == []  # still tracked after a flush
     hold.track("b", 1.0)  # a new attempt: its first write goes at once again
     assert hold.take([tokens("b", [3], 3)], 0.3) == [tokens("b", [3], 3)]
+
+
+def test_coalesce_puts_a_jobs_steps_into_one_write_each_and_keeps_its_order() -> None:
+    failure = JobWrite(job_id="c", attempt=1, prompt_tokens=0, completion_tokens=0,
+                       failure=JobFailure(ErrorCode.TIMEOUT, "past its deadline"))  # fmt: skip
+    retried = dataclasses.replace(tokens("d", [9], 1), attempt=2)
+    writes = [tokens("a", [1], 1, logprobs=True), tokens("b", [5], 1), tokens("c", [7], 1), tokens("d", [8], 1),
+              tokens("a", [2], 2, logprobs=True), finish("b", [6], 2), failure, retried,
+              tokens("a", [3], 3, logprobs=True)]  # fmt: skip
+    out = coalesce(writes)
+    by_job: dict[str, list[JobWrite]] = {}
+    for write in out:
+        by_job.setdefault(write.job_id, []).append(write)
+    [a] = by_job["a"]
+    assert a.new_token_ids == (1, 2, 3) and a.new_text == "1.2.3." and a.completion_tokens == 3
+    assert a.new_logprobs is not None and [lp.token_id for lp in a.new_logprobs] == [1, 2, 3]
+    [b] = by_job["b"]
+    assert b.is_finished and b.new_token_ids == (5, 6) and b.completion_tokens == 2
+    assert by_job["c"] == [tokens("c", [7], 1), failure]  # the failure after the tokens it followed
+    assert by_job["d"] == [tokens("d", [8], 1), retried]  # another attempt's writes are not merged
+    assert coalesce([tokens("a", [1], 1)]) == [tokens("a", [1], 1)]
+    replayed = [tokens("e", [1], 1), tokens("e", [1], 1)]  # the same write twice: the STEP script skips the second
+    assert coalesce(replayed) == replayed

@@ -3,6 +3,7 @@ later write of its epoch (no gap) while the next epoch writes again, and a write
 loop as a Redis failure and is replaced."""
 
 import dataclasses
+import json
 import os
 import pickle
 import signal
@@ -61,7 +62,11 @@ def test_steps_land_in_order_and_finish_once_landed(rclient: redis.Redis, settin
     for job_id in running:
         job = job_record(rclient, job_id)
         assert job["status"] == "succeeded" and job["token_ids"] == ",".join(map(str, range(num_steps)))
-        assert [f'"<{i}>"' in data for i, data in enumerate(_streamed(rclient, job_id))] == [True] * num_steps
+        events = [json.loads(data) for data in _streamed(rclient, job_id)]
+        assert [t for event in events for t in event["token_ids"]] == list(range(num_steps))  # each once, in order
+        assert "".join(event["text"] for event in events) == "".join(f"<{i}>" for i in range(num_steps))
+        # the steps of one batch (they came while the last was written) are one event per job
+        assert len(events) == writer.num_round_trips
 
 
 def test_a_failed_write_reaches_the_loop_and_stops_its_epoch(tmp_path: Path) -> None:
