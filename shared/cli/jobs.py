@@ -20,6 +20,9 @@ def submit(
     priority: Annotated[str, typer.Option(help="interactive | default | batch")] = "default",
     speculative: Annotated[str | None, typer.Option(help="none | draft | ngram")] = None,
     idempotency_key: Annotated[str | None, typer.Option()] = None,
+    stream_interval_ms: Annotated[
+        int | None, typer.Option(help="Token events at most this often, each with the tokens since the last")
+    ] = None,
     stream: Annotated[
         bool, typer.Option("--stream", help="Stream the text instead of printing the job id")
     ] = False,
@@ -36,6 +39,8 @@ def submit(
     }
     if speculative is not None:
         body["speculative"] = speculative
+    if stream_interval_ms is not None:
+        body["stream_interval_ms"] = stream_interval_ms
     with FleetClient(gateway_url(url)) as client:
         if stream:  # one request: the submit answers with the job's events
             _print_events(lambda: client.submit_stream(body, idempotency_key=idempotency_key))

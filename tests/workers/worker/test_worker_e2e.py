@@ -259,6 +259,11 @@ def test_cli_submit_status_stream_cancel(fleet: FleetClient) -> None:
     assert "succeeded" in streamed.stderr
     live = _cli("submit", "import os", "--max-tokens", "8", "--stream", "--url", url)
     assert live.returncode == 0 and "8 tokens" in live.stderr
+    spaced = _cli("submit", "import os", "--max-tokens", "8", "--stream-interval-ms", "60000", "--url", url)
+    assert spaced.returncode == 0, spaced.stderr
+    job_finished(fleet, spaced.stdout.strip())
+    tokens = [e.data["token_ids"] for e in fleet.stream(spaced.stdout.strip()) if e.event == "token"]
+    assert len(tokens) <= 2 and sum(map(len, tokens)) == 8  # the first token, then the rest with the end
     refused = _cli("cancel", job_id, "--url", url)
     assert refused.returncode == 1 and "409" in refused.stderr
     missing = _cli("status", "nope", "--url", url)
