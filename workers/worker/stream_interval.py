@@ -1,20 +1,23 @@
-"""Fewer, larger token events: a job's new tokens are written at most once per its stream interval.
+"""Fewer, larger token events: the same tokens, in fewer writes.
 
-Every token event costs the same fixed work on the fleet's I/O side whatever it carries: its share of the
-STEP call, an XADD and a PUBLISH in Redis, a pub/sub message, an XRANGE and a socket write in the gateway, a
-parse in the client. A job with a stream interval (`stream_interval_ms` of its request, else the worker's
-`settings.stream_interval_ms`; 0 = every step, as before) keeps the tokens of the steps in between here and
-writes them as one event:
+Every token event costs the fleet's I/O side the same fixed work whatever it carries: its share of the STEP
+call, an XADD and a PUBLISH in Redis, a pub/sub message and a socket write in the gateway, a parse in the
+client. Two ways to send fewer:
 
+`TokenHold` (the loop): a job with a stream interval (`stream_interval_ms` of its request, else the worker's
+`settings.stream_interval_ms` for its priority; 0 = every step) keeps the tokens of the steps in between here
+and writes them as one event:
 - its first write of an attempt goes at once (time to first token is not traded);
 - its end (success or failure) goes at once, with whatever it held before it, in order;
-- otherwise its tokens wait until `interval` passed since its last token write; a job that stops producing
+- otherwise its tokens wait until its interval passed since its last token write; a job that stops producing
   (preempted) is written out at the first step after that.
-
 Tokens held here are not in Redis: a crash loses them as it loses a step not yet written (the job resumes
 from the last token written, shared/lua.py). A job dropped (cancelled, taken over) loses them with it; a
 worker that stops writes them out first (`flush`). The vLLM and SGLang servers' `stream_interval` does this in
 token counts; here it is time, which means the same to a reader at any step speed.
+
+`coalesce` (the writer process): the steps it takes in one batch (they came while it wrote the last one) are
+written with each job's tokens as one event. That delays nothing, so it applies to every job.
 """
 
 import math
@@ -94,13 +97,17 @@ class TokenHold:
         out = []
         for write in writes:
             job_id = write.job_id
+            interval_s = self.interval_s.get(job_id)
+            if interval_s is None:  # a job without an interval: its write as it is
+                out.append(write)
+                continue
             held = self.held.get(job_id)
             last_s = self._last_write_s.get(job_id)
             is_tokens_only = write.new_token_ids and not write.is_finished and write.failure is None
-            if is_tokens_only and last_s is not None and now_s - last_s < self.interval_s.get(job_id, 0.0):
+            if is_tokens_only and last_s is not None and now_s - last_s < interval_s:
                 if held is None:
                     self.held[job_id] = [write]
-                    self._due_s = min(self._due_s, last_s + self.interval_s[job_id])
+                    self._due_s = min(self._due_s, last_s + interval_s)
                 else:
                     held.append(write)
                 continue
