@@ -203,8 +203,9 @@ class Worker:
         but stays held until its final write landed."""
         step, self._pending = self._pending, StepWrite(self.epoch)
         writes = step.writes + self.emitter.writes_for(self.running, outputs)
-        step.writes = self.hold.take(writes, time.monotonic())
-        step.output_notices += self.hooks.on_output(outputs)
+        notices = self.hooks.on_output(outputs)  # an `output` webhook reads the output: its job's tokens go now
+        step.writes = self.hold.take(writes, time.monotonic(), frozenset(job_id for job_id, _ in notices))
+        step.output_notices += notices
         for out in outputs:
             if out.finished:
                 self.running.pop(out.request_id, None)

@@ -88,10 +88,11 @@ class TokenHold:
         if interval_s > 0:
             self.interval_s[job_id] = interval_s
 
-    def take(self, writes: list[JobWrite], now_s: float) -> list[JobWrite]:
+    def take(self, writes: list[JobWrite], now_s: float, now_for: frozenset[str] = frozenset()) -> list[JobWrite]:
         """One step's writes -> what to write now, in order: token-only writes inside their job's interval stay
         here (appended: a step costs a held job a list append), the job's next write that goes takes them along
-        (merged then, once), held writes past their interval come out at the end."""
+        (merged then, once), held writes past their interval come out at the end. `now_for`: jobs whose writes
+        go now whatever their interval (a webhook `output` notice about to read their output)."""
         if not self.interval_s:
             return writes
         out = []
@@ -104,7 +105,7 @@ class TokenHold:
             held = self.held.get(job_id)
             last_s = self._last_write_s.get(job_id)
             is_tokens_only = write.new_token_ids and not write.is_finished and write.failure is None
-            if is_tokens_only and last_s is not None and now_s - last_s < interval_s:
+            if is_tokens_only and last_s is not None and now_s - last_s < interval_s and job_id not in now_for:
                 if held is None:
                     self.held[job_id] = [write]
                     self._due_s = min(self._due_s, last_s + interval_s)

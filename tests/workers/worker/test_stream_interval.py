@@ -134,3 +134,12 @@ def test_coalesce_puts_a_jobs_steps_into_one_write_each_and_keeps_its_order() ->
     assert coalesce([tokens("a", [1], 1)]) == [tokens("a", [1], 1)]
     replayed = [tokens("e", [1], 1), tokens("e", [1], 1)]  # the same write twice: the STEP script skips the second
     assert coalesce(replayed) == replayed
+
+
+def test_a_job_named_now_writes_what_it_held_at_once() -> None:
+    hold = TokenHold()
+    hold.track("a", 1.0)
+    hold.take([tokens("a", [1], 1)], 0.0)
+    assert hold.take([tokens("a", [2], 2)], 0.1) == []
+    [out] = hold.take([tokens("a", [3], 3)], 0.2, now_for=frozenset({"a"}))  # its webhook `output` notice is due
+    assert out.new_token_ids == (2, 3) and not hold.held

@@ -305,3 +305,31 @@ def test_a_stopping_worker_writes_the_tokens_it_held_before_handing_the_job_back
         second.request_stop(0.0)
         second.shutdown()
     _assert_whole_once([job_record(rclient, job_id)], [rclient.xrange(keys.job_events(job_id))], max_tokens)
+
+
+def test_a_webhook_output_notice_finds_the_tokens_a_stream_interval_held_written(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    """An `output` notice makes the webhook read the job's output: the tokens it is about go out with it."""
+    settings.webhook_output_interval_ms = 0  # a notice for every step that gives the job tokens (not its last)
+    max_tokens = 12
+    job_id = submit_job(rclient, settings, max_tokens=max_tokens, stream_interval_ms=60_000,
+                        webhook="https://example.com/hook", webhook_events_filter=["output"], **JOB)  # fmt: skip
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=1))
+    written = []  # after each step that left the job running: (tokens generated, tokens in Redis)
+    try:
+        for _ in range(max_tokens + 5):
+            worker.step()
+            if job_id not in worker.running:  # its last step: the loop takes its final report below
+                break
+            worker.writer.drain(30)
+            generated = worker.running[job_id].completion_tokens
+            written.append((generated, int(rclient.hget(keys.job_hash(job_id), "completion_tokens") or 0)))
+        _step_until_idle(worker)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    notices = [f for _, f in rclient.xrange(keys.OUTBOX_STREAM) if f["id"] == job_id and f["event"] == "output"]
+    assert len(notices) == max_tokens - 1  # one per step but the last (its end is the `completed` notice)
+    assert written == [(n, n) for n in range(1, max_tokens)]  # nothing held past its notice
+    assert job_record(rclient, job_id)["status"] == "succeeded"
