@@ -2,10 +2,14 @@
 
     queued:       created_at -> started_at (the job hash, both Redis's clock): until a worker's pull took it,
                   which happens at an engine step's boundary
-    first_write:  started_at -> the job's first token event (its stream entry id is Redis's clock at the write):
-                  the engine step that prefilled it, then the worker's writer process
+    first_write:  started_at -> the job's first token event (its stream entry id is Redis's clock at the write,
+                  in whole milliseconds: started_at is cut to its millisecond too, so a write within the
+                  millisecond of the start reads 0, not below): the engine step that prefilled it, then the
+                  worker's writer process
 The rest of a TTFT (the POST until its script ran, the SSE wake-up and delivery) is gateway and client time.
 """
+
+import math
 
 from shared import keys
 from shared import redis_url as redis_urls
@@ -14,10 +18,10 @@ from workers.bench.e2e_latency import Timings, percentile_ms
 EVENTS_READ = 8  # a job's first events: status `running`, then its first token (a resumed job: a few more)
 
 
-def _first_token_s(events: list[tuple[str, dict[str, str]]]) -> float | None:
+def _first_token_ms(events: list[tuple[str, dict[str, str]]]) -> int | None:
     for entry_id, fields in events:
         if fields.get("type") == "token":
-            return int(entry_id.split("-")[0]) / 1000
+            return int(entry_id.split("-")[0])
     return None
 
 
@@ -34,9 +38,9 @@ def ttft_parts(redis_url: str, timings: Timings) -> dict[str, float]:
         client.close()
     queued_s, first_write_s = [], []
     for (created, started), events in zip(replies[::2], replies[1::2], strict=True):
-        first_s = _first_token_s(events)
-        if created is None or started is None or first_s is None:
+        first_ms = _first_token_ms(events)
+        if created is None or started is None or first_ms is None:
             continue
         queued_s.append(float(started) - float(created))
-        first_write_s.append(first_s - float(started))
+        first_write_s.append((first_ms - math.floor(float(started) * 1000)) / 1000)
     return {"queued_ms_p50": percentile_ms(queued_s, 50), "first_write_ms_p50": percentile_ms(first_write_s, 50)}
