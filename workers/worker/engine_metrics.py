@@ -307,6 +307,10 @@ class EngineMetrics:
         self.compute_seconds = Counter("specfleet_worker_compute_seconds",
                                        "Engine seconds charged to finished jobs (workers/worker/cost.py)", registry=r)
         self.cost = Counter("specfleet_worker_cost", "Cost of finished jobs at price_per_worker_hour", registry=r)
+        self.token_events = Counter("specfleet_worker_token_events",
+                                    "Token events written to jobs' streams, one or more tokens each (a stream "
+                                    "interval and the writer's merged batches make them fewer)", registry=r)
+        self._num_token_events_seen = 0
         self.spec = SpecCollector()
         r.register(self.spec)
         self.compile = CompileCollector()
@@ -364,6 +368,12 @@ class EngineMetrics:
             self.deadline_streak.inc()
         else:
             self.deadline_streak.set(0)
+
+    def token_events_written(self, total: int) -> None:
+        """The writer's count of token events so far (StepWriter.num_token_events)."""
+        if total > self._num_token_events_seen:
+            self.token_events.inc(total - self._num_token_events_seen)
+            self._num_token_events_seen = total
 
     def job_cost(self, compute_s: float, cost: float) -> None:
         """One job's engine time and its price (workers/worker/cost.py), whatever its outcome."""

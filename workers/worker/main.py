@@ -152,7 +152,10 @@ class Worker:
     def _retire(self) -> None:
         """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours."""
         wait_s = RETIRE_WAIT_S if not self.running and self.writer.num_unsettled else 0.0
-        for report in self.writer.take_reports(wait_s):
+        reports = self.writer.take_reports(wait_s)
+        if self.metrics is not None:
+            self.metrics.token_events_written(self.writer.num_token_events)
+        for report in reports:
             if not (report.ended or report.gone):  # most steps: nothing ended
                 continue
             if self.metrics is not None:

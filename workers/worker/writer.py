@@ -52,6 +52,7 @@ class StepWriter:
         self._is_dead = False  # the process exited unasked: discard() starts a new one
         self.num_unsettled = 0  # steps submitted and not settled yet
         self.num_round_trips = 0  # pipelines executed (tests count them)
+        self.num_token_events = 0  # token events written so far (the writer's reports; metrics read it)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,6 +160,7 @@ class StepWriter:
     def _settle(self, settled: Settled) -> None:
         self.num_unsettled -= settled.num_steps
         self.num_round_trips += settled.num_round_trips
+        self.num_token_events += settled.num_token_events
         for warning in settled.warnings:
             log.warning("%s", warning)
         if settled.error is not None:

@@ -92,17 +92,19 @@ class Settled:
     error_epoch: int = -1
     num_round_trips: int = 0
     warnings: list[str] = field(default_factory=list)  # for the loop's log
+    num_token_events: int = 0  # token events the batch wrote (one per job with tokens: coalesce)
 
     def wire(self) -> tuple[Any, ...]:
         """Plain tuples for the pipe: the loop reads one after every step it hands over."""
         report = (self.report.ended, self.report.gone) if self.report is not None else None
-        return self.num_steps, report, self.error, self.error_epoch, self.num_round_trips, self.warnings
+        return (self.num_steps, report, self.error, self.error_epoch, self.num_round_trips, self.warnings,
+                self.num_token_events)  # fmt: skip
 
     @classmethod
     def of_wire(cls, wire: tuple[Any, ...]) -> "Settled":
-        num_steps, report, error, error_epoch, num_round_trips, warnings = wire
+        num_steps, report, error, error_epoch, num_round_trips, warnings, num_token_events = wire
         return cls(num_steps, Report(*report) if report is not None else None, error, error_epoch, num_round_trips,
-                   warnings)  # fmt: skip
+                   warnings, num_token_events)  # fmt: skip
 
 
 def main(fd: int) -> None:
@@ -155,6 +157,7 @@ class _Writer:
         self.redis = client
         self.emitter = emitter
         self.dead_epoch = -1  # the newest epoch the loop discarded or a batch here failed in
+        self.num_token_events = 0  # written so far (STEP `emit` calls that landed)
         # off a Cluster every batch is one pipeline, sent on a connection this process holds (no pool checkout)
         self.held = None if isinstance(client, RedisCluster) else redis_urls.HeldConnection(client)
 
@@ -163,6 +166,7 @@ class _Writer:
         if not live:
             return Settled(len(steps), Report([], []))
         warnings: list[str] = []
+        num_token_events = self.num_token_events
         try:
             report = self._write(live, warnings)
         except redis.RedisError as exc:
@@ -170,7 +174,8 @@ class _Writer:
             self.dead_epoch = max(self.dead_epoch, epoch)
             return Settled(len(steps), error=_picklable(exc), error_epoch=epoch, num_round_trips=1,
                            warnings=warnings)  # fmt: skip
-        return Settled(len(steps), report, num_round_trips=1, warnings=warnings)
+        return Settled(len(steps), report, num_round_trips=1, warnings=warnings,
+                       num_token_events=self.num_token_events - num_token_events)
 
     def _write(self, steps: list[StepWrite], warnings: list[str]) -> Report:
         """Every partition's start notices, ONE STEP call and output notices, in one round trip (one pipeline per
@@ -210,6 +215,7 @@ class _Writer:
             if isinstance(step_reply, Exception):
                 raise step_reply
             ended_now, gone_now = self.emitter.settle(calls, list(step_reply))
+            self.num_token_events += sum(1 for call in calls if not call.is_final)
             ended += ended_now
             gone += gone_now
         return Report(ended, gone)

@@ -101,6 +101,9 @@ def test_worker_serves_engine_and_speculation_metrics(
     by_method = {s.labels["method"]: s.value for s in samples["specfleet_spec_method_steps_total"]}
     assert by_method == {"draft": steps}  # the same figures, labelled by the method that drafted
     assert _value(samples, "specfleet_engine_generated_tokens_total") == 3 * 24
+    num_events = sum(1 for j in job_ids for _, e in rclient.xrange(keys.job_events(j)) if e["type"] == "token")
+    wait_until(lambda: _value(_scrape(metrics_worker), "specfleet_worker_token_events_total") == num_events,
+               timeout_s=10, what="the token events written in the scrape")  # fmt: skip
     finished = {s.labels["outcome"]: s.value for s in samples["specfleet_worker_jobs_finished_total"]}
     assert finished == {"succeeded": 3, "failed": 0, "deadline_exceeded": 0}
     assert _value(samples, "specfleet_jobs_deadline_exceeded_total") == 0

@@ -59,6 +59,7 @@ def test_steps_land_in_order_and_finish_once_landed(rclient: redis.Redis, settin
         writer.stop()
     assert sorted(j for r in reports for j in r.ended) == sorted(running) and not any(r.gone for r in reports)
     assert 1 <= writer.num_round_trips <= num_steps
+    assert writer.num_token_events == sum(len(_streamed(rclient, job_id)) for job_id in running)
     for job_id in running:
         job = job_record(rclient, job_id)
         assert job["status"] == "succeeded" and job["token_ids"] == ",".join(map(str, range(num_steps)))
