@@ -40,8 +40,9 @@ Command = Sequence[str | int | float | bytes]
 
 
 def pack(commands: Sequence[Command]) -> bytes:
-    """Commands (this connection's, and the pub/sub connection's) as RESP arrays of bulk strings, arguments encoded as redis-py encodes them (str as UTF-8, int
-    and float by repr; a bool or other type is a DataError, before anything is sent)."""
+    """Commands (this connection's, and the pub/sub connection's) as RESP arrays of bulk strings, arguments
+    encoded as redis-py encodes them (str as UTF-8, int and float by repr; a bool or other type is a DataError,
+    before anything is sent)."""
     parts = []
     for command in commands:
         parts.append(b"*%d\r\n" % len(command))

@@ -36,18 +36,22 @@ def config_path() -> Path:
     return Path(os.environ.get("SPECFLEET_CONFIG", DEFAULT_CONFIG_PATH))
 
 
-class QueueLimits(BaseModel):
+class _ByPriority(BaseModel):
+    """A setting with one value per queue priority (its fields are named as Priority's values)."""
+
+    def for_priority(self, priority: Priority) -> int:
+        return int(getattr(self, priority.value))
+
+
+class QueueLimits(_ByPriority):
     """Most jobs waiting per priority; beyond it a submit gets 503 with Retry-After."""
 
     interactive: int = Field(default=1_000, ge=1)
     default: int = Field(default=10_000, ge=1)
     batch: int = Field(default=100_000, ge=1)
 
-    def for_priority(self, priority: Priority) -> int:
-        return int(getattr(self, priority.value))
 
-
-class StreamIntervals(BaseModel):
+class StreamIntervals(_ByPriority):
     """A job's token events at most once per this many ms, by its priority, unless its request names its own
     `stream_interval_ms` (workers/worker/stream_interval.py); 0: one event per engine step that gave it tokens.
     A batch's jobs are read when they end (its result file), not watched token by token: one event a second
@@ -56,9 +60,6 @@ class StreamIntervals(BaseModel):
     interactive: int = Field(default=0, ge=0, le=MAX_STREAM_INTERVAL_MS)
     default: int = Field(default=0, ge=0, le=MAX_STREAM_INTERVAL_MS)
     batch: int = Field(default=1_000, ge=0, le=MAX_STREAM_INTERVAL_MS)
-
-    def for_priority(self, priority: Priority) -> int:
-        return int(getattr(self, priority.value))
 
 
 class ServiceSettings(BaseSettings):

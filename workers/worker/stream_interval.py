@@ -26,11 +26,12 @@ from dataclasses import replace
 from workers.worker.emitter import JobWrite
 
 
-def merge(held: list[JobWrite], later: JobWrite) -> JobWrite:
-    """One write of the `held` writes' tokens then `later`'s (same job and attempt; `later` may end the job)."""
-    if not held:
-        return later
-    parts = [*held, later]
+def merge(parts: list[JobWrite]) -> JobWrite:
+    """One write of `parts`' tokens, in order (one job and attempt, each continuing the one before; the last one's
+    end, if it has one, is the write's)."""
+    if len(parts) == 1:
+        return parts[0]
+    later = parts[-1]
     logprobs = None
     if all(part.new_logprobs is not None for part in parts):
         logprobs = tuple(lp for part in parts for lp in part.new_logprobs or ())
@@ -54,15 +55,15 @@ def coalesce(writes: list[JobWrite]) -> list[JobWrite]:
     held: dict[str, list[JobWrite]] = {}  # job id -> its token-only writes not placed yet
     out: list[JobWrite] = []
     for write in writes:
-        pending = held.pop(write.job_id, None)
-        if pending is not None and (write.failure is not None or not _continues(pending[-1], write)):
-            out.append(merge(pending[:-1], pending[-1]))
-            pending = None
+        pending = held.pop(write.job_id, [])
+        if pending and (write.failure is not None or not _continues(pending[-1], write)):
+            out.append(merge(pending))
+            pending = []
         if write.new_token_ids and not write.is_finished and write.failure is None:
-            held[write.job_id] = [*pending, write] if pending is not None else [write]
+            held[write.job_id] = [*pending, write]
         else:
-            out.append(merge(pending or [], write))
-    out += [merge(pending[:-1], pending[-1]) for pending in held.values()]
+            out.append(merge([*pending, write]))
+    out += [merge(pending) for pending in held.values()]
     return out
 
 
@@ -112,12 +113,11 @@ class TokenHold:
                 else:
                     held.append(write)
                 continue
-            if held is not None:
+            if held is not None:  # they go with it (a failure: after them, apart)
                 del self.held[job_id]
-                if write.failure is None and write.attempt == held[0].attempt:
-                    write = merge(held, write)
-                else:  # a failure carries no tokens: the held ones land first
-                    out.append(merge(held[:-1], held[-1]))
+                out += coalesce([*held, write])
+                self._last_write_s[job_id] = now_s
+                continue
             if write.new_token_ids:
                 self._last_write_s[job_id] = now_s
             out.append(write)
@@ -131,8 +131,7 @@ class TokenHold:
         for job_id in list(self.held):
             due_s = self._last_write_s[job_id] + self.interval_s[job_id]
             if due_s <= now_s:
-                held = self.held.pop(job_id)
-                due.append(merge(held[:-1], held[-1]))
+                due.append(merge(self.held.pop(job_id)))
                 self._last_write_s[job_id] = now_s
             else:
                 self._due_s = min(self._due_s, due_s)
@@ -140,7 +139,7 @@ class TokenHold:
 
     def flush(self) -> list[JobWrite]:
         """Everything held, to write now (the worker stops)."""
-        writes = [merge(held[:-1], held[-1]) for held in self.held.values()]
+        writes = [merge(held) for held in self.held.values()]
         self.held.clear()
         self._due_s = math.inf
         return writes

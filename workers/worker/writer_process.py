@@ -92,7 +92,7 @@ class Settled:
     error_epoch: int = -1
     num_round_trips: int = 0
     warnings: list[str] = field(default_factory=list)  # for the loop's log
-    num_token_events: int = 0  # token events the batch wrote (one per job with tokens: coalesce)
+    num_token_events: int = 0  # token events the batch wrote (its STEP calls' emits that landed)
 
     def wire(self) -> tuple[Any, ...]:
         """Plain tuples for the pipe: the loop reads one after every step it hands over."""
@@ -157,7 +157,6 @@ class _Writer:
         self.redis = client
         self.emitter = emitter
         self.dead_epoch = -1  # the newest epoch the loop discarded or a batch here failed in
-        self.num_token_events = 0  # written so far (STEP `emit` calls that landed)
         # off a Cluster every batch is one pipeline, sent on a connection this process holds (no pool checkout)
         self.held = None if isinstance(client, RedisCluster) else redis_urls.HeldConnection(client)
 
@@ -166,20 +165,19 @@ class _Writer:
         if not live:
             return Settled(len(steps), Report([], []))
         warnings: list[str] = []
-        num_token_events = self.num_token_events
         try:
-            report = self._write(live, warnings)
+            report, num_token_events = self._write(live, warnings)
         except redis.RedisError as exc:
             epoch = max(s.epoch for s in live)
             self.dead_epoch = max(self.dead_epoch, epoch)
             return Settled(len(steps), error=_picklable(exc), error_epoch=epoch, num_round_trips=1,
                            warnings=warnings)  # fmt: skip
-        return Settled(len(steps), report, num_round_trips=1, warnings=warnings,
-                       num_token_events=self.num_token_events - num_token_events)
+        return Settled(len(steps), report, num_round_trips=1, warnings=warnings, num_token_events=num_token_events)
 
-    def _write(self, steps: list[StepWrite], warnings: list[str]) -> Report:
+    def _write(self, steps: list[StepWrite], warnings: list[str]) -> tuple[Report, int]:
         """Every partition's start notices, ONE STEP call and output notices, in one round trip (one pipeline per
-        partition node on a Cluster: shared/redis_url.py PartitionPipelines)."""
+        partition node on a Cluster: shared/redis_url.py PartitionPipelines) -> what landed, and how many token
+        events."""
         pipes = redis_urls.PartitionPipelines(self.redis, self.held)
         starts = keys.by_partition([n for s in steps for n in s.start_notices], lambda notice: notice[0])
         outputs = keys.by_partition([n for s in steps for n in s.output_notices], lambda notice: notice[0])
@@ -201,6 +199,7 @@ class _Writer:
         replies = pipes.execute(raise_on_error=False)
         ended: list[str] = []
         gone: list[str] = []
+        num_token_events = 0
         for pipe, first, end, step_at, (call_keys, args, calls) in planned:
             mine = replies[id(pipe)]
             for index in range(first, end):
@@ -215,10 +214,10 @@ class _Writer:
             if isinstance(step_reply, Exception):
                 raise step_reply
             ended_now, gone_now = self.emitter.settle(calls, list(step_reply))
-            self.num_token_events += sum(1 for call in calls if not call.is_final)
+            num_token_events += sum(1 for call in calls if not call.is_final)
             ended += ended_now
             gone += gone_now
-        return Report(ended, gone)
+        return Report(ended, gone), num_token_events
 
 
 def _picklable(exc: redis.RedisError) -> redis.RedisError:
