@@ -18,11 +18,12 @@ export PYTHONUNBUFFERED=1 SPECFLEET_HOME=${SPECFLEET_HOME:-$PWD/.gpu-home}
 nvidia-smi -L || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 # --noconftest: the suite's root conftest registers Redis, gateway and Celery fixtures these tests do not use
-python3 -m pytest -q -p no:cacheprovider --noconftest -p tests.helpers.models \
+# each stage has its own time limit, so a hang in one leaves the other's results (the lease is short)
+timeout "${GPU_CHECK_TESTS_TIMEOUT_S:-360}" python3 -m pytest -q -rs -p no:cacheprovider --noconftest -p tests.helpers.models \
     tests/workers/engine/test_cuda.py tests/workers/engine/test_decode_graphs.py tests/workers/engine/test_device.py \
     tests/workers/bench/test_graphs_bench.py 2>&1 | tee "$out/pytest.log"
 tests_rc=${PIPESTATUS[0]}
-python3 -m workers.bench.graphs_bench --json "$out/graphs.json" 2>&1 | tee "$out/graphs.log"
+timeout "${GPU_CHECK_BENCH_TIMEOUT_S:-180}" python3 -m workers.bench.graphs_bench --json "$out/graphs.json" 2>&1 | tee "$out/graphs.log"
 bench_rc=${PIPESTATUS[0]}
 echo "tests rc=$tests_rc bench rc=$bench_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

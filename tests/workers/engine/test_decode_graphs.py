@@ -184,12 +184,13 @@ def test_a_heads_static_pass_reads_its_features_like_the_dynamic_pass(
 
 
 def test_the_models_served_by_graphs_are_exported(tiny_pair: tuple[Path, Path]) -> None:
-    plain = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft")
+    # on the CPU by name: on a GPU machine the default device is CUDA, where the engine captures at start-up
+    plain = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft", device="cpu")
     registry = CollectorRegistry()
     EngineMetrics(registry).update(plain, [])
     assert registry.get_sample_value("specfleet_engine_cuda_graph_capture_seconds", {"model": "target"}) is None
 
-    graphed = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft")
+    graphed = make_engine(tiny_pair[0], tiny_pair[1], speculative_method="draft", device="cpu")
     assert graphed.use_decode_graphs(capture=False) == {"target": 0.0, "draft": 0.0}  # nothing captured on the CPU
     registry = CollectorRegistry()
     EngineMetrics(registry).update(graphed, [])
