@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA device, as one run on a lent GPU machine (README, "On a GPU"): the CUDA engine
-# tests, the decode graphs' static passes, and `bench graphs` (graphs against op by op). Results and logs go
+# tests, the decode graphs' static passes, `bench graphs` (graphs against op by op) and `bench spec --quick`. Results and logs go
 # to $OUT (the device tool's folder), else /tmp/gpu-check.
 #
 # That machine's python3 holds a CUDA build of torch, transformers, safetensors, tokenizers, pyyaml and
@@ -23,7 +23,22 @@ timeout "${GPU_CHECK_TESTS_TIMEOUT_S:-360}" python3 -m pytest -q -rs -p no:cache
     tests/workers/engine/test_cuda.py tests/workers/engine/test_decode_graphs.py tests/workers/engine/test_device.py \
     tests/workers/bench/test_graphs_bench.py 2>&1 | tee "$out/pytest.log"
 tests_rc=${PIPESTATUS[0]}
-timeout "${GPU_CHECK_BENCH_TIMEOUT_S:-180}" python3 -m workers.bench.graphs_bench --json "$out/graphs.json" 2>&1 | tee "$out/graphs.log"
-bench_rc=${PIPESTATUS[0]}
+# the benches named in GPU_CHECK_BENCHES (default both): `bench graphs` (graphs against op by op) and
+# `bench spec --quick` (speculation against plain decoding, both through graphs; typer is on that machine)
+bench_rc=0
+for bench in ${GPU_CHECK_BENCHES:-graphs spec}; do
+    case $bench in
+        graphs) cmd=(python3 -m workers.bench.graphs_bench --json "$out/graphs.json") ;;
+        spec) cmd=(python3 -c 'import sys; from shared.cli.main import main; sys.argv[0] = "specfleet"; main()'
+                   bench spec --quick --json "$out/spec.json") ;;
+        *) echo "unknown bench: $bench"; exit 2 ;;
+    esac
+    timeout "${GPU_CHECK_BENCH_TIMEOUT_S:-300}" "${cmd[@]}" > "$out/$bench.log" 2>&1
+    rc=$?
+    grep -E "captured|pass costs" "$out/$bench.log" | head -6
+    tail -n 60 "$out/$bench.log"
+    echo "bench $bench rc=$rc"
+    [ "$rc" -eq 0 ] || bench_rc=$rc
+done
 echo "tests rc=$tests_rc bench rc=$bench_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -19,6 +19,7 @@ from workers.engine.model_runner import (
     ShapesRun,
     ThreadPolicy,
     build_batch,
+    logits_rows,
     report_pass,
 )
 from workers.models import fused_decode
@@ -98,10 +99,10 @@ class HeadRunner:
         out = self.graphs.run(items, True, features)
         if out is None:
             return None
-        logits, h = out
+        logits, h = out  # h: [T, hidden], every query token's
         assert h is not None
-        rows = [i for i, it in enumerate(items) if it.num_logits]  # h of the logits rows, as the dynamic pass
-        return logits, h if len(rows) == len(items) else h[rows]
+        rows = logits_rows(items)  # h of the logits rows, as the dynamic pass
+        return logits, h if len(rows) == h.shape[0] else h[rows]
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)

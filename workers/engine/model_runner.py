@@ -29,7 +29,7 @@ class PassGraphs(Protocol):
 
     def run(
         self, items: list["ForwardItem"], with_features: bool, features: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] host logits, [B, hidden] or None); None: not served
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] host logits, [T, hidden] or None); None: not served
         ...
 
 
@@ -102,6 +102,16 @@ def report_pass(
     is_first = shapes_run.add(num_tokens, num_logits_rows)
     if on_pass is not None:
         on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
+
+
+def logits_rows(items: list[ForwardItem]) -> list[int]:  # [S]
+    """The flat query tokens (items back to back) whose logits a pass returns: each item's last num_logits."""
+    rows: list[int] = []
+    offset = 0
+    for it in items:
+        offset += len(it.token_ids)
+        rows.extend(range(offset - it.num_logits, offset))
+    return rows
 
 
 def warm_items(num_tokens: int, block_size: int) -> list[ForwardItem]:

@@ -55,6 +55,8 @@ def test_speculation_on_cuda_keeps_the_target_output(eagle_models: dict[str, Pat
     assert set(engine.graph_capture_s) == {"target", "draft"} | ({"eagle"} if eagle else set())
     if method is not SpeculativeMethod.NGRAM:  # n-grams need repeats the random prompts may not bring
         assert engine.speculator.stats.counts.num_accepted > 0
+        graphs = engine.runner.graphs  # the target's chain verify passes (1 + k tokens a row) replay graphs too
+        assert graphs is not None and sum(n for q, n in graphs.num_passes_by_queries.items() if q > 1) > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)
 

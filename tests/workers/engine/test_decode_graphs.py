@@ -18,6 +18,7 @@ from workers.engine.decode_graphs import (
     batch_buckets,
     block_buckets,
     graphs_for,
+    query_buckets,
 )
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
@@ -33,6 +34,11 @@ def test_bucket_ladders() -> None:
     assert block_buckets(3) == [3]
     assert block_buckets(8) == [8]
     assert block_buckets(100) == [8, 16, 32, 64, 100]
+    assert query_buckets(1) == [1]
+    assert query_buckets(2) == [1, 2]
+    assert query_buckets(4) == [1, 2, 3, 4]
+    assert query_buckets(9) == [1, 2, 3, 5, 9]  # 1 + k for k = 0, 1, 2, 4, 8 drafts
+    assert query_buckets(12) == [1, 2, 3, 5, 9, 12]
 
 
 def _graphs(runner: ModelRunner, scratch_block: int, max_batch: int = 8, max_blocks: int = 20) -> DecodeGraphs:
@@ -50,6 +56,66 @@ def test_a_pass_takes_the_smallest_bucket_that_holds_it(tiny_target: Path) -> No
     assert graphs.bucket_for(1, 21) is None
     assert graphs.run([ForwardItem([1, 2], 0, [0], num_logits=1)], with_features=False) is None  # not a decode
     assert graphs.num_passes == 0
+
+
+def test_verify_buckets_hold_a_few_queries_a_row_within_the_token_budget(tiny_target: Path) -> None:
+    runner = ModelRunner(load_model(tiny_target, torch.float32), num_blocks=21, block_size=4)
+    shape = GraphShape(4, 20, max_batch=8, max_blocks=20, max_queries=9, max_tokens=32)
+    graphs = graphs_for(runner, shape, capture=False)
+
+    assert graphs.query_sizes == [1, 2, 3, 5, 9]
+    assert graphs.bucket_for(3, 1, 4) == GraphBucket(4, 8, 5)
+    assert graphs.bucket_for(1, 9, 9) == GraphBucket(1, 16, 9)
+    assert graphs.bucket_for(8, 1, 5) is None  # 8 rows x 5 queries: over the 32-token budget
+    assert graphs.bucket_for(1, 1, 10) is None  # more queries than the longest row
+    assert all(b.num_tokens <= 32 for b in graphs.buckets) and GraphBucket(8, 8, 5) not in graphs.buckets
+    assert graphs.columns.shape == (5, 24) and graphs.tables.shape == (8, 20)  # 8 rows x 3: the most tokens
+    tree = ForwardItem([1, 2], 3, [0], num_logits=2, tree_mask=torch.ones(2, 2, dtype=torch.bool))
+    assert graphs.run([tree], with_features=False) is None  # token trees go op by op
+    assert graphs.run([ForwardItem(list(range(10)), 0, [0, 1, 2], num_logits=1)], with_features=False) is None
+
+
+def _prefilled(model_dir: Path, sliding_window: int | None) -> tuple[ModelRunner, ModelRunner]:
+    """Two runners over the same float64 model (the sliding window set), each with three prompts' K/V."""
+    model = load_model(model_dir, torch.float64)
+    model.cfg = dataclasses.replace(model.cfg, sliding_window=sliding_window)
+    dynamic, static = ModelRunner(model, 21, 4), ModelRunner(model, 21, 4)
+    prompts = {0: ([5, 6, 7, 8, 9], [0, 1, 7]), 1: ([11, 12], [2]), 2: (list(range(20, 33)), [3, 4, 5, 6])}
+    for runner in (dynamic, static):
+        runner.forward([ForwardItem(ids, 0, table, num_logits=1) for ids, table in prompts.values()])
+    return dynamic, static
+
+
+@pytest.mark.parametrize("sliding_window", [None, 6])
+@torch.inference_mode()
+def test_a_verify_pass_through_its_static_pass_matches_the_dynamic_pass(
+    tiny_target: Path, sliding_window: int | None
+) -> None:
+    """Sequences of 4, 2 and 1 query tokens (a chain verify's last token + drafts, with all, the last, or no
+    logits) in a bucket of 4 rows x 5 queries: the dynamic pass's logits, features and K/V; the padding tokens
+    (past each sequence's own, and the fourth row) touch no block but the scratch block."""
+    dynamic, static = _prefilled(tiny_target, sliding_window)
+    shape = GraphShape(4, 20, max_batch=8, max_blocks=20, max_queries=5)
+    static.graphs = graphs_for(static, shape, capture=False)
+    before = [k.clone() for k, _ in static.kv_caches]
+    items = [
+        ForwardItem([41, 42, 43, 44], 5, [0, 1, 7], num_logits=4),  # crosses into its third block
+        ForwardItem([45, 46], 2, [2], num_logits=1),
+        ForwardItem([47], 13, [3, 4, 5, 6], num_logits=0),
+    ]
+
+    want, want_h = dynamic.forward_with_features(items, with_features=True)
+    got, got_h = static.forward_with_features(items, with_features=True)
+
+    assert static.graphs.num_passes_by_queries == {5: 1}
+    assert got.shape == want.shape == (5, dynamic.model.cfg.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert got_h is not None and want_h is not None and got_h.shape == (7, dynamic.model.cfg.hidden_size)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
+    for (k_dynamic, _), (k_static, _), k_before in zip(dynamic.kv_caches, static.kv_caches, before, strict=True):
+        torch.testing.assert_close(k_static[:20], k_dynamic[:20], rtol=1e-9, atol=1e-9)
+        changed = (k_static != k_before).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) == {1, 7, 2, 6, 20}  # the sequences' new slots, and the padding's scratch block
 
 
 @pytest.mark.parametrize("sliding_window", [None, 6])
@@ -132,6 +198,9 @@ def test_speculation_through_static_passes_keeps_the_target_output(
     else:  # the head's chain passes after the first (which catches up on several rows) are static
         assert eagle_graphs is not None and eagle_graphs.num_passes > 0
     assert engine.speculator.stats.counts.num_accepted > 0
+    target_graphs = engine.runner.graphs
+    assert target_graphs is not None and target_graphs.query_sizes == [1, 2, 3, 5, 9]  # k = 8: rows of 1 + 8
+    assert sum(n for q, n in target_graphs.num_passes_by_queries.items() if q > 1) > 0  # verify passes served
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), rid
 
@@ -178,6 +247,21 @@ def test_a_heads_static_pass_reads_its_features_like_the_dynamic_pass(
     got_logits, got_h = static.forward(items, features)
 
     assert static.graphs.num_passes == 1
+    assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
+
+    # a catch-up pass (the tokens a verify accepted, their features, logits of each sequence's last ones)
+    static.graphs = graphs_for(static, GraphShape(4, 20, 8, 20, max_queries=3), capture=False)
+    items = [ForwardItem([51, 52], 6, [0, 1], num_logits=2), ForwardItem([54], 3, [2], num_logits=1),
+             ForwardItem([55, 56], 14, [3, 4, 5, 6], num_logits=1)]
+    features = torch.randn(5, hidden, generator=gen, dtype=torch.float64)
+
+    want_logits, want_h = dynamic.forward(items, features)
+    got_logits, got_h = static.forward(items, features)
+
+    assert static.graphs.num_passes_by_queries == {2: 1}  # 4 rows of 2 (the second row's second token a pad)
+    assert got_logits.shape == (4, head.cfg.vocab_size) and got_h.shape == (4, hidden)
     assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits))
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
