@@ -1,8 +1,8 @@
 """Decode passes replayed from CUDA graphs: captured once per (batch, queries, context) bucket at start-up, then
-each pass of a few query tokens per sequence and no token tree (the target's and the draft's plain decode steps,
-the EAGLE head's chain steps; with speculation, the target's chain verify passes of 1 + k tokens per sequence
-and the draft's and the head's catch-up passes) copies its inputs into static buffers and replays its bucket's
-graph: one launch for the whole pass, where op by op a small model's step is all dispatch. vLLM and nano-vllm
+each pass of a few query tokens per sequence (the target's and the draft's plain decode steps, the EAGLE head's
+chain steps; with speculation, the target's verify passes of 1 + k tokens per sequence, chains or token trees,
+and the draft's and the head's catch-up and tree-level passes) copies its inputs into static buffers and
+replays its bucket's graph: one launch for the whole pass, where op by op a small model's step is all dispatch. vLLM and nano-vllm
 capture decode graphs over a ladder of batch sizes the same way; vLLM captures its speculative decoding's
 uniform verify batches (1 + k queries per sequence) too.
 
@@ -12,12 +12,14 @@ A graph fixes every shape, so each captured pass is static:
   5 sequences) are padding: token 0 at position 0, writing its K/V into the scratch block (one block past the
   block manager's, never handed to a sequence) and seeing its row's first key alone;
 - attention is the SDPA path's gather through the block tables (workers/models/attention.py), over a width of
-  blocks that the bucket fixes too: each row's table is padded with the scratch block to that width, and keys
-  past the row's own end are masked out, as the dynamic path masks them. Widths double from
+  blocks that the bucket fixes too: each row's table is padded with the scratch block to that width, and each
+  token sees the keys the dynamic path's mask lets it see: a range [first key, one past the last) of its
+  sequence, and in a token tree the tree slots its mask row names (tree_base + j for each bit j of tree_bits,
+  as the native kernel reads them: workers/engine/model_runner.py, _build_ragged_batch). Widths double from
   MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has (or that many blocks).
 
-Passes no graph serves (prefill chunks longer than the longest row, trees, more rows or blocks than the largest
-bucket) run op by op as before. With `capture=False` (the CPU) the same static pass runs op by op: the tests hold it to
+Passes no graph serves (prefill chunks longer than the longest row, trees of more than MAX_TREE_NODES slots,
+more rows or blocks than the largest bucket) run op by op as before. With `capture=False` (the CPU) the same static pass runs op by op: the tests hold it to
 the dynamic path's tokens, so what a GPU replays is what the CPU tests check.
 """
 
@@ -31,15 +33,18 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.head_runner import HeadRunner
-from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns, window_starts
+from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns, tree_bits, window_starts
 from workers.models.attention import AttentionMetadata
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
+from workers.models.native_attention import MAX_TREE_NODES
 
 log = logging.getLogger(__name__)
 
 MIN_BLOCKS_BUCKET = 8  # the narrowest context a graph spans, in blocks
-NUM_COLUMNS = 5  # per query token: token id, rotary position, KV slot, first key, one past the last key
+# per query token: token id, rotary position, KV slot, first key, one past the last key (the range it sees), then
+# in a token tree the first tree slot and the bits of the tree slots it sees (else 0, 0)
+NUM_COLUMNS = 7
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -116,10 +121,21 @@ def head_body(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> D
     return body
 
 
-def max_chain_queries(items: list[ForwardItem]) -> int:
-    """The most query tokens of a sequence in a pass without token trees (what a graph can serve); 0 where a
-    sequence brings a tree or the pass is empty."""
-    if not items or any(it.tree_mask is not None for it in items):
+def _tree_fits(item: ForwardItem) -> bool:
+    """A token tree whose visible slots fit one bitmask (as the native kernel's: model_runner._native_serves)."""
+    if item.tree_mask is None:
+        return True
+    num_rows, num_slots = item.tree_mask.shape
+    num_tokens = len(item.token_ids)
+    return num_slots <= MAX_TREE_NODES and num_rows >= num_tokens and item.start_pos + num_tokens <= (
+        item.tree_start + num_slots
+    )
+
+
+def max_row_queries(items: list[ForwardItem]) -> int:
+    """The most query tokens of a sequence in the pass (a graph's row must hold them); 0 where a graph cannot
+    serve the pass (it is empty, or a tree's slots do not fit a bitmask)."""
+    if not items or not all(_tree_fits(it) for it in items):
         return 0
     return max(len(it.token_ids) for it in items)
 
@@ -127,18 +143,26 @@ def max_chain_queries(items: list[ForwardItem]) -> int:
 def query_columns(
     items: list[ForwardItem], num_queries: int, block_size: int, sliding_window: int | None, pad: list[int]
 ) -> list[list[int]]:
-    """A pass's five integers per query token (decode_columns' for each of a sequence's tokens), each sequence
-    padded with `pad` to `num_queries` tokens: [5][len(items) * num_queries]."""
+    """A pass's seven integers per query token (NUM_COLUMNS), each sequence padded with `pad` to `num_queries`
+    tokens: [7][len(items) * num_queries]. A tree's tokens see the prefix before the tree causally and the tree
+    slots of their mask row."""
     columns: list[list[int]] = [[] for _ in range(NUM_COLUMNS)]
-    ids, positions, slots, key_start, key_end = columns
+    ids, positions, slots, key_start, key_end, tree_base, bits = columns
     for it in items:
         n, start, table = len(it.token_ids), it.start_pos, it.block_table
-        ends = list(range(start + 1, start + n + 1))
+        ends = list(range(start + 1, start + n + 1))  # each token's own slot + 1
         ids.extend(it.token_ids)
         positions.extend(it.positions or range(start, start + n))
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
         key_start.extend(window_starts(ends, sliding_window))
-        key_end.extend(ends)
+        if it.tree_mask is None:
+            key_end.extend(ends)
+            tree_base.extend([0] * n)
+            bits.extend([0] * n)
+        else:
+            key_end.extend(min(end, it.tree_start) for end in ends)
+            tree_base.extend([it.tree_start] * n)
+            bits.extend(tree_bits(it.tree_mask[:n]))
         for column, value in zip(columns, pad, strict=True):
             column.extend([value] * (num_queries - n))
     return columns
@@ -197,13 +221,14 @@ class DecodeGraphs:
         self.features = (
             torch.zeros(max_rows, shape.feature_size, dtype=dtype, device=device) if shape.feature_size else None
         )  # [N_max, hidden]
-        self.columns = torch.zeros(NUM_COLUMNS, max_rows, dtype=torch.long, device=device)  # [5, N_max]
+        self.columns = torch.zeros(NUM_COLUMNS, max_rows, dtype=torch.long, device=device)  # [7, N_max]
         self.tables = torch.full(
             (max_batch, max_blocks), scratch_block, dtype=torch.long, device=device
         )  # [B_max, NB_max]
         self.key_positions = torch.arange(max_blocks * block_size, device=device)  # [L_max]
-        self.pad = [0, 0, scratch_block * block_size, 0, 1]  # token 0 at position 0, its K/V in the scratch slot
-        self.pad_column = torch.tensor(self.pad, dtype=torch.long, device=device).view(NUM_COLUMNS, 1)  # [5, 1]
+        self.pad = [0, 0, scratch_block * block_size, 0, 1, 0, 0]  # token 0 at position 0, K/V in the scratch slot
+        self.pad_column = torch.tensor(self.pad, dtype=torch.long, device=device).view(NUM_COLUMNS, 1)  # [7, 1]
+        self.tree_offsets = torch.arange(MAX_TREE_NODES, device=device)  # [63]: a tree slot's bit
         self.graphs: dict[GraphBucket, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[GraphBucket, tuple[torch.Tensor, torch.Tensor]] = {}  # ([n, V] logits, [n, hidden] h)
         # every graph writes its outputs into these ([N_max, V], [N_max, hidden]; made by the first pass, before
@@ -256,7 +281,7 @@ class DecodeGraphs:
         """The pass through its bucket's graph, or None where no graph serves it (the caller runs it op by
         op). `features` ([T, hidden], a head's) are its query tokens' inputs. Logits come back for each item's
         last num_logits tokens, in item order; h (`with_features`) for every query token, flat in item order."""
-        num_queries = max_chain_queries(items)
+        num_queries = max_row_queries(items)
         if num_queries == 0:
             return None
         num_blocks = max(-(-(it.start_pos + len(it.token_ids)) // self.block_size) for it in items)
@@ -299,12 +324,12 @@ class DecodeGraphs:
             else:
                 rows = self._on_device(flat_rows(items, num_queries)[0])  # [T]
                 self.features.index_copy_(0, rows, features.to(self.features.dtype))
-        if num_queries == 1:  # a decode pass: one token per sequence
-            columns = decode_columns(items, self.block_size, self.sliding_window)
+        if num_queries == 1 and all(it.tree_mask is None for it in items):  # a decode pass: a token per sequence
+            columns = [*decode_columns(items, self.block_size, self.sliding_window), [0] * num_seqs, [0] * num_seqs]
         else:
             columns = query_columns(items, num_queries, self.block_size, self.sliding_window, self.pad)
         tables = [it.block_table[:width] + [self.scratch_block] * (width - len(it.block_table[:width])) for it in items]
-        self.columns[:, :num_rows].copy_(torch.tensor(columns, dtype=torch.long))  # [5, n]
+        self.columns[:, :num_rows].copy_(torch.tensor(columns, dtype=torch.long))  # [7, n]
         self.tables[:num_seqs, :width].copy_(torch.tensor(tables, dtype=torch.long))  # [B, NB]
         self._load_padding(bucket.batch, width, num_seqs, num_queries)
 
@@ -319,9 +344,13 @@ class DecodeGraphs:
     def _pass(self, bucket: GraphBucket) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, V] float32, [n, hidden])
         """The static pass of one bucket, over the static inputs: what a graph captures."""
         batch, width, num_queries, num_rows = bucket.batch, bucket.num_blocks, bucket.num_queries, bucket.num_tokens
-        ids, positions, slots, key_start, key_end = self.columns[:, :num_rows]  # [n] each
+        ids, positions, slots, key_start, key_end, tree_base, bits = self.columns[:, :num_rows]  # [n] each
         keys = self.key_positions[: width * self.block_size]  # [L]
         mask = (keys >= key_start.unsqueeze(1)) & (keys < key_end.unsqueeze(1))  # [n, L]
+        offset = keys - tree_base.unsqueeze(1)  # [n, L]: each key's slot in its token's tree (0 = the first)
+        in_tree = (offset >= 0) & (offset < MAX_TREE_NODES)  # [n, L]
+        seen = (bits.unsqueeze(1) >> offset.clamp(0, MAX_TREE_NODES - 1)) & 1  # [n, L]: bit `offset` of the row's
+        mask |= in_tree & seen.bool()  # the tree slots the token sees (none where its bits are 0)
         meta = AttentionMetadata(
             slot_mapping=slots,
             block_tables=self.tables[:batch, :width],  # [b, NB]

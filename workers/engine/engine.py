@@ -225,8 +225,8 @@ class Engine:
 
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:
         """Serve the plain decode passes of the target and the draft, the EAGLE head's chain passes, and with
-        speculation the chain verify and catch-up passes (up to 1 + k tokens a sequence), from static decode
-        graphs (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up,
+        speculation the verify, catch-up and tree-level passes (up to 1 + k tokens, or a tree's nodes, a
+        sequence), from static decode graphs (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up,
         on a CUDA device, before the pass costs are timed, so the speculator's tables hold what requests will
         run), else their static passes run op by op (the CPU tests). A model whose capture fails decodes op by
         op, logged. Returns the capture seconds of each model captured."""
@@ -241,9 +241,12 @@ class Engine:
             scratch_block=self.block_manager.num_blocks,  # the runners' caches hold one block past the manager's
             max_batch=cfg.max_num_seqs,
             max_blocks=-(-min(self.max_model_len, cfg.cuda_graph_max_context) // cfg.block_size),
-            # a chain verify pass holds the last token and k drafts of each sequence; the draft's and the head's
-            # catch-up passes at most as many (trees stay op by op)
-            max_queries=1 if cfg.speculative_method is SpeculativeMethod.NONE else 1 + cfg.num_speculative_tokens,
+            # a verify pass holds the last token and k drafts (or a tree's nodes) of each sequence; the draft's and
+            # the head's catch-up and tree-level passes at most as many
+            max_queries=(
+                1 if cfg.speculative_method is SpeculativeMethod.NONE
+                else 1 + max(cfg.num_speculative_tokens, cfg.tree_size)
+            ),
             max_tokens=cfg.max_num_batched_tokens,
         )
         for name, runner in runners.items():

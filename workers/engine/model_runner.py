@@ -157,7 +157,7 @@ def _build_ragged_batch(
     own_end: list[int] = []  # each token's slot + 1
     key_end: list[int] = []
     tree_base: list[int] = []
-    tree_bits: list[int] = []
+    bits: list[int] = []  # each token's tree_bits
     q_lens = [len(it.token_ids) for it in items]
     for b, it in enumerate(items):
         offset, n = len(input_ids), len(it.token_ids)
@@ -172,18 +172,17 @@ def _build_ragged_batch(
         if it.tree_mask is None:
             key_end.extend(ends)
             tree_base.extend([0] * n)
-            tree_bits.extend([0] * n)
+            bits.extend([0] * n)
         else:  # the prefix before the tree causally, then the tree slots its mask row names
             key_end.extend(min(end, it.tree_start) for end in ends)
             tree_base.extend([it.tree_start] * n)
-            rows = it.tree_mask[:n].long()  # [n, m]
-            tree_bits.extend((rows << torch.arange(rows.shape[1])).sum(dim=1).tolist())
+            bits.extend(tree_bits(it.tree_mask[:n]))
 
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
     columns = [input_ids, positions, slots, logits_rows, _padded_tables(items, num_blocks_max)]
     has_ragged_view = native is not None or all(it.tree_mask is None for it in items)
     if has_ragged_view:  # the window ends at each token's own slot
-        columns += [token_seq, window_starts(own_end, sliding_window), key_end, tree_base, tree_bits]
+        columns += [token_seq, window_starts(own_end, sliding_window), key_end, tree_base, bits]
     tensors = long_tensors(columns)  # [T], [T], [T], [S], [B * NB], then [T] each
     meta = AttentionMetadata(
         slot_mapping=tensors[2], block_tables=tensors[4].view(len(items), num_blocks_max), mask=None,
@@ -216,6 +215,12 @@ def _padded_tables(items: list[ForwardItem], num_blocks: int) -> list[int]:  # [
         flat += table
         flat += [0] * (num_blocks - len(table))
     return flat
+
+
+def tree_bits(tree_mask: torch.Tensor) -> list[int]:  # [n, m] bool -> [n]
+    """Each query row's visible tree slots as one integer, bit j for slot tree_start + j (m <= MAX_TREE_NODES)."""
+    rows = tree_mask.long()  # [n, m]
+    return (rows << torch.arange(rows.shape[1])).sum(dim=1).tolist()
 
 
 def window_starts(own_end: list[int], sliding_window: int | None) -> list[int]:

@@ -61,6 +61,23 @@ def test_speculation_on_cuda_keeps_the_target_output(eagle_models: dict[str, Pat
         assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)
 
 
+@pytest.mark.parametrize("method", [SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE])
+def test_tree_speculation_on_cuda_replays_its_verify_passes_and_keeps_the_target_output(
+    eagle_models: dict[str, Path], method: SpeculativeMethod
+) -> None:
+    requests = _requests(4, max_tokens=30)
+    plain = run_all(make_engine(eagle_models["target"], dtype="float64", device="cpu"), requests)
+    eagle = "copy_head" if method is SpeculativeMethod.EAGLE else None
+    engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method, device="cuda", tree_size=5)
+    speculative = run_all(engine, requests)
+
+    assert engine.speculator.stats.counts.num_accepted > 0
+    graphs = engine.runner.graphs  # every verify pass a tree of up to 5 nodes after the last token
+    assert graphs is not None and sum(n for q, n in graphs.num_passes_by_queries.items() if q > 1) > 0
+    for rid in requests:
+        assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)
+
+
 def test_bfloat16_on_cuda_generates(tiny_target: Path) -> None:
     engine = make_engine(tiny_target, dtype="auto", device="cuda")
     assert engine.runner.model.embed.weight.dtype == torch.bfloat16

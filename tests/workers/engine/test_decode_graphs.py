@@ -69,9 +69,9 @@ def test_verify_buckets_hold_a_few_queries_a_row_within_the_token_budget(tiny_ta
     assert graphs.bucket_for(8, 1, 5) is None  # 8 rows x 5 queries: over the 32-token budget
     assert graphs.bucket_for(1, 1, 10) is None  # more queries than the longest row
     assert all(b.num_tokens <= 32 for b in graphs.buckets) and GraphBucket(8, 8, 5) not in graphs.buckets
-    assert graphs.columns.shape == (5, 24) and graphs.tables.shape == (8, 20)  # 8 rows x 3: the most tokens
-    tree = ForwardItem([1, 2], 3, [0], num_logits=2, tree_mask=torch.ones(2, 2, dtype=torch.bool))
-    assert graphs.run([tree], with_features=False) is None  # token trees go op by op
+    assert graphs.columns.shape == (7, 24) and graphs.tables.shape == (8, 20)  # 8 rows x 3: the most tokens
+    wide = torch.ones(2, 64, dtype=torch.bool)  # a tree of 64 slots: its rows' visible slots exceed a bitmask
+    assert graphs.run([ForwardItem([1, 2], 3, [0], 2, [3, 4], 3, wide)], with_features=False) is None
     assert graphs.run([ForwardItem(list(range(10)), 0, [0, 1, 2], num_logits=1)], with_features=False) is None
 
 
@@ -177,16 +177,18 @@ def test_greedy_tokens_through_static_passes_equal_dynamic(tiny_models: dict[str
             assert tokens(static[rid]) == tokens(dynamic[rid]), (layout, rid)
 
 
+@pytest.mark.parametrize("tree_size", [0, 5])
 @pytest.mark.parametrize("method", [SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE])
 def test_speculation_through_static_passes_keeps_the_target_output(
-    eagle_models: dict[str, Path], method: SpeculativeMethod
+    eagle_models: dict[str, Path], method: SpeculativeMethod, tree_size: int
 ) -> None:
-    """The draft model's chain passes go through its static passes; the output is plain decoding's."""
+    """The draft model's (or head's) passes and the target's verify passes, chains or token trees, go through
+    their static passes; the output is plain decoding's."""
     eagle = "copy_head" if method is SpeculativeMethod.EAGLE else None
     gen = torch.Generator().manual_seed(5)
     requests = {f"r{i}": (torch.randint(1, 400, (4 + 9 * i,), generator=gen).tolist(), greedy(30)) for i in range(4)}
     plain = run_all(make_engine(eagle_models["target"], dtype="float64"), requests)
-    engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method)
+    engine = spec_engine(eagle_models, eagle=eagle, speculative_method=method, tree_size=tree_size)
     engine.use_decode_graphs(capture=False)
     speculative = run_all(engine, requests)
 
@@ -201,8 +203,42 @@ def test_speculation_through_static_passes_keeps_the_target_output(
     target_graphs = engine.runner.graphs
     assert target_graphs is not None and target_graphs.query_sizes == [1, 2, 3, 5, 9]  # k = 8: rows of 1 + 8
     assert sum(n for q, n in target_graphs.num_passes_by_queries.items() if q > 1) > 0  # verify passes served
+    if tree_size:  # every verify pass a tree of up to 5 nodes after the last token: rows of 9 at most
+        assert engine.speculator.stats.counts.num_accepted > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), rid
+
+
+@pytest.mark.parametrize("sliding_window", [None, 6])
+@torch.inference_mode()
+def test_token_trees_through_their_static_pass_match_the_dynamic_pass(
+    tiny_target: Path, sliding_window: int | None
+) -> None:
+    """A tree verify (the last token, then 3 nodes whose mask rows name their ancestors), a chain, and a
+    tree level (2 frontier nodes of a tree started earlier) in one pass of 4 rows x 5 queries: the dynamic
+    pass's logits, features and K/V."""
+    dynamic, static = _prefilled(tiny_target, sliding_window)
+    static.graphs = graphs_for(static, GraphShape(4, 20, max_batch=8, max_blocks=20, max_queries=5), capture=False)
+    nodes = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)  # parents: root, node 0, root
+    verify_mask = torch.cat([torch.zeros(1, 3, dtype=torch.bool), nodes])  # [4, 3]: the last token sees no node
+    level_mask = torch.tensor([[1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # nodes 1 and 2 of a tree at slot 13
+    items = [
+        ForwardItem([41, 42, 43, 44], 5, [0, 1, 7], 4, positions=[5, 6, 7, 6], tree_start=6, tree_mask=verify_mask),
+        ForwardItem([45, 46], 2, [2], num_logits=1),
+        ForwardItem([47, 48], 14, [3, 4, 5, 6], 2, positions=[14, 14], tree_start=13, tree_mask=level_mask),
+    ]
+
+    want, want_h = dynamic.forward_with_features(items, with_features=True)
+    got, got_h = static.forward_with_features(items, with_features=True)
+
+    assert static.graphs.num_passes_by_queries == {5: 1}
+    assert got.shape == want.shape == (7, dynamic.model.cfg.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert got_h is not None and want_h is not None
+    torch.testing.assert_close(got_h, want_h, rtol=1e-9, atol=1e-9)
+    for (k_dynamic, v_dynamic), (k_static, v_static) in zip(dynamic.kv_caches, static.kv_caches, strict=True):
+        torch.testing.assert_close(k_static[:20], k_dynamic[:20], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(v_static[:20], v_dynamic[:20], rtol=1e-9, atol=1e-9)
 
 
 def test_contexts_past_the_graph_limit_decode_op_by_op(tiny_models: dict[str, Path]) -> None:
