@@ -1,10 +1,10 @@
-"""Decode passes replayed from CUDA graphs: captured once per (batch, queries, context) bucket at start-up, then
-each pass of a few query tokens per sequence (the target's and the draft's plain decode steps, the EAGLE head's
-chain steps; with speculation, the target's verify passes of 1 + k tokens per sequence, chains or token trees,
-and the draft's and the head's catch-up and tree-level passes) copies its inputs into static buffers and
-replays its bucket's graph: one launch for the whole pass, where op by op a small model's step is all dispatch. vLLM and nano-vllm
-capture decode graphs over a ladder of batch sizes the same way; vLLM captures its speculative decoding's
-uniform verify batches (1 + k queries per sequence) too.
+"""Decode passes replayed from CUDA graphs: captured once per (batch, queries, context) bucket at start-up,
+then each pass of a few query tokens per sequence (the target's and the draft's plain decode steps, the EAGLE
+head's chain steps; with speculation, the target's verify passes of 1 + k tokens per sequence, chains or token
+trees, and the draft's and the head's catch-up and tree-level passes) copies its inputs into static buffers
+and replays its bucket's graph: one launch for the whole pass, where op by op a small model's step is all
+dispatch. vLLM and nano-vllm capture decode graphs over a ladder of batch sizes the same way; vLLM captures
+its speculative decoding's uniform verify batches (1 + k queries per sequence) too.
 
 A graph fixes every shape, so each captured pass is static:
 - each sequence is a row of the bucket's `num_queries` tokens, flat row after row ([batch * num_queries]);
@@ -19,8 +19,9 @@ A graph fixes every shape, so each captured pass is static:
   MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has (or that many blocks).
 
 Passes no graph serves (prefill chunks longer than the longest row, trees of more than MAX_TREE_NODES slots,
-more rows or blocks than the largest bucket) run op by op as before. With `capture=False` (the CPU) the same static pass runs op by op: the tests hold it to
-the dynamic path's tokens, so what a GPU replays is what the CPU tests check.
+more rows or blocks than the largest bucket) run op by op as before. With `capture=False` (the CPU) the same
+static pass runs op by op: the tests hold it to the dynamic path's tokens, so what a GPU replays is what the
+CPU tests check.
 """
 
 import dataclasses
@@ -33,7 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.head_runner import HeadRunner
-from workers.engine.model_runner import ForwardItem, ModelRunner, decode_columns, tree_bits, window_starts
+from workers.engine.model_runner import (
+    ForwardItem,
+    ModelRunner,
+    decode_columns,
+    tree_bits,
+    tree_fits,
+    window_starts,
+)
 from workers.models.attention import AttentionMetadata
 from workers.models.eagle_head import EagleHead
 from workers.models.llama import LlamaModel, eager_attend
@@ -121,21 +129,10 @@ def head_body(head: EagleHead, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> D
     return body
 
 
-def _tree_fits(item: ForwardItem) -> bool:
-    """A token tree whose visible slots fit one bitmask (as the native kernel's: model_runner._native_serves)."""
-    if item.tree_mask is None:
-        return True
-    num_rows, num_slots = item.tree_mask.shape
-    num_tokens = len(item.token_ids)
-    return num_slots <= MAX_TREE_NODES and num_rows >= num_tokens and item.start_pos + num_tokens <= (
-        item.tree_start + num_slots
-    )
-
-
 def max_row_queries(items: list[ForwardItem]) -> int:
     """The most query tokens of a sequence in the pass (a graph's row must hold them); 0 where a graph cannot
     serve the pass (it is empty, or a tree's slots do not fit a bitmask)."""
-    if not items or not all(_tree_fits(it) for it in items):
+    if not items or not all(tree_fits(it) for it in items):
         return 0
     return max(len(it.token_ids) for it in items)
 
@@ -228,7 +225,6 @@ class DecodeGraphs:
         self.key_positions = torch.arange(max_blocks * block_size, device=device)  # [L_max]
         self.pad = [0, 0, scratch_block * block_size, 0, 1, 0, 0]  # token 0 at position 0, K/V in the scratch slot
         self.pad_column = torch.tensor(self.pad, dtype=torch.long, device=device).view(NUM_COLUMNS, 1)  # [7, 1]
-        self.tree_offsets = torch.arange(MAX_TREE_NODES, device=device)  # [63]: a tree slot's bit
         self.graphs: dict[GraphBucket, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[GraphBucket, tuple[torch.Tensor, torch.Tensor]] = {}  # ([n, V] logits, [n, hidden] h)
         # every graph writes its outputs into these ([N_max, V], [N_max, hidden]; made by the first pass, before

@@ -133,16 +133,20 @@ def build_batch(
 
 
 def _native_serves(items: list[ForwardItem]) -> bool:
-    """Whether the kernel's per-token view holds every query: a tree's slots fit one bitmask, every query has a
-    mask row, and no query sits past its tree (where it would see slots after the tree causally)."""
-    for it in items:
-        if it.tree_mask is None:
-            continue
-        num_rows, num_slots = it.tree_mask.shape
-        num_tokens = len(it.token_ids)
-        if num_slots > MAX_TREE_NODES or num_rows < num_tokens or it.start_pos + num_tokens > it.tree_start + num_slots:
-            return False
-    return True
+    """Whether the kernel's per-token view holds every query (tree_fits)."""
+    return all(tree_fits(it) for it in items)
+
+
+def tree_fits(item: ForwardItem) -> bool:
+    """Whether a per-token view (first key, one past the last, tree bits) holds the item's queries: no
+    tree, or a tree whose slots fit one bitmask, a mask row for every query, and no query past its tree (where
+    it would see slots after the tree causally). The native kernel and the decode graphs read that view."""
+    if item.tree_mask is None:
+        return True
+    num_rows, num_slots = item.tree_mask.shape
+    num_tokens = len(item.token_ids)
+    is_past_tree = item.start_pos + num_tokens > item.tree_start + num_slots
+    return num_slots <= MAX_TREE_NODES and num_rows >= num_tokens and not is_past_tree
 
 
 def _build_ragged_batch(
