@@ -15,7 +15,7 @@ A graph fixes every shape, so each captured pass is static:
   blocks that the bucket fixes too: each row's table is padded with the scratch block to that width, and each
   token sees the keys the dynamic path's mask lets it see: a range [first key, one past the last) of its
   sequence, and in a token tree the tree slots its mask row names (tree_base + j for each bit j of tree_bits,
-  as the native kernel reads them: workers/engine/model_runner.py, _build_ragged_batch). Widths double from
+  as the native kernel reads them: workers/engine/model_runner.py, add_token_view). Widths double from
   MIN_BLOCKS_BUCKET, so a pass gathers at most twice the keys its longest sequence has (or that many blocks).
 
 Passes no graph serves (prefill chunks longer than the longest row, trees of more than MAX_TREE_NODES slots,
@@ -37,8 +37,9 @@ from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import (
     ForwardItem,
     ModelRunner,
+    add_token_view,
     decode_columns,
-    tree_bits,
+    flat_rows,
     tree_fits,
     window_starts,
 )
@@ -140,41 +141,16 @@ def max_row_queries(items: list[ForwardItem]) -> int:
 def query_columns(
     items: list[ForwardItem], num_queries: int, block_size: int, sliding_window: int | None, pad: list[int]
 ) -> list[list[int]]:
-    """A pass's seven integers per query token (NUM_COLUMNS), each sequence padded with `pad` to `num_queries`
-    tokens: [7][len(items) * num_queries]. A tree's tokens see the prefix before the tree causally and the tree
-    slots of their mask row."""
+    """A pass's seven integers per query token (NUM_COLUMNS: add_token_view's, the own ends turned into first
+    keys), each sequence padded with `pad` to `num_queries` tokens: [7][len(items) * num_queries]."""
     columns: list[list[int]] = [[] for _ in range(NUM_COLUMNS)]
-    ids, positions, slots, key_start, key_end, tree_base, bits = columns
+    own_end_pad = [*pad[:3], pad[4], *pad[4:]]  # a padding token's own end is its key end (slot 0 + 1)
     for it in items:
-        n, start, table = len(it.token_ids), it.start_pos, it.block_table
-        ends = list(range(start + 1, start + n + 1))  # each token's own slot + 1
-        ids.extend(it.token_ids)
-        positions.extend(it.positions or range(start, start + n))
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
-        key_start.extend(window_starts(ends, sliding_window))
-        if it.tree_mask is None:
-            key_end.extend(ends)
-            tree_base.extend([0] * n)
-            bits.extend([0] * n)
-        else:
-            key_end.extend(min(end, it.tree_start) for end in ends)
-            tree_base.extend([it.tree_start] * n)
-            bits.extend(tree_bits(it.tree_mask[:n]))
-        for column, value in zip(columns, pad, strict=True):
-            column.extend([value] * (num_queries - n))
+        add_token_view(columns, it, block_size)
+        for column, value in zip(columns, own_end_pad, strict=True):
+            column.extend([value] * (num_queries - len(it.token_ids)))
+    columns[3] = window_starts(columns[3], sliding_window)  # padding: window_starts([1]) = [0], its first key
     return columns
-
-
-def flat_rows(items: list[ForwardItem], num_queries: int) -> tuple[list[int], list[int]]:
-    """Where a pass's tokens sit in its bucket's rows of `num_queries`: (each query token's row, flat in item
-    order; each logits row's: a sequence's last num_logits tokens)."""
-    token_rows: list[int] = []
-    logits_rows: list[int] = []
-    for i, it in enumerate(items):
-        first, n = i * num_queries, len(it.token_ids)
-        token_rows.extend(range(first, first + n))
-        logits_rows.extend(range(first + n - it.num_logits, first + n))
-    return token_rows, logits_rows
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from workers.engine.model_runner import (
     ShapesRun,
     ThreadPolicy,
     build_batch,
-    logits_rows,
+    flat_rows,
     report_pass,
 )
 from workers.models import fused_decode
@@ -101,7 +101,7 @@ class HeadRunner:
             return None
         logits, h = out  # h: [T, hidden], every query token's
         assert h is not None
-        rows = logits_rows(items)  # h of the logits rows, as the dynamic pass
+        rows = flat_rows(items)[1]  # h of the logits rows, as the dynamic pass
         return logits, h if len(rows) == h.shape[0] else h[rows]
 
     def bucket_of(self, num_tokens: int) -> Bucket:

@@ -104,14 +104,42 @@ def report_pass(
         on_pass(PassTiming(num_tokens, seconds, attention_work(items), is_first))
 
 
-def logits_rows(items: list[ForwardItem]) -> list[int]:  # [S]
-    """The flat query tokens (items back to back) whose logits a pass returns: each item's last num_logits."""
-    rows: list[int] = []
-    offset = 0
+def flat_rows(items: list[ForwardItem], num_queries: int | None = None) -> tuple[list[int], list[int]]:
+    """Where a pass's query tokens sit among its rows: ([T] each token's row, in item order; [S] the rows whose
+    logits the pass returns: each item's last num_logits tokens). Items back to back, or (num_queries) each in
+    a row of its own of that many tokens, padding after its own (a decode graph's bucket)."""
+    token_rows: list[int] = []
+    logits_rows: list[int] = []
+    first = 0
     for it in items:
-        offset += len(it.token_ids)
-        rows.extend(range(offset - it.num_logits, offset))
-    return rows
+        n = len(it.token_ids)
+        token_rows.extend(range(first, first + n))
+        logits_rows.extend(range(first + n - it.num_logits, first + n))
+        first += n if num_queries is None else num_queries
+    return token_rows, logits_rows
+
+
+def add_token_view(columns: list[list[int]], item: ForwardItem, block_size: int) -> None:
+    """Append the item's query tokens to the per-token columns [token ids, rotary positions, KV slots, own ends
+    (slot + 1), key ends, tree bases, tree bits]: each token sees its sequence's keys up to its key end (from
+    the start of its window, window_starts over the own ends), and in a token tree the prefix before the tree
+    causally, then the tree slots tree_base + j for each bit j of its tree bits (its mask row). The native
+    kernel's ragged view and the decode graphs' static passes read these."""
+    ids, positions, slots, own_end, key_end, tree_base, bits = columns
+    n, start, table = len(item.token_ids), item.start_pos, item.block_table
+    ids.extend(item.token_ids)
+    positions.extend(item.positions or range(start, start + n))
+    slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+    ends = range(start + 1, start + n + 1)
+    own_end.extend(ends)
+    if item.tree_mask is None:
+        key_end.extend(ends)
+        tree_base.extend([0] * n)
+        bits.extend([0] * n)
+    else:
+        key_end.extend(min(end, item.tree_start) for end in ends)
+        tree_base.extend([item.tree_start] * n)
+        bits.extend(tree_bits(item.tree_mask[:n]))
 
 
 def warm_items(num_tokens: int, block_size: int) -> list[ForwardItem]:
@@ -153,34 +181,16 @@ def _build_ragged_batch(
     items: list[ForwardItem], block_size: int, sliding_window: int | None, native: NativeAttention | None = None
 ) -> ForwardBatch:
     """Any mix of prefill chunks, decodes, drafts to verify and token trees."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    logits_rows: list[int] = []
+    token_columns: list[list[int]] = [[] for _ in range(7)]  # add_token_view's
+    input_ids, positions, slots, own_end, key_end, tree_base, bits = token_columns
     token_seq: list[int] = []
-    own_end: list[int] = []  # each token's slot + 1
-    key_end: list[int] = []
-    tree_base: list[int] = []
-    bits: list[int] = []  # each token's tree_bits
+    logits_rows: list[int] = []  # flat_rows(items)[1], in the same loop
     q_lens = [len(it.token_ids) for it in items]
     for b, it in enumerate(items):
         offset, n = len(input_ids), len(it.token_ids)
-        input_ids.extend(it.token_ids)
-        table = it.block_table
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(it.start_pos, it.start_pos + n)]
-        positions.extend(it.positions or range(it.start_pos, it.start_pos + n))
-        logits_rows.extend(range(offset + n - it.num_logits, offset + n))
+        add_token_view(token_columns, it, block_size)
         token_seq.extend([b] * n)
-        ends = range(it.start_pos + 1, it.start_pos + n + 1)
-        own_end.extend(ends)
-        if it.tree_mask is None:
-            key_end.extend(ends)
-            tree_base.extend([0] * n)
-            bits.extend([0] * n)
-        else:  # the prefix before the tree causally, then the tree slots its mask row names
-            key_end.extend(min(end, it.tree_start) for end in ends)
-            tree_base.extend([it.tree_start] * n)
-            bits.extend(tree_bits(it.tree_mask[:n]))
+        logits_rows.extend(range(offset + n - it.num_logits, offset + n))
 
     num_blocks_max = max(-(-(it.start_pos + len(it.token_ids)) // block_size) for it in items)
     columns = [input_ids, positions, slots, logits_rows, _padded_tables(items, num_blocks_max)]
