@@ -249,7 +249,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(
         self, items: list[ForwardItem], with_features: bool, features: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] float32 on the host, [T, hidden] or None)
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # ([S, V] float32, [T, hidden] or None) on the device
         """The pass through its bucket's graph, or None where no graph serves it (the caller runs it op by
         op). `features` ([T, hidden], a head's) are its query tokens' inputs. Logits come back for each item's
         last num_logits tokens, in item order; h (`with_features`) for every query token, flat in item order."""
@@ -268,17 +268,16 @@ class DecodeGraphs:
             logits, h = self.outputs[bucket]
         else:
             logits, h = self._pass(bucket)
-        # the graph's output buffers are overwritten by its next replay: what a pass returns is a copy
+        # the graph's output buffers are overwritten by its next replay: what a pass returns is a copy, on the
+        # device (the engine copies logits to the host only where it reads more than their argmax)
         if bucket.num_queries == 1:  # a decode pass: row i is item i
             num_seqs = len(items)
-            host_logits = logits[:num_seqs].to("cpu", copy=True)  # [B, V]
             rows = [i for i, it in enumerate(items) if it.num_logits]
-            if len(rows) < num_seqs:
-                host_logits = host_logits[rows]
-            return host_logits, h[:num_seqs].clone() if with_features else None
+            out = logits[:num_seqs].clone() if len(rows) == num_seqs else logits.index_select(0, self._on_device(rows))
+            return out, h[:num_seqs].clone() if with_features else None  # [S, V], [B, hidden]
         token_rows, logits_rows = flat_rows(items, bucket.num_queries)
-        host_logits = logits.index_select(0, self._on_device(logits_rows)).to("cpu")  # [S, V]
-        return host_logits, h.index_select(0, self._on_device(token_rows)) if with_features else None  # [T, hidden]
+        out = logits.index_select(0, self._on_device(logits_rows))  # [S, V]
+        return out, h.index_select(0, self._on_device(token_rows)) if with_features else None  # [T, hidden]
 
     def _on_device(self, rows: list[int]) -> torch.Tensor:  # [n] long
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)

@@ -44,13 +44,13 @@ from workers.engine.small_pass_threads import ThreadChoice, choose_threads
 from workers.engine.speculator import Speculator
 from workers.engine.tp_runner import load_target, make_runner
 from workers.models import native_attention
-from workers.models.device import resolve_device
+from workers.models.device import resolve_device, to_host
 from workers.models.eagle_head import load_head
 from workers.models.loader import load_model, load_tokenizer, resolve_dtype
 from workers.models.native_attention import NativeAttention
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.row_max import torch_row_max
-from workers.spec.verify_batch import VerifyEntry
+from workers.spec.verify_batch import VerifyEntry, reads_argmax_only
 
 log = logging.getLogger(__name__)
 
@@ -441,10 +441,15 @@ class Engine:
         items = [widen(s, it) for s, it in zip(plan.scheduled, items, strict=True)]  # echo: every prompt row
         # EAGLE sequences keep their committed tokens' features from this same pass
         with_features = any(s.seq.spec is not None and s.seq.spec.wants_features for s in plan.scheduled)
-        logits, features = self.runner.forward_with_features(items, with_features)  # [S, V], [T, hidden] | None
+        # [S, V], [T, hidden] | None, on the model's device
+        logits, features = self.runner.forward_with_features(items, with_features)
         rows = verify_rows(items, num_verify)
         sampling = [s for s in plan.scheduled if s.is_sampling]  # 1 + proposal size logits rows each, in order
         entries = [VerifyEntry(s.seq.params, s.seq.generator, proposals.get(s.request_id)) for s in sampling]
+        if logits.device.type != "cpu" and not _reads_argmax_only(plan, entries):
+            logits = to_host(logits)  # sampling, grammars and logprobs read logits on the host (models/device.py)
+        if rows is not None:
+            rows = rows.to(logits.device)
         verify_logits = logits if rows is None else logits.index_select(0, rows)  # [sum(1 + drafts), V]
         if any(s.seq.grammar is not None for s in sampling):  # structured output: refused tokens get p = 0
             if verify_logits is logits:
@@ -533,6 +538,18 @@ class Engine:
             return None
         seq.is_prompt_logprobs_sent = True
         return [TokenLogprob(seq.token_ids[0], None), *seq.prompt_logprobs]
+
+
+def _reads_argmax_only(plan: SchedulerOutput, entries: list[VerifyEntry]) -> bool:
+    """Whether the step reads nothing of its logits but each verified row's argmax: greedy chains only, no
+    grammar masking them, no logprobs asked for. A CUDA step's logits then stay on the device: its argmax
+    comes back as S integers instead of S x V floats, and the host does not scan the vocabulary."""
+    if not reads_argmax_only(entries):
+        return False
+    return not any(
+        s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
+        for s in plan.scheduled
+    )
 
 
 def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:

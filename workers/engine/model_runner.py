@@ -398,17 +398,18 @@ class ModelRunner:
     def slot(self, block_table: list[int], pos: int) -> int:
         return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32, S = sum(num_logits)
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:  # [S, V] float32 on the host, S = sum(num_logits)
         """One forward: compiled where compile_stats says so, else eager. A compiled forward that raises
         (or would recompile: start-up compiled every bucket) is logged and counted, and this runner stays
         eager from then on; the pass reruns eager, rewriting the same K/V slots."""
-        return self.forward_with_features(items)[0]
+        return to_host(self.forward_with_features(items)[0])
 
     def forward_with_features(
         self, items: list[ForwardItem], with_features: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32 logits, [T, hidden] features or None)
         """forward, also returning every query token's feature (the last layer's output before the final
-        norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass."""
+        norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass. Both
+        stay on the model's device: the engine reads a greedy step's argmax there (workers/models/device.py)."""
         start_s = time.perf_counter()
         out = self.graphs.run(items, with_features) if self.graphs is not None else None
         if out is None:  # not a pass a captured graph serves: built and dispatched op by op
@@ -437,7 +438,7 @@ class ModelRunner:
     def forward_with(self, items: list[ForwardItem], compiled: CompiledModel | None) -> torch.Tensor:  # [S, V]
         """One forward through `compiled` (it compiles a new shape bucket if needed), or eager for None."""
         batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
-        return self._run(batch, compiled)[0]
+        return to_host(self._run(batch, compiled)[0])
 
     @torch.inference_mode()
     def _run(
@@ -451,7 +452,7 @@ class ModelRunner:
         else:
             attends = [eager_attend(batch.meta, k, v, self.model.attn_scale) for k, v in self.kv_caches]
             h = self.model.hidden_states(batch.input_ids, batch.positions, attends)  # [T, hidden]
-        return to_host(self.model.logits(h, batch.logits_indices)), h if with_features else None
+        return self.model.logits(h, batch.logits_indices), h if with_features else None  # on the model's device
 
     def _run_fused(
         self, batch: ForwardBatch, fused: fused_decode.FusedLayers, with_features: bool

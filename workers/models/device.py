@@ -2,8 +2,9 @@
 
 Every tensor the scheduler, the sampler and the speculation code touch stays on the CPU: a runner builds its
 pass's inputs there, moves them to its device, and hands its logits back on the host (`to_host`), where the
-seeded per-request generators draw. Only what feeds the next pass on the same device (an EAGLE head's
-features) stays there.
+seeded per-request generators draw. What stays on the device: what feeds the next pass there (an EAGLE head's
+features), and the target's logits in a step that reads only their argmax (greedy chains, no grammar, no
+logprobs: Engine.step), so S integers cross back instead of S x V floats.
 """
 
 import re

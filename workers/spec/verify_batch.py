@@ -29,7 +29,7 @@ def verify_batch(
     logits: torch.Tensor,  # [S, V] target logits: 1 + proposal.num_tokens rows per entry, entries in order
     row_max: RowMax = torch_row_max,  # each row's max and argmax (the engine's is native where it can be)
 ) -> list[Verdict]:  # [B] one per entry
-    if all(params.is_greedy and (prop is None or prop.tree is None) for params, _, prop in entries):
+    if reads_argmax_only(entries):
         return _verify_greedy_chains([prop for *_, prop in entries], row_max(logits)[1])
     vocab = logits.shape[1]
     row_params = [params for params, _, prop in entries for _ in range(1 + (prop.num_tokens if prop else 0))]
@@ -75,6 +75,11 @@ def verify_batch(
             verdicts[i] = Verdict(tree_result.tokens, tree_result.num_accepted, tree_result.accepted_nodes)
     assert all(v is not None for v in verdicts)
     return verdicts  # type: ignore[return-value]
+
+
+def reads_argmax_only(entries: list[VerifyEntry]) -> bool:
+    """Whether verifying `entries` reads nothing of the logits but each row's argmax: greedy chains only."""
+    return all(params.is_greedy and (prop is None or prop.tree is None) for params, _, prop in entries)
 
 
 def _verify_greedy_chains(proposals: list[Proposal | None], argmax: list[int]) -> list[Verdict]:

@@ -11,6 +11,8 @@ import torch
 
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, make_engine, run_all, spec_engine, tokens
+from workers.engine import engine as engine_module
+from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -76,6 +78,46 @@ def test_tree_speculation_on_cuda_replays_its_verify_passes_and_keeps_the_target
     assert graphs is not None and sum(n for q, n in graphs.num_passes_by_queries.items() if q > 1) > 0
     for rid in requests:
         assert tokens(speculative[rid]) == tokens(plain[rid]), (method, rid)
+
+
+def test_logits_leave_the_device_only_for_the_steps_that_read_more_than_their_argmax(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies: list[tuple[int, int]] = []  # the [S, V] shapes the engine copied to the host
+
+    def counted_to_host(t: torch.Tensor) -> torch.Tensor:
+        copies.append(tuple(t.shape))
+        return t.cpu()
+
+    monkeypatch.setattr(engine_module, "to_host", counted_to_host)
+    greedy_only = _requests(4)
+    mixed = {
+        **_requests(3),  # greedy, up to 30 tokens: the last steps are greedy alone again
+        "seeded": ([5, 17, 29, 3], SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)),
+        "logprobs": ([8, 2, 44], greedy(10, logprobs=3)),
+        "prompt_logprobs": ([9, 13, 7, 21, 2], greedy(6, prompt_logprobs=2)),
+    }
+    want = {name: run_all(make_engine(tiny_target, dtype="float64", device="cpu"), reqs)
+            for name, reqs in (("greedy", greedy_only), ("mixed", mixed))}
+    engine = make_engine(tiny_target, dtype="float64", device="cuda")
+    copies.clear()
+
+    got = run_all(engine, greedy_only)
+    assert copies == []  # each step's argmax came back alone
+    for rid in greedy_only:
+        assert tokens(got[rid]) == tokens(want["greedy"][rid]), rid
+
+    got = run_all(engine, mixed)
+    assert 0 < len(copies) < max(len(out) for out in got.values())  # not once the sampling ones had finished
+    for rid in mixed:
+        assert tokens(got[rid]) == tokens(want["mixed"][rid]), rid
+    for rid in ("logprobs", "prompt_logprobs"):
+        assert _logprobs(got[rid]) == pytest.approx(_logprobs(want["mixed"][rid]), abs=1e-9), rid
+
+
+def _logprobs(outs: list[StepOutput]) -> list[float]:
+    prompt = [lp.logprob for o in outs for lp in o.prompt_logprobs or [] if lp.logprob is not None]
+    return prompt + [lp.logprob for o in outs for lp in o.new_logprobs or [] if lp.logprob is not None]
 
 
 def test_bfloat16_on_cuda_generates(tiny_target: Path) -> None:
