@@ -415,6 +415,8 @@ class ModelRunner:
         if out is None:  # not a pass a captured graph serves: built and dispatched op by op
             batch = build_batch(items, self.block_size, self.model.cfg.sliding_window, self.native)
             out = self._forward_batch(batch, batch.input_ids.shape[0], with_features)
+        if self.device.type == "cuda":  # a pass's time is its device's work too (it feeds the pass costs that size
+            torch.cuda.synchronize(self.device)  # speculation): wait for it, as the logits' copy to the host did
         report_pass(self.shapes_run, self.on_pass, items, out[0].shape[0], time.perf_counter() - start_s)
         return out
 
