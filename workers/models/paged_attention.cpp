@@ -399,18 +399,6 @@ inline void for_each_seen_row(const T* cache, const int64_t* key_rows, int64_t l
   }
 }
 
-// Every (key j, token r, head h) of a run where token r sees key j, in that order (for_each_seen_row's walk).
-// visit(i = r * num_heads + h, j, head's row).
-template <typename T, typename Visit>
-inline void for_each_seen_key(const T* cache, const int64_t* key_rows, int64_t lo, int64_t num_keys,
-                              const Visibility* seen, int64_t run_len, int64_t num_heads, const int64_t* kv_offset,
-                              int64_t row_bytes, Visit visit) {
-  for_each_seen_row(cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
-                    [&](int64_t r, int64_t j, const T* slot_row) {
-    for (int64_t h = 0; h < num_heads; ++h) visit(r * num_heads + h, j, slot_row + kv_offset[h]);
-  });
-}
-
 // q, the caches and out may start at a head other than the first (a part of the heads, attend below): q, k and v
 // rows hold num_heads query heads here, out's token stride is out_stride
 template <typename T, int kChunks>
@@ -432,21 +420,44 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   const int64_t row_bytes = num_heads / group * dim * int64_t(sizeof(T));
-  for_each_seen_row(k_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
-                    [&](int64_t r, int64_t j, const T* slot_row) {  // scores [rows, keys]
+  // Where several (token, head) pairs read each slot row (a run of several tokens, or query heads sharing a KV
+  // head), a bfloat16 row is widened to floats once per key and read from there: the same floats, products and
+  // sums as widening it again for every pair, which a chain of 9 tokens did 9 times per key and head
+  const bool widens_once = !std::is_same_v<T, float> && run_len * group > 1;
+  const int64_t row_vectors = num_heads / group * kChunks;
+  thread_local std::vector<f32x16> wide;  // [row_vectors]: the slot row of key `widened`, as floats
+  if (widens_once) wide.resize(row_vectors);
+  int64_t widened = -1;
+  auto widen = [&](int64_t j, const T* slot_row) -> const float* {
+    if (j != widened) {
+      for (int64_t c = 0; c < row_vectors; ++c) wide[c] = load16(slot_row + 16 * c);
+      widened = j;
+    }
+    return reinterpret_cast<const float*>(wide.data());
+  };
+  auto score = [&](int64_t r, int64_t j, const auto* row) {  // scores [rows, keys] of key j's row (T or widened)
+    using R = std::remove_cv_t<std::remove_pointer_t<decltype(row)>>;
     const int64_t i0 = r * num_heads;
     int64_t h = 0;
     for (; h + 4 <= num_heads; h += 4) {  // four heads' sums reduced together: the same bits as one by one
       f32x16 lanes[4];
       float dots[4];
-      for (int g = 0; g < 4; ++g) lanes[g] = dot_lanes<T, kChunks>(&qv[(i0 + h + g) * kChunks], slot_row + kv_offset[h + g]);
+      for (int g = 0; g < 4; ++g) lanes[g] = dot_lanes<R, kChunks>(&qv[(i0 + h + g) * kChunks], row + kv_offset[h + g]);
       hsum4(lanes, dots);
       for (int g = 0; g < 4; ++g) scores[(i0 + h + g) * num_keys + j] = dots[g] * scale_f;
     }
     for (; h < num_heads; ++h) {
-      scores[(i0 + h) * num_keys + j] = dot_chunks<T, kChunks>(&qv[(i0 + h) * kChunks], slot_row + kv_offset[h]) * scale_f;
+      scores[(i0 + h) * num_keys + j] = dot_chunks<R, kChunks>(&qv[(i0 + h) * kChunks], row + kv_offset[h]) * scale_f;
     }
-  });
+  };
+  for_each_seen_row(k_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                    [&](int64_t r, int64_t j, const T* slot_row) {
+                      if (widens_once) {
+                        score(r, j, widen(j, slot_row));
+                      } else {
+                        score(r, j, slot_row);
+                      }
+                    });
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
@@ -467,9 +478,21 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
-  for_each_seen_key(v_cache, key_rows, lo, num_keys, seen, run_len, num_heads, kv_offset.data(), row_bytes,
-                    [&](int64_t i, int64_t j, const T* v_head) {  // values
-                      add_scaled<T, kChunks>(acc + i * kChunks, scores[i * num_keys + j], v_head);
+  widened = -1;
+  auto add_values = [&](int64_t r, int64_t j, const auto* row) {  // key j's values, weighted, into each head's sums
+    using R = std::remove_cv_t<std::remove_pointer_t<decltype(row)>>;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const int64_t i = r * num_heads + h;
+      add_scaled<R, kChunks>(acc + i * kChunks, scores[i * num_keys + j], row + kv_offset[h]);
+    }
+  };
+  for_each_seen_row(v_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                    [&](int64_t r, int64_t j, const T* slot_row) {
+                      if (widens_once) {
+                        add_values(r, j, widen(j, slot_row));
+                      } else {
+                        add_values(r, j, slot_row);
+                      }
                     });
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
