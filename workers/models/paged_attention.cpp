@@ -450,14 +450,20 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
       scores[(i0 + h) * num_keys + j] = dot_chunks<R, kChunks>(&qv[(i0 + h) * kChunks], row + kv_offset[h]) * scale_f;
     }
   };
-  for_each_seen_row(k_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
-                    [&](int64_t r, int64_t j, const T* slot_row) {
-                      if (widens_once) {
-                        score(r, j, widen(j, slot_row));
-                      } else {
-                        score(r, j, slot_row);
-                      }
-                    });
+  // visit(r, j, row) for each (token r, key j) the run sees (for_each_seen_row), key j's slot row of `cache` as
+  // T or, where widens_once, as floats
+  auto for_each_row = [&](const T* cache, auto visit) {
+    widened = -1;
+    for_each_seen_row(cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                      [&](int64_t r, int64_t j, const T* slot_row) {
+                        if (widens_once) {
+                          visit(r, j, widen(j, slot_row));
+                        } else {
+                          visit(r, j, slot_row);
+                        }
+                      });
+  };
+  for_each_row(k_cache, score);
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
@@ -478,7 +484,6 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
-  widened = -1;
   auto add_values = [&](int64_t r, int64_t j, const auto* row) {  // key j's values, weighted, into each head's sums
     using R = std::remove_cv_t<std::remove_pointer_t<decltype(row)>>;
     for (int64_t h = 0; h < num_heads; ++h) {
@@ -486,14 +491,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
       add_scaled<R, kChunks>(acc + i * kChunks, scores[i * num_keys + j], row + kv_offset[h]);
     }
   };
-  for_each_seen_row(v_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
-                    [&](int64_t r, int64_t j, const T* slot_row) {
-                      if (widens_once) {
-                        add_values(r, j, widen(j, slot_row));
-                      } else {
-                        add_values(r, j, slot_row);
-                      }
-                    });
+  for_each_row(v_cache, add_values);
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
     for (int64_t h = 0; h < num_heads; ++h) {
