@@ -99,10 +99,10 @@ class HeadRunner:
         out = self.graphs.run(items, True, features)
         if out is None:
             return None
-        logits, h = out  # h: [T, hidden], every query token's
+        logits, h = out  # on the device; h: [T, hidden], every query token's
         assert h is not None
         rows = flat_rows(items)[1]  # h of the logits rows, as the dynamic pass
-        return logits, h if len(rows) == h.shape[0] else h[rows]
+        return to_host(logits), h if len(rows) == h.shape[0] else h[rows]  # the proposer reads logits on the host
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return Bucket.of(num_tokens, self.threads.single_thread_max_tokens if self.threads is not None else 1)
