@@ -377,6 +377,7 @@ inline float dot_chunks(const f32x16* q, const T* k) {
 // sum are computed exactly as they would be for that token alone.
 constexpr int64_t kMaxRun = 16;  // tokens per run; longer runs (prefill) are split
 constexpr int64_t kPrefetchKeys = 4;  // rows ahead
+constexpr int64_t kTileKeys = 32;  // keys whose values a run with reused rows sums at a time (run_vector)
 
 template <typename T>
 inline void prefetch_row(const T* slot_row, int64_t row_bytes) {  // every cache line of a slot row
@@ -491,7 +492,38 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
       add_scaled<R, kChunks>(acc + i * kChunks, scores[i * num_keys + j], row + kv_offset[h]);
     }
   };
-  for_each_row(v_cache, add_values);
+  // Where rows are read several times (widens_once), the values go kTileKeys keys at a time: the tile's rows are
+  // widened once into `tile`, then each (token, head) adds the keys it sees to its sums, held in registers over
+  // the tile rather than loaded and stored for every key. Each sum still takes its keys in order: the same bits.
+  auto add_value_tiles = [&] {
+    thread_local std::vector<f32x16> tile;  // [kTileKeys, row_vectors]
+    tile.resize(kTileKeys * row_vectors);
+    for (int64_t j0 = 0; j0 < num_keys; j0 += kTileKeys) {
+      const int64_t j1 = std::min(num_keys, j0 + kTileKeys);
+      for (int64_t j = j0; j < j1; ++j) {
+        if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys], row_bytes);
+        for (int64_t c = 0; c < row_vectors; ++c) tile[(j - j0) * row_vectors + c] = load16(v_cache + key_rows[j] + 16 * c);
+      }
+      for (int64_t r = 0; r < run_len; ++r) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const int64_t i = r * num_heads + h;
+          f32x16 sums[kChunks];
+          for (int c = 0; c < kChunks; ++c) sums[c] = acc[i * kChunks + c];
+          for (int64_t j = j0; j < j1; ++j) {
+            if (!seen[r].sees(lo + j)) continue;
+            const float* row = reinterpret_cast<const float*>(&tile[(j - j0) * row_vectors]);
+            add_scaled<float, kChunks>(sums, scores[i * num_keys + j], row + kv_offset[h]);
+          }
+          for (int c = 0; c < kChunks; ++c) acc[i * kChunks + c] = sums[c];
+        }
+      }
+    }
+  };
+  if (widens_once) {  // a tile of keys at a time: their rows widened once, each (token, head)'s sums in registers
+    add_value_tiles();
+  } else {
+    for_each_row(v_cache, add_values);
+  }
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
     for (int64_t h = 0; h < num_heads; ++h) {

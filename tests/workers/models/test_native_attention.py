@@ -33,11 +33,11 @@ def ragged_items() -> list[ForwardItem]:
 
 
 def random_pass(
-    dtype: torch.dtype, num_kv_heads: int, num_tokens: int, seed: int = 0
+    dtype: torch.dtype, num_kv_heads: int, num_tokens: int, seed: int = 0, num_blocks: int = NUM_BLOCKS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache [NUM_BLOCKS, BLOCK_SIZE, KV, D])."""
+    """(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache [num_blocks, BLOCK_SIZE, KV, D])."""
     gen = torch.Generator().manual_seed(seed)
-    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
@@ -68,6 +68,30 @@ def test_native_attention_equals_the_sdpa_path(
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
     assert torch.equal(k_native, k_cache) and torch.equal(v_native, v_cache)  # the same slots written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_kv_heads", [NUM_HEADS, 2])  # MHA, GQA
+@pytest.mark.parametrize("sliding_window", [None, 40])
+def test_runs_over_more_keys_than_a_value_tile_equal_the_sdpa_path(
+    native_kernel: NativeAttention, dtype: torch.dtype, num_kv_heads: int, sliding_window: int | None
+) -> None:
+    """Past 32 keys (paged_attention.cpp's kTileKeys: a run whose rows several (token, head) pairs read sums its
+    values a tile of keys at a time): a chain to verify and a decode, each over three tiles' worth of keys."""
+    items = [
+        ForwardItem([1, 2, 3, 4, 5], start_pos=70, block_table=list(range(40, 59)), num_logits=5),
+        ForwardItem([1], start_pos=90, block_table=list(range(23)), num_logits=1),
+    ]
+    q, k, v, k_cache, v_cache = random_pass(dtype, num_kv_heads, 6, num_blocks=60)
+    sdpa_meta = build_batch(items, BLOCK_SIZE, sliding_window).meta
+    native_meta = build_batch(items, BLOCK_SIZE, sliding_window, native_kernel).meta
+    assert native_meta.native is native_kernel
+
+    expected = attend_paged(q, k, v, k_cache.clone(), v_cache.clone(), sdpa_meta, HEAD_DIM**-0.5)  # [T, H * D]
+    got = attend_paged(q, k, v, k_cache, v_cache, native_meta, HEAD_DIM**-0.5)  # [T, H * D]
+
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
