@@ -451,20 +451,14 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
       scores[(i0 + h) * num_keys + j] = dot_chunks<R, kChunks>(&qv[(i0 + h) * kChunks], row + kv_offset[h]) * scale_f;
     }
   };
-  // visit(r, j, row) for each (token r, key j) the run sees (for_each_seen_row), key j's slot row of `cache` as
-  // T or, where widens_once, as floats
-  auto for_each_row = [&](const T* cache, auto visit) {
-    widened = -1;
-    for_each_seen_row(cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
-                      [&](int64_t r, int64_t j, const T* slot_row) {
-                        if (widens_once) {
-                          visit(r, j, widen(j, slot_row));
-                        } else {
-                          visit(r, j, slot_row);
-                        }
-                      });
-  };
-  for_each_row(k_cache, score);
+  for_each_seen_row(k_cache, key_rows, lo, num_keys, seen, run_len, row_bytes,
+                    [&](int64_t r, int64_t j, const T* slot_row) {
+                      if (widens_once) {
+                        score(r, j, widen(j, slot_row));
+                      } else {
+                        score(r, j, slot_row);
+                      }
+                    });
   for (int64_t r = 0; r < run_len; ++r) {  // softmax numerators over each token's own keys (0 for the
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;  // tree slots it skips)
     const bool is_tree = seen[r].tree_bits != 0;
@@ -485,11 +479,10 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
     }
   }
   std::fill(acc, acc + rows * kChunks, f32x16{});
-  auto add_values = [&](int64_t r, int64_t j, const auto* row) {  // key j's values, weighted, into each head's sums
-    using R = std::remove_cv_t<std::remove_pointer_t<decltype(row)>>;
+  auto add_values = [&](int64_t r, int64_t j, const T* row) {  // key j's values, weighted, into each head's sums
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t i = r * num_heads + h;
-      add_scaled<R, kChunks>(acc + i * kChunks, scores[i * num_keys + j], row + kv_offset[h]);
+      add_scaled<T, kChunks>(acc + i * kChunks, scores[i * num_keys + j], row + kv_offset[h]);
     }
   };
   // Where rows are read several times (widens_once), the values go kTileKeys keys at a time: the tile's rows are
@@ -522,7 +515,7 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   if (widens_once) {  // a tile of keys at a time: their rows widened once, each (token, head)'s sums in registers
     add_value_tiles();
   } else {
-    for_each_row(v_cache, add_values);
+    for_each_seen_row(v_cache, key_rows, lo, num_keys, seen, run_len, row_bytes, add_values);
   }
   for (int64_t r = 0; r < run_len; ++r) {
     const int64_t first = seen[r].start - lo, count = seen[r].last() - seen[r].start;
