@@ -226,10 +226,10 @@ class Engine:
     def use_decode_graphs(self, capture: bool) -> dict[str, float]:
         """Serve the plain decode passes of the target and the draft, the EAGLE head's chain passes, and with
         speculation the verify, catch-up and tree-level passes (up to 1 + k tokens, or a tree's nodes, a
-        sequence), from static decode graphs (workers/engine/decode_graphs.py): captured as CUDA graphs for `capture` (start-up,
-        on a CUDA device, before the pass costs are timed, so the speculator's tables hold what requests will
-        run), else their static passes run op by op (the CPU tests). A model whose capture fails decodes op by
-        op, logged. Returns the capture seconds of each model captured."""
+        sequence), from static decode graphs (workers/engine/decode_graphs.py): captured as CUDA graphs for
+        `capture` (start-up, on a CUDA device, before the pass costs are timed, so the speculator's tables hold
+        what requests will run), else their static passes run op by op (the CPU tests). A model whose capture
+        fails decodes op by op, logged. Returns the capture seconds of each model captured."""
         cfg = self.cfg
         runners: dict[str, ModelRunner | HeadRunner] = {"target": self.runner}
         if self.speculator.draft is not None:
