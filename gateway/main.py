@@ -15,7 +15,7 @@ from gateway.auth import num_active_keys, owned_resources
 from gateway.body_limit import BodyLimit
 from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
-from gateway.metrics import process_exiting
+from gateway.metrics import GC, process_exiting
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
 from gateway.redis_wire import WireConnection
@@ -23,6 +23,7 @@ from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
 from gateway.streaming import EventHub
+from shared import gc_pauses
 from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings, get_settings
 
@@ -42,7 +43,15 @@ def raise_open_files_limit() -> int:
     return int(soft)
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+def create_served_app() -> FastAPI:
+    """The app `specfleet gateway` serves (uvicorn's factory, once per gateway process): create_app's, with this
+    process's garbage collector timed, and settled once the app serves (shared/gc_pauses.py)."""
+    gc_pauses.observe(GC)
+    return create_app(settle_gc=True)
+
+
+def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = False) -> FastAPI:
+    """settle_gc: freeze what start-up left once the app is up (a process serving only this app; not in tests)."""
     settings = settings or get_settings()
     raise_open_files_limit()
     if settings.redis_url is None:
@@ -80,6 +89,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         except RedisError as exc:  # serve anyway: requests answer 503 until Redis is back
             log.warning("redis at %s unavailable at startup: %s", redis_url, exc)
         await gateway.hub.start()
+        if settle_gc:
+            gc_pauses.settle(GC)
         try:
             yield
         finally:

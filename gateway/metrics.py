@@ -20,6 +20,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from shared.gc_pauses import process_metrics
+
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -52,6 +54,7 @@ QUEUE_OLDEST_AGE = Gauge(
 WORKERS_ALIVE = Gauge(
     "specfleet_workers_alive", "Workers with a recent heartbeat", multiprocess_mode="mostrecent"
 )
+GC = process_metrics()  # the process's collector pauses, observed by the app `specfleet gateway` serves
 
 
 def render() -> bytes:

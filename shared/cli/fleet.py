@@ -64,7 +64,7 @@ def gateway(
     log_config = uvicorn_log_config(settings.log_json)
     with _shared_metrics_dir(workers):
         uvicorn.run(
-            "gateway.main:create_app",  # an import string: each of `workers` processes builds its own app
+            "gateway.main:create_served_app",  # an import string: each of `workers` processes builds its own app
             factory=True,
             host=host or settings.host,
             port=settings.port if port is None else port,
@@ -125,6 +125,7 @@ def worker(
 ) -> None:
     """Pull jobs from Redis and run them on the engine (needs REDIS_URL)."""
 
+    from shared import gc_pauses
     from shared.settings import get_settings, with_model_version
     from workers.demo.resolve import with_demo_pair
     from workers.engine.config import EngineConfig
@@ -165,16 +166,20 @@ def worker(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     metrics = None
+    gc_metrics = None
     if settings.worker_metrics_port:
         from workers.worker.engine_metrics import EngineMetrics
 
         metrics = EngineMetrics()
+        gc_metrics = metrics.gc
+        gc_pauses.observe(gc_metrics)
         metrics.serve(settings.host, settings.worker_metrics_port)
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     try:
         Worker(
             engine, client, settings, worker_id=name, burst=burst, model_name=target or DEMO_MODEL_NAME, metrics=metrics,
             io_cpus=placement.io_cpus if placement is not None else frozenset(),
+            on_started=lambda: gc_pauses.settle(gc_metrics),  # start-up's objects out of later collections
         ).run()
     except RankFailedError as exc:  # the worker handed its jobs back (or they are reclaimed); exit non-zero
         typer.echo(f"error: {exc}", err=True)

@@ -93,3 +93,9 @@ def test_two_gateway_processes_report_one_set_of_counters(
     assert sum(submits_per_process(metrics_dir).values()) == num_submitted
     # every scrape, whichever process answers it, sees all of them
     assert [scrape_submitted(url, secret) for _ in range(6)] == [num_submitted] * 6
+    # each process settled its collector once serving (shared/gc_pauses.py) and timed that full collection
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {secret}"}, timeout=10).text
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    assert max(s.value for s in samples if s.name == "specfleet_gc_frozen_objects") > 50_000
+    assert sum(s.value for s in samples
+               if s.name == "specfleet_gc_pause_seconds_count" and s.labels["generation"] == "2") >= 2

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
+from shared import gc_pauses
 from workers.engine.model_runner import ForwardBatch, ModelRunner, ThreadPolicy
 from workers.engine.tp_batch import BatchHeader, unpack
 from workers.engine.tp_protocol import HOST, Collectives, Op, RankSpec, timeout
@@ -41,6 +42,7 @@ def rank_main(spec: RankSpec, conn: Connection) -> None:
     except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
+    gc_pauses.settle()  # what loading left stays out of every later collection (shared/gc_pauses.py)
     conn.send(("ready", resident_weight_bytes(model)))
     try:
         store = dist.TCPStore(HOST, spec.store_port, spec.world_size, is_master=False, timeout=timeout())

@@ -13,9 +13,9 @@ start), their shared tasks bind to it, and they register with workers/tasks/regi
 import logging
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_ready
 
-from shared import keys
+from shared import gc_pauses, keys
 from shared.redis_url import celery_broker
 from shared.settings import ServiceSettings, get_settings
 from workers.tasks import metrics
@@ -61,4 +61,11 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per webhoo
 @worker_init.connect
 def _serve_metrics(**_: object) -> None:
     """The worker's /metrics (settings.tasks_metrics_port; 0 = off), however the worker was started."""
+    gc_pauses.observe(metrics.GC)
     metrics.serve(get_settings())
+
+
+@worker_ready.connect
+def _settle_gc(**_: object) -> None:
+    """Start-up's objects out of every later collection (shared/gc_pauses.py), however the worker was started."""
+    gc_pauses.settle(metrics.GC)

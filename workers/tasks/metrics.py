@@ -8,6 +8,7 @@ import logging
 
 from prometheus_client import Counter, start_http_server
 
+from shared.gc_pauses import process_metrics
 from shared.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ WEBHOOK_DELIVERIES = Counter(
     ["state"],
 )
 WEBHOOK_RETRIES = Counter("specfleet_webhook_retries", "Webhook attempts that failed and were retried")
+GC = process_metrics()  # the process's collector pauses (observed from worker_init: celery_app.py)
 for _state in ("delivered", "failed", "gone"):
     WEBHOOK_DELIVERIES.labels(_state)  # every state exported from the start (0)
 

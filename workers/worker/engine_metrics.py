@@ -43,6 +43,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared.gc_pauses import GcMetrics
 from workers.engine.outputs import StepOutput
 from workers.worker.priority_metrics import PriorityMetrics
 
@@ -307,6 +308,7 @@ class EngineMetrics:
         self.compute_seconds = Counter("specfleet_worker_compute_seconds",
                                        "Engine seconds charged to finished jobs (workers/worker/cost.py)", registry=r)
         self.cost = Counter("specfleet_worker_cost", "Cost of finished jobs at price_per_worker_hour", registry=r)
+        self.gc = GcMetrics.create(r)  # the worker process's collector (observed by `specfleet worker`)
         self.token_events = Counter("specfleet_worker_token_events",
                                     "Token events written to jobs' streams, one or more tokens each (a stream "
                                     "interval and the writer's merged batches make them fewer)", registry=r)

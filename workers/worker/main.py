@@ -86,6 +86,8 @@ class Worker:
         params_factory: Callable[..., Any] = sampling_params,
         metrics: Any = None,  # an EngineMetrics (workers/worker/engine_metrics.py), updated once per step
         io_cpus: frozenset[int] = frozenset(),  # the writer process and heartbeat run there; empty: anywhere
+        on_started: Callable[[], Any] | None = None,  # after the warm-up, before the first heartbeat (the CLI's
+        # worker settles its garbage collector there: shared/gc_pauses.py)
     ) -> None:
         self.engine = engine
         self.redis = client
@@ -95,6 +97,7 @@ class Worker:
         self.model_name = model_name
         self.params_factory = params_factory
         self.metrics = metrics
+        self.on_started = on_started
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
         self.token_texts = TokenTexts(engine.tokenizer)  # names the tokens of logprobs
@@ -262,6 +265,8 @@ class Worker:
         self._control.subscribe()
         if self.settings.warm_up:
             self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
+        if self.on_started is not None:
+            self.on_started()
         self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()

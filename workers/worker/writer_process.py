@@ -32,7 +32,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from shared import keys
+from shared import gc_pauses, keys
 from shared import redis_url as redis_urls
 from shared.settings import ServiceSettings
 from workers.child_process import Channel
@@ -120,6 +120,7 @@ def main(fd: int) -> None:
         return
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     writer = _Writer(client, Emitter(client, settings))
+    gc_pauses.settle()  # start-up's objects stay out of every later collection (shared/gc_pauses.py)
     try:
         channel.send(READY)
         while True:

@@ -117,6 +117,11 @@ def test_410_stops_retrying_and_exhausted_retries_are_recorded(
     assert samples[("specfleet_webhook_deliveries_total", "gone")] == 1
     assert samples[("specfleet_webhook_deliveries_total", "failed")] == 1
     assert samples[("specfleet_webhook_retries_total", None)] == hook_settings.webhook_max_attempts - 1
+    # ready, it settled its collector (shared/gc_pauses.py): start-up's objects frozen, that collection timed
+    assert samples[("specfleet_gc_frozen_objects", None)] > 50_000
+    gen2 = [s for f in text_string_to_metric_families(scraped) for s in f.samples
+            if s.name == "specfleet_gc_pause_seconds_count" and s.labels["generation"] == "2"]
+    assert gen2 and gen2[0].value >= 1
 
 
 def test_completed_fires_for_cancelled_and_expired_jobs(

@@ -114,6 +114,10 @@ def test_worker_serves_engine_and_speculation_metrics(
         "target": 0.0, "draft": 0.0}
     native = {s.labels["model"]: s.value for s in samples["specfleet_engine_native_attention"]}
     assert native == {"target": 1.0, "draft": 1.0}  # the default backend, built with the host's compiler
+    # the collector settled after the warm-up (shared/gc_pauses.py): start-up's objects frozen, its collection timed
+    assert _value(samples, "specfleet_gc_frozen_objects") > 50_000
+    pauses = {s.labels["generation"]: s.value for s in samples["specfleet_gc_pause_seconds_count"]}
+    assert pauses["2"] >= 1 and set(pauses) == {"0", "1", "2"}
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
