@@ -17,6 +17,9 @@
    token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`).
+   Over 3-4, the garbage collections they caused in the worker and the gateway, from each one's /metrics
+   (`fleet_gc_pauses_<process>`, `fleet_gc_pause_s_<process>`, `fleet_gc_pause_max_ms_le_<process>`:
+   workers/bench/e2e_gc.py). The benchmark's own process settles its collector as they do (shared/gc_pauses.py).
 5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
    idle, batch throughput under an interactive trickle against alone, and two tenants' batches side by side.
    `only="mixed"` runs this phase alone.
@@ -43,9 +46,10 @@ from typing import Any, cast
 
 import torch
 
-from shared import cpu_placement
+from shared import cpu_placement, gc_pauses
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
+from workers.bench import e2e_gc
 from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
 from workers.bench.e2e_fleet import ROOT, BenchFleet
 from workers.bench.e2e_latency import Timings, request_mix, run_engine, run_fleet, summary
@@ -212,7 +216,7 @@ def bench_e2e(
             cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
                                     max_num_seqs=plan.max_num_seqs)  # fmt: skip
             if only != "mixed":
-                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios)
+                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios, metrics_port)
             # 5: mixed workloads, on a worker with the phase's slots
             fleet.start_gateway(1)
             fleet.reset_data()
@@ -238,6 +242,7 @@ def _fleet_phases(
     draft_dir: Path | None,
     rows: list[dict[str, Any]],
     ratios: dict[str, float],
+    worker_metrics_port: int,
 ) -> Any:
     """Phases 1-4 (the module's docstring): their rows and ratios are added to `rows` and `ratios`; -> the
     in-process engine's config (its speculation method resolved)."""
@@ -265,6 +270,10 @@ def _fleet_phases(
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
     with _on_engine_cpus(fleet):
         run_engine(engine, warm, 1)
+    gc_pauses.settle()  # this process (the clients, the in-process engine) as the fleet's processes do
+    gc_sources = {"worker": (f"http://127.0.0.1:{worker_metrics_port}/metrics", ()),
+                  "gateway": (f"{fleet.url}/metrics", fleet.admin_headers())}
+    gc_before = {process: e2e_gc.scrape(*source) for process, source in gc_sources.items()}
     latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
     rows.extend(latency)
     ratios.update(_overheads(latency))
@@ -282,6 +291,8 @@ def _fleet_phases(
                  "gateway_cpu_s": gateway_cpu_s})
     ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
                    "sse_lost_tokens": float(streams.lost_tokens)})
+    for process, source in gc_sources.items():  # the collections phases 3-4 caused in the worker and the gateway
+        ratios.update(e2e_gc.during(gc_before[process], e2e_gc.scrape(*source), process))
     return engine.cfg
 
 

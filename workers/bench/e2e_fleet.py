@@ -92,6 +92,17 @@ class BenchFleet(ProcessGroup):
             client.close()
         return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {secret}"),))
 
+    def admin_headers(self) -> tuple[tuple[str, str], ...]:
+        """A new admin key's header (what the gateway's /metrics asks for)."""
+        client = redis_urls.client(self.redis_url, decode_responses=True)
+        try:
+            _, secret = KeyRegistry(client, self.num_partitions).create(
+                "bench-admin", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0, is_admin=True
+            )
+        finally:
+            client.close()
+        return (("Authorization", f"Bearer {secret}"),)
+
     def start_celery(self) -> None:
         """The Celery worker (batch expansion, webhooks), as `specfleet up` runs it."""
         if "celery" not in self.fleet.procs:

@@ -2,14 +2,18 @@
 shape (no timing is asserted: this machine is shared and noisy)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
 from workers.bench.e2e_fleet import children_of
+from workers.bench.e2e_gc import GcSnapshot, during
 from workers.bench.e2e_load import lost_tokens
 from workers.bench.http_client import cpu_seconds
 from workers.bench.report import machine_info, write_json
@@ -68,6 +72,11 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
         if r["system"].startswith("fleet"):
             assert 1 <= r["tokens_per_event"] <= plan.max_tokens
     assert {f"fleet_ttft_queued_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    # the collections the latency and SSE phases caused, from the worker's and the gateway's /metrics
+    for process in ("worker", "gateway"):
+        assert doc["ratios"][f"fleet_gc_pause_s_{process}"] >= 0
+        assert doc["ratios"][f"fleet_gc_pause_max_ms_le_{process}"] >= 0
+    assert doc["ratios"]["fleet_gc_pauses_gateway"] > 0  # its requests' objects: young collections at least
     assert doc["machine"]["load_avg_1m_before"] >= 0
     cost = [r for r in doc["rows"] if r["phase"] == "cost"]  # from the jobs' own records, SD on and off
     assert {(r["speculation"], r["concurrency"]) for r in cost} == {
@@ -85,6 +94,17 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
             "fairness_second_vs_first_at_half", "fairness_min_ratio"} <= set(doc["ratios"])  # fmt: skip
     last = [r for r in doc["rows"] if r["phase"] == "fairness"][-1]
     assert last["first_completed"] == last["second_completed"] == plan.mixed.fairness_lines
+
+
+def test_gc_pauses_of_a_phase_are_the_difference_of_two_scrapes() -> None:
+    before = GcSnapshot(count=10, seconds=0.3, buckets={0.001: 8, 0.1: 9, 0.25: 10, math.inf: 10})
+    after = GcSnapshot(count=14, seconds=0.35, buckets={0.001: 11, 0.1: 12, 0.25: 14, math.inf: 14})
+    got = during(before, after, "worker")  # 4 collections: 3 within 1 ms, the 4th within 250 ms
+    assert got["fleet_gc_pauses_worker"] == 4
+    assert got["fleet_gc_pause_s_worker"] == pytest.approx(0.05)
+    assert got["fleet_gc_pause_max_ms_le_worker"] == 250
+    assert during(after, after, "gateway") == {"fleet_gc_pauses_gateway": 0, "fleet_gc_pause_s_gateway": 0,
+                                              "fleet_gc_pause_max_ms_le_gateway": 0}
 
 
 def test_lost_tokens_counts_missing_extra_and_moved_tokens() -> None:
