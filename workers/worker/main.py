@@ -204,6 +204,24 @@ class Worker:
         for lease in leases:
             self._admit(lease)
 
+    def _wait_and_pull(self) -> None:
+        """Idle: block on the queues, the pull riding the same round trip where the reader can
+        (QueueReader.wait_and_pull); its jobs are admitted here, so the next step starts them without a pull.
+        A stop requested meanwhile hands them straight back."""
+        leases = self.reader.wait_and_pull(self.settings.idle_block_ms, self.engine.free_capacity())
+        if leases is None:  # it only waited: the next step pulls
+            self._jobs_queued = set(Priority)
+            return
+        self._last_pull_s = time.monotonic()
+        self._jobs_queued = set()
+        if self.is_stopping:
+            for lease in leases:
+                log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
+            leases = []
+        self.num_pulled_last = len(leases)
+        for lease in leases:
+            self._admit(lease)
+
     def _emit(self, outputs: list[StepOutput]) -> None:
         """Hand this step's writes to the writer; a job the engine finished leaves `running` (its KV is free)
         but stays held until its final write landed."""
@@ -224,8 +242,7 @@ class Worker:
                 try:
                     self.step()
                     if self._is_idle():
-                        self.reader.wait_for_jobs(self.settings.idle_block_ms)
-                        self._jobs_queued = set(Priority)
+                        self._wait_and_pull()
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
         finally:

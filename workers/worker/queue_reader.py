@@ -6,9 +6,12 @@ and starts each job atomically: with one partition, one call for all the streams
 partition (shared/keys.py: one hash tag), so a pull with N > 1 partitions goes priority by priority, and within
 a priority partition by partition, one call each, starting at another partition each pull (fairness): every
 partition's interactive jobs before any default one. Once the engine's room is taken, the streams not visited
-yet are only looked at (one call per partition, n = 0, pipelined). When nothing is waiting, the worker blocks on a plain XREAD of every stream after the last ids the
-scripts saw, so no job that arrives meanwhile is missed (on a Cluster, where one XREAD cannot span hash tags,
-partition by partition for a share of the block each).
+yet are only looked at (one call per partition, n = 0, pipelined). When nothing is waiting, the worker blocks on
+a plain XREAD of every stream after the last ids the scripts saw, so no job that arrives meanwhile is missed (on
+a Cluster, where one XREAD cannot span hash tags, partition by partition for a share of the block each). With
+one partition on a held connection, its next PULL goes in the same write behind that XREAD (`wait_and_pull`):
+Redis runs a blocked client's next command as soon as the block ends, so a job that wakes the worker comes
+back started, with the wake-up.
 """
 
 import time
@@ -123,10 +126,7 @@ class QueueReader:
         pull reclaims nothing, and leaves the other queues' `waiting` as the last full pull saw them."""
         if max_jobs <= 0:
             return []
-        reclaim_ms = "0"
-        if priorities is None and time.monotonic() - self._last_reclaim_s >= self.settings.reclaim_interval_s:
-            self._last_reclaim_s = time.monotonic()
-            reclaim_ms = str(int(self.settings.claim_timeout_s * 1000))
+        reclaim_ms = self._reclaim_ms() if priorities is None else "0"
         order = [p for p in self.priority_order.order() if priorities is None or p in priorities]
         if len(self.partitions) == 1:  # one call reads the streams in priority order (one round trip)
             return self._record(*self._call(0, order, max_jobs, reclaim_ms))
@@ -147,6 +147,14 @@ class QueueReader:
         for priority, left_now in self._look(unvisited).items():
             waiting[priority] = waiting[priority] or left_now
         return self._record(leases, waiting)
+
+    def _reclaim_ms(self) -> str:
+        """The PULL's reclaim argument: idle entries of other consumers older than claim_timeout_s are taken over
+        when reclaim_interval_s has passed since the last reclaim, else none ("0")."""
+        if time.monotonic() - self._last_reclaim_s < self.settings.reclaim_interval_s:
+            return "0"
+        self._last_reclaim_s = time.monotonic()
+        return str(int(self.settings.claim_timeout_s * 1000))
 
     def _record(self, leases: list[Lease], waiting: dict[Priority, bool]) -> list[Lease]:
         self.waiting.update(waiting)
@@ -241,6 +249,31 @@ class QueueReader:
             resumed_token_ids=parse_token_ids(token_ids),
             clock=JobClock.of(*times),
         )
+
+    def wait_and_pull(self, block_ms: int, max_jobs: int) -> list[Lease] | None:
+        """wait_for_jobs, and the pull(max_jobs) that follows it, in one round trip: one write carries the blocking
+        XREAD and a PULL call behind it, which Redis runs as soon as the XREAD answers (a job came, or block_ms
+        passed), before this process has even woken. A job submitted to an idle worker so starts one round trip
+        and one wake-up of the worker sooner. -> the jobs started, or None where this only waited (a Cluster or
+        several partitions: one PULL cannot cover them; nothing to take): the caller then pulls as usual.
+        A PULL that Redis refused (its script or its streams lost) is sent again the usual way."""
+        if self._held is None or len(self.partitions) != 1 or max_jobs <= 0:
+            self.wait_for_jobs(block_ms)
+            return None
+        order = self.priority_order.order()
+        streams = {keys.queue_stream(p, 0): self.last_ids[(0, p)] for p in Priority}
+        call_keys = [keys.queue_stream(p, 0) for p in order]
+        woke, pulled = self._held.execute([
+            ("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *streams, *streams.values()),
+            ("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *self._args(0, max_jobs, self._reclaim_ms())),
+        ])  # fmt: skip
+        if isinstance(woke, Exception):
+            raise woke
+        if isinstance(pulled, NoScriptError) or (isinstance(pulled, ResponseError) and "NOGROUP" in str(pulled)):
+            return self.pull(max_jobs)  # loads the script, or makes the consumer groups, and calls it again
+        if isinstance(pulled, Exception):
+            raise pulled
+        return self._record(*self._read_reply(0, order, pulled))
 
     def wait_for_jobs(self, block_ms: int) -> None:
         """Block until an entry newer than the last seen one lands on any queue stream, or block_ms pass. On a

@@ -163,6 +163,37 @@ def test_wait_for_jobs_sees_a_job_queued_after_the_pull(
     assert time.monotonic() - started < 1
 
 
+def _calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_wait_and_pull_starts_a_job_that_comes_while_it_blocks_in_the_same_round_trip(
+    rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    reader = _reader(rclient, settings)
+    assert reader.pull(1) == []
+    job_id = submit_job(rclient, settings, priority="batch")  # after the pull: the XREAD sees it
+    xreads, scripts = _calls(rclient, "xread"), _calls(rclient, "evalsha")
+    leases = reader.wait_and_pull(block_ms=5000, max_jobs=2)
+    assert leases is not None and [lease.job_id for lease in leases] == [job_id]
+    assert job_record(rclient, job_id)["status"] == "running"
+    assert (_calls(rclient, "xread") - xreads, _calls(rclient, "evalsha") - scripts) == (1, 1)  # one write
+    assert reader.waiting == {p: False for p in Priority}
+
+    assert reader.wait_and_pull(block_ms=50, max_jobs=2) == []  # nothing came: the PULL behind it took nothing
+    assert reader.wait_and_pull(block_ms=50, max_jobs=0) is None  # no room: it only waits
+
+
+def test_wait_and_pull_sends_a_refused_pull_again(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    """A Redis that lost its scripts (a restart) refuses the PULL behind the XREAD: it goes again, loaded."""
+    reader = _reader(rclient, settings)
+    assert reader.pull(1) == []
+    rclient.script_flush()
+    job_id = submit_job(rclient, settings)
+    leases = reader.wait_and_pull(block_ms=5000, max_jobs=1)
+    assert leases is not None and [lease.job_id for lease in leases] == [job_id]
+
+
 def test_a_redis_that_lost_its_scripts_or_its_streams_is_pulled_from_again(
     rclient: redis.Redis, settings: ServiceSettings
 ) -> None:

@@ -147,6 +147,43 @@ def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
         worker.shutdown()
 
 
+def test_an_idle_worker_starts_a_job_with_the_pull_its_blocking_read_carried(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle, the worker blocks on the queues with its PULL behind the XREAD in the same write
+    (QueueReader.wait_and_pull): a job submitted meanwhile comes back with the wake-up, and the next step runs it
+    without pulling again."""
+    settings.reclaim_interval_s = 3600.0
+    settings.idle_block_ms = 5000  # the job comes while it blocks
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    pulls: list[int] = []
+    pull = worker.reader.pull
+    try:
+        worker.step()  # nothing queued: the worker is idle
+        assert worker._is_idle()
+        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        submitter = threading.Timer(0.2, lambda: submit_job(rclient, settings, max_tokens=8, **JOB))
+        submitter.start()
+        worker._wait_and_pull()  # what the loop does when idle
+        submitter.join()
+        (job_id,) = worker.leases
+        assert worker.num_pulled_last == 1 and job_record(rclient, job_id)["status"] == "running"
+        worker.step()
+        assert job_id in worker.running and pulls == []  # started by the step, not pulled by it
+        worker.writer.drain(30)
+        assert int(job_record(rclient, job_id)["completion_tokens"]) >= 1
+
+        second = submit_job(rclient, settings, max_tokens=8, **JOB)  # taken while the worker is stopping
+        worker.request_stop(10.0)
+        worker._wait_and_pull()
+        assert second not in worker.leases and worker.num_pulled_last == 0
+        job = job_record(rclient, second)
+        assert job["status"] == "queued" and job["deliveries"] == "0"  # handed back, not counted as a delivery
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def test_a_failed_write_drops_the_jobs_and_they_resume_exactly(
     tiny_target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
