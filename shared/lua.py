@@ -201,7 +201,7 @@ local function submit(job, queue, idem, job_id, priority, ttl_s, request, metada
     'metadata', metadata, 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
   if owner and owner ~= '' then redis.call('HSET', job, 'owner', owner) end
   if use_idem == '1' then redis.call('SET', idem, job_id .. ':' .. request_hash, 'EX', idem_ttl) end
-  if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, priority) end
+  if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, priority .. ' ' .. entry) end
   return {'ok', job_id, created}
 end
 """
@@ -438,7 +438,9 @@ local new_entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[2])
 redis.call('HSET', KEYS[1], 'status', S_QUEUED, 'entry', new_entry, 'worker', '')
 redis.call('HINCRBY', KEYS[1], 'deliveries', -1)
 event(ctx, KEYS[2], ARGV[2], 'status', cjson.encode({status=S_QUEUED}))
-if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, redis.call('HGET', KEYS[1], 'priority')) end
+if ctx.queued_channel then
+  redis.call('PUBLISH', ctx.queued_channel, redis.call('HGET', KEYS[1], 'priority') .. ' ' .. new_entry)
+end
 return 'ok'
 """
 )

@@ -1,5 +1,5 @@
 """The worker's control channels: cancels (keys.CANCEL_CHANNEL: a job id) and "a job was queued"
-(keys.QUEUED_CHANNEL: its priority), read between engine steps.
+(keys.QUEUED_CHANNEL: its priority and queue entry), read between engine steps.
 
     take():  poll(0) on the subscription's socket -> nothing there: return at once (one system call)
                                                   -> else every message redis-py has, until it has none
@@ -30,16 +30,38 @@ MAX_DRAIN_READS = 10_000  # a drain gives up after this many reads (the next tak
 @dataclass
 class ControlMessages:
     cancelled: set[str] = field(default_factory=set)  # job ids
-    queued: set[Priority] = field(default_factory=set)  # queues where a job was queued
+    # queues where a job was queued -> the newest stream entry announced there (None: one came without its entry)
+    queued: dict[Priority, str | None] = field(default_factory=dict)
+
+    def add_queued(self, announced: dict[Priority, str | None]) -> None:
+        """Per queue the newest entry announced; one announced without its entry leaves none (None)."""
+        for priority, entry in announced.items():
+            if priority not in self.queued:
+                self.queued[priority] = entry
+                continue
+            held = self.queued[priority]
+            self.queued[priority] = None if entry is None or held is None else max(entry, held, key=stream_id)
 
 
-def _queued_priorities(payload: object) -> set[Priority]:
-    """The queue a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish the job's priority);
-    every queue when the payload names none."""
+def stream_id(entry: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") in the stream's order."""
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _queued(payload: object) -> dict[Priority, str | None]:
+    """The queue and stream entry a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish
+    "<priority> <entry id>"); a priority alone has no entry, and a payload that names no queue names them all."""
+    priority, _, entry = str(payload).partition(" ")
     try:
-        return {Priority(str(payload))}
+        queue = Priority(priority)
     except ValueError:
-        return set(Priority)
+        return dict.fromkeys(Priority)
+    try:
+        stream_id(entry)
+    except ValueError:  # none, or not an entry id
+        return {queue: None}
+    return {queue: entry}
 
 
 class ControlChannel:
@@ -66,7 +88,7 @@ class ControlChannel:
                 if connection is None or not connection.can_read(timeout=0):
                     break
             elif message["channel"] == keys.QUEUED_CHANNEL:
-                taken.queued |= _queued_priorities(message["data"])
+                taken.add_queued(_queued(message["data"]))
             else:
                 taken.cancelled.add(str(message["data"]))
         return taken

@@ -437,7 +437,7 @@ class Worker:
         lost = self.heartbeat.take_lost()
         try:
             messages = self._control.take()
-            self._jobs_queued |= messages.queued
+            self._jobs_queued |= self.reader.unseen(messages.queued)  # not those the last pull saw
             lost |= messages.cancelled
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)

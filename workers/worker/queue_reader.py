@@ -28,6 +28,7 @@ from shared.job_record import parse_token_ids
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
 from shared.settings import ServiceSettings
+from workers.worker.control import stream_id
 from workers.worker.deadlines import JobClock
 
 
@@ -147,6 +148,18 @@ class QueueReader:
         for priority, left_now in self._look(unvisited).items():
             waiting[priority] = waiting[priority] or left_now
         return self._record(leases, waiting)
+
+    def unseen(self, announced: dict[Priority, str | None]) -> set[Priority]:
+        """The queues of announced jobs (control.py) that the last pulls did not see: an entry newer than the
+        newest one the last pull saw on its stream, or an announcement without its entry. Every announced queue
+        with several partitions (an announcement names no partition). A job a pull saw but left waiting is
+        still pulled: `waiting` says so."""
+        if len(self.partitions) != 1:
+            return set(announced)
+        return {
+            priority for priority, entry in announced.items()
+            if entry is None or stream_id(entry) > stream_id(self.last_ids[(0, priority)])
+        }  # fmt: skip
 
     def _reclaim_ms(self) -> str:
         """The PULL's reclaim argument: idle entries of other consumers older than claim_timeout_s are taken over

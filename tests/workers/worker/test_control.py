@@ -10,6 +10,8 @@ import redis
 
 from shared import keys
 from shared.schemas import Priority
+from shared.settings import ServiceSettings
+from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.control import ControlChannel, ControlMessages
 
@@ -37,7 +39,7 @@ def _take_until(control: ControlChannel, done: Callable[[ControlMessages], bool]
     def more() -> bool:
         got = _take(control)
         taken.cancelled |= got.cancelled
-        taken.queued |= got.queued
+        taken.add_queued(got.queued)
         return done(taken)
 
     wait_until(more, timeout_s=5, interval_s=0.001, what="the messages")
@@ -49,10 +51,25 @@ def test_cancels_and_queued_jobs_come_back(control: ControlChannel, rclient: red
     for i in range(20):
         rclient.publish(keys.CANCEL_CHANNEL, f"job-{i}")
     rclient.publish(keys.QUEUED_CHANNEL, Priority.BATCH.value)
-    rclient.publish(keys.QUEUED_CHANNEL, "not a priority")  # names none: every queue
-    taken = _take_until(control, lambda t: len(t.cancelled) == 20 and t.queued == set(Priority))
+    rclient.publish(keys.QUEUED_CHANNEL, "not a priority")  # names none: every queue, no entry known
+    taken = _take_until(control, lambda t: len(t.cancelled) == 20 and t.queued == dict.fromkeys(Priority))
     assert taken.cancelled == {f"job-{i}" for i in range(20)}
     assert control.take() == ControlMessages()  # drained: nothing more
+
+
+def test_a_submit_announces_its_queue_entry_and_the_newest_one_is_kept(
+    control: ControlChannel, rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    first, second = (submit_job(rclient, settings, priority="batch") for _ in range(2))
+    entries = [rclient.hget(keys.job_hash(job_id), "entry") for job_id in (first, second)]
+    taken = _take_until(control, lambda t: t.queued.get(Priority.BATCH) == entries[1])
+    assert taken.queued == {Priority.BATCH: entries[1]}  # the SUBMIT script's "<priority> <entry>"
+    rclient.publish(keys.QUEUED_CHANNEL, f"batch {entries[0]}")  # an older one keeps the newest
+    rclient.publish(keys.QUEUED_CHANNEL, "default 12-x")  # not an entry id: the queue, no entry
+    taken.add_queued(_take_until(control, lambda t: Priority.DEFAULT in t.queued).queued)
+    assert taken.queued == {Priority.BATCH: entries[1], Priority.DEFAULT: None}
+    taken.add_queued({Priority.BATCH: None})  # one without its entry: the queue counts whatever the pulls saw
+    assert taken.queued[Priority.BATCH] is None
 
 
 def test_each_message_is_seen_from_the_socket_alone(rclient: redis.Redis) -> None:

@@ -184,6 +184,21 @@ def test_wait_and_pull_starts_a_job_that_comes_while_it_blocks_in_the_same_round
     assert reader.wait_and_pull(block_ms=50, max_jobs=0) is None  # no room: it only waits
 
 
+def test_an_announced_job_the_last_pull_saw_is_not_pulled_for_again(
+    rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    reader = _reader(rclient, settings)
+    first = submit_job(rclient, settings)
+    assert [lease.job_id for lease in reader.pull(1)] == [first]
+    seen = rclient.hget(keys.job_hash(first), "entry")
+    assert reader.unseen({Priority.DEFAULT: seen, Priority.BATCH: "0-1"}) == {Priority.BATCH}  # batch: empty then
+    later = submit_job(rclient, settings)  # after the pull: unseen
+    assert reader.unseen({Priority.DEFAULT: rclient.hget(keys.job_hash(later), "entry")}) == {Priority.DEFAULT}
+    assert reader.unseen({Priority.DEFAULT: None}) == {Priority.DEFAULT}  # no entry named: counted
+    settings.redis_partitions = 2  # an announcement names no partition: every announced queue counts
+    assert QueueReader(rclient, settings, "w2").unseen({Priority.DEFAULT: seen}) == {Priority.DEFAULT}
+
+
 def test_wait_and_pull_sends_a_refused_pull_again(rclient: redis.Redis, settings: ServiceSettings) -> None:
     """A Redis that lost its scripts (a restart) refuses the PULL behind the XREAD: it goes again, loaded."""
     reader = _reader(rclient, settings)

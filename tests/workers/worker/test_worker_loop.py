@@ -170,6 +170,8 @@ def test_an_idle_worker_starts_a_job_with_the_pull_its_blocking_read_carried(
         assert worker.num_pulled_last == 1 and job_record(rclient, job_id)["status"] == "running"
         worker.step()
         assert job_id in worker.running and pulls == []  # started by the step, not pulled by it
+        worker.step()  # now with room, and its SUBMIT's announcement read: that entry was pulled, no PULL for it
+        assert pulls == [] and not worker._jobs_queued
         worker.writer.drain(30)
         assert int(job_record(rclient, job_id)["completion_tokens"]) >= 1
 
