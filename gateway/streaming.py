@@ -36,7 +36,7 @@ from gateway.redis_batch import CommandBatcher
 from gateway.redis_wire import WireConnection
 from shared import keys
 from shared.job_state import JobStatus
-from shared.lua import EventWake, parse_event_wake
+from shared.lua import EventWake, entry_key, parse_event_wake
 from shared.schemas import EventType
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,6 @@ READ_BATCH = 512  # event-stream entries per XRANGE
 SUBSCRIBE_WAIT_S = 2.0  # how long a follower waits for the hub's PSUBSCRIBE to be confirmed (at start)
 CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it whole)
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"  # every job's channel: ONE pattern subscription per gateway process
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id `<ms>-<seq>` as a sortable key."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 @dataclass

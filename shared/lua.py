@@ -134,6 +134,12 @@ class EventWake:
     data: str
 
 
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id `<ms>-<seq>` as a sortable key (ValueError when it is not one)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def parse_event_wake(payload: str) -> EventWake | None:
     """A job channel message -> the event it carries; None for a bare wake-up ('1': read the stream)."""
     parts = payload.split("\n", 3)

@@ -127,11 +127,6 @@ class StreamCount:
     num_failed: int = 0
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 def lost_tokens(expected: list[int], streamed: list[int]) -> int:
     """0 when the stream carried exactly the job's tokens in order; else how many are missing or out of place."""
     if streamed == expected:
@@ -149,7 +144,7 @@ async def _follow(endpoint: Endpoint, job_id: str, count: StreamCount) -> None:
         count.num_open += 1
         count.peak_open = max(count.peak_open, count.num_open)
         async for frame in conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream")):
-            key = _entry_key(frame.id) if frame.id else last_key
+            key = lua.entry_key(frame.id) if frame.id else last_key
             count.num_out_of_order += key <= last_key
             last_key = key
             if frame.event == EventType.TOKEN.value:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import redis
 
 from shared import keys
+from shared.lua import entry_key
 from shared.schemas import Priority
 
 FULL_CHECK_INTERVAL_S = 1.0  # ask redis-py at least this often, whatever the socket says
@@ -40,13 +41,7 @@ class ControlMessages:
                 self.queued[priority] = entry
                 continue
             held = self.queued[priority]
-            self.queued[priority] = None if entry is None or held is None else max(entry, held, key=stream_id)
-
-
-def stream_id(entry: str) -> tuple[int, int]:
-    """A stream entry id ("<ms>-<seq>") in the stream's order."""
-    ms, _, seq = entry.partition("-")
-    return int(ms), int(seq or 0)
+            self.queued[priority] = None if entry is None or held is None else max(entry, held, key=entry_key)
 
 
 def _queued(payload: object) -> dict[Priority, str | None]:
@@ -58,7 +53,7 @@ def _queued(payload: object) -> dict[Priority, str | None]:
     except ValueError:
         return dict.fromkeys(Priority)
     try:
-        stream_id(entry)
+        entry_key(entry)
     except ValueError:  # none, or not an entry id
         return {queue: None}
     return {queue: entry}

@@ -28,7 +28,6 @@ from shared.job_record import parse_token_ids
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
 from shared.settings import ServiceSettings
-from workers.worker.control import stream_id
 from workers.worker.deadlines import JobClock
 
 
@@ -158,7 +157,7 @@ class QueueReader:
             return set(announced)
         return {
             priority for priority, entry in announced.items()
-            if entry is None or stream_id(entry) > stream_id(self.last_ids[(0, priority)])
+            if entry is None or lua.entry_key(entry) > lua.entry_key(self.last_ids[(0, priority)])
         }  # fmt: skip
 
     def _reclaim_ms(self) -> str:
