@@ -75,33 +75,28 @@ class BenchFleet(ProcessGroup):
         client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
             client.flushall()
-            _, self.api_key = KeyRegistry(client, self.num_partitions).create(
-                "bench", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0
-            )
         finally:
             client.close()
+        self.api_key = self._new_key("bench")
 
     def tenant_endpoint(self, name: str) -> Endpoint:
         """The gateway with a new API key of its own (a tenant), without limits."""
-        client = redis_urls.client(self.redis_url, decode_responses=True)
-        try:
-            _, secret = KeyRegistry(client, self.num_partitions).create(
-                name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0
-            )
-        finally:
-            client.close()
-        return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {secret}"),))
+        return Endpoint("127.0.0.1", self.port, (("Authorization", f"Bearer {self._new_key(name)}"),))
 
     def admin_headers(self) -> tuple[tuple[str, str], ...]:
         """A new admin key's header (what the gateway's /metrics asks for)."""
+        return (("Authorization", f"Bearer {self._new_key('bench-admin', is_admin=True)}"),)
+
+    def _new_key(self, name: str, is_admin: bool = False) -> str:
+        """A new API key without limits -> its secret."""
         client = redis_urls.client(self.redis_url, decode_responses=True)
         try:
             _, secret = KeyRegistry(client, self.num_partitions).create(
-                "bench-admin", requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0, is_admin=True
+                name, requests_per_min=0, tokens_per_min=0, max_concurrent_jobs=0, is_admin=is_admin
             )
         finally:
             client.close()
-        return (("Authorization", f"Bearer {secret}"),)
+        return secret
 
     def start_celery(self) -> None:
         """The Celery worker (batch expansion, webhooks), as `specfleet up` runs it."""
