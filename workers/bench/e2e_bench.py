@@ -19,7 +19,8 @@
    output: in order, none missing, none repeated (`sse_lost_tokens`).
    Over 3-4, the garbage collections they caused in the worker and the gateway, from each one's /metrics
    (`fleet_gc_pauses_<process>`, `fleet_gc_pause_s_<process>`, `fleet_gc_pause_max_ms_le_<process>`:
-   workers/bench/e2e_gc.py). The benchmark's own process settles its collector as they do (shared/gc_pauses.py).
+   workers/bench/e2e_gc.py). Run from the CLI, the benchmark's own process settles its collector as they do
+   (shared/gc_pauses.py).
 5. Mixed workloads (workers/bench/e2e_mixed.py): interactive TTFT under a saturating batch backlog against
    idle, batch throughput under an interactive trickle against alone, and two tenants' batches side by side.
    `only="mixed"` runs this phase alone.
@@ -194,9 +195,16 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def bench_e2e(
-    target_dir: Path, draft_dir: Path | None, plan: E2EBenchPlan, work_dir: Path | None = None, only: str | None = None
+    target_dir: Path,
+    draft_dir: Path | None,
+    plan: E2EBenchPlan,
+    work_dir: Path | None = None,
+    only: str | None = None,
+    settle_gc: bool = False,
 ) -> dict[str, Any]:
-    """Every phase, or only the one named (`mixed`)."""
+    """Every phase, or only the one named (`mixed`). settle_gc: this process settles its garbage collector once
+    its in-process engine is warm, as the fleet's processes do (the `specfleet bench` commands; not in tests,
+    where a freeze would keep what later tests drop from ever being collected)."""
     from workers.engine.config import EngineConfig
 
     settings = ServiceSettings()
@@ -216,7 +224,8 @@ def bench_e2e(
             cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
                                     max_num_seqs=plan.max_num_seqs)  # fmt: skip
             if only != "mixed":
-                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios, metrics_port)
+                cfg = _fleet_phases(fleet, plan, settings, target_dir, draft_dir, rows, ratios, metrics_port,
+                                    settle_gc)
             # 5: mixed workloads, on a worker with the phase's slots
             fleet.start_gateway(1)
             fleet.reset_data()
@@ -243,6 +252,7 @@ def _fleet_phases(
     rows: list[dict[str, Any]],
     ratios: dict[str, float],
     worker_metrics_port: int,
+    settle_gc: bool,
 ) -> Any:
     """Phases 1-4 (the module's docstring): their rows and ratios are added to `rows` and `ratios`; -> the
     in-process engine's config (its speculation method resolved)."""
@@ -270,7 +280,8 @@ def _fleet_phases(
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
     with _on_engine_cpus(fleet):
         run_engine(engine, warm, 1)
-    gc_pauses.settle()  # this process (the clients, the in-process engine) as the fleet's processes do
+    if settle_gc:
+        gc_pauses.settle()  # this process (the clients, the in-process engine) as the fleet's processes do
     gc_sources = {"worker": (f"http://127.0.0.1:{worker_metrics_port}/metrics", ()),
                   "gateway": (f"{fleet.url}/metrics", fleet.admin_headers())}
     gc_before = {process: e2e_gc.scrape(*source) for process, source in gc_sources.items()}

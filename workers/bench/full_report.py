@@ -54,13 +54,13 @@ def default_out_dir(today: datetime.date, commit: str) -> Path:
 
 
 def run_benches(pair_dirs: tuple[Path, Path], prompts: list[str], plan: ReportPlan,
-                base: EngineConfig) -> dict[str, dict[str, Any]]:
-    """The three benchmarks, one after another, on one model pair."""
+                base: EngineConfig, settle_gc: bool = False) -> dict[str, dict[str, Any]]:
+    """The three benchmarks, one after another, on one model pair (settle_gc: bench_e2e's)."""
     target_dir, draft_dir = pair_dirs
     return {
         "engine": bench_engine(target_dir, prompts, plan.engine, base),
         "spec": bench_spec(pair_dirs, prompts, plan.spec, base),
-        "e2e": bench_e2e(target_dir, draft_dir, plan.e2e),
+        "e2e": bench_e2e(target_dir, draft_dir, plan.e2e, settle_gc=settle_gc),
     }
 
 

@@ -107,7 +107,8 @@ def bench_e2e_command(
         else:
             typer.echo(f"error: --model must be tiny or demo, not {model!r}", err=True)
             return 2
-        result = bench_e2e(target_dir, draft_dir, plan, work_dir=Path(work_dir) if work_dir else None, only=phase)
+        result = bench_e2e(target_dir, draft_dir, plan, work_dir=Path(work_dir) if work_dir else None, only=phase,
+                           settle_gc=True)
     print_e2e(result)
     if json_path:
         machine = machine_info(model=model, quick=quick, **result["engine"])
@@ -164,7 +165,7 @@ def bench_report_command(quick: bool, json_path: str | None, out: str | None = N
     plan = ReportPlan.of(quick)
     pair = ensure_demo_pair()
     prompts = held_out_prompts(max(plan.engine.num_bs1_prompts, plan.spec.num_bs1_prompts, 8))
-    results = run_benches((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load())
+    results = run_benches((pair.target_dir, pair.draft_dir), prompts, plan, EngineConfig.load(), settle_gc=True)
     meta = {"date": today.isoformat(), "commit": commit, "quick": quick, "model": pair.target_dir.parent.name,
             "new_tokens": plan.spec.num_new_tokens, "load_avg_1min": [load_start, os.getloadavg()[0]]}
     path = write_report(results, Path(out) if out else default_out_dir(today, commit), meta)
