@@ -4,8 +4,8 @@ A full collection walks every object the collector tracks. After start-up that i
 keeps for the process's life (modules, FastAPI's routes and pydantic's validators, the engine's modules and
 tokenizer): ~440,000 objects in a demo worker, ~200 ms a walk on this machine kind. At d155941 nothing kept
 them out of it: in `bench e2e --quick --model demo` (2026-12-04) each worker paused 220-230 ms once during its
-load, and the gateway 120-330 ms eight times in the four seconds it opened 2,000 SSE streams; every step,
-stream and submit of the process waited behind each pause.
+load, and every job's next step waited behind it. (The gateway's pauses while it opens 2,000 SSE streams at
+once, 120-330 ms each, walk the streams' own objects, which no freeze covers: README, "The worker loop".)
 
 - `settle()`, once a process has started (the worker after its warm-up, the gateway once its app serves, the
   tasks process once Celery is ready, the writer process): one collection, then `gc.freeze()`. What is alive
