@@ -55,21 +55,27 @@ class Event:
     key: tuple[int, int] = (0, 0)  # entry_key(id)
 
 
-class _Wake(asyncio.Event):
-    """A follower's wake-up: set by each announcement of its job, and by the hub's keepalive tick (`ticked`) once
-    it has waited keepalive_s (one timer for every follower, not one per wait)."""
+class Wake(asyncio.Event):
+    """A follower's wake-up: set by each announcement of its job, by the hub's keepalive tick (`ticked`) once
+    it has waited keepalive_s (one timer for every follower, not one per wait), and by `close` (its client left:
+    the follower ends at its next wake-up)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ticked = False
+        self.is_closed = False
         self.waiting_since_s = time.monotonic()
+
+    def close(self) -> None:
+        self.is_closed = True
+        self.set()
 
 
 @dataclass
 class _Feed:
     """One job as followed in this process."""
 
-    waiters: set[_Wake] = field(default_factory=set)  # one per follower, set on each wake-up
+    waiters: set[Wake] = field(default_factory=set)  # one per follower, set on each wake-up
     idle_since: float | None = None  # when its last follower left
     events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
     is_stale: bool = True  # a wake-up came that `events` may not hold (nothing read yet, a bare or gapped wake-up)
@@ -225,13 +231,12 @@ class EventHub:
             self._feeds[name] = _Feed(is_stale=False, is_from_start=True, idle_since=time.monotonic())
 
     @asynccontextmanager
-    async def watch(self, job_id: str) -> AsyncIterator[tuple[_Wake, _Feed]]:
-        """(this follower's wake-up event, the job's feed), once the hub hears every job."""
+    async def watch(self, job_id: str, waiter: Wake) -> AsyncIterator[_Feed]:
+        """The job's feed, with `waiter` among its followers' wake-ups, once the hub hears every job."""
         name = keys.job_channel(job_id)
         feed = self._feeds.get(name)
         if feed is None:
             feed = self._feeds[name] = _Feed()
-        waiter = _Wake()
         feed.waiters.add(waiter)
         feed.idle_since = None
         try:
@@ -240,21 +245,25 @@ class EventHub:
                     await asyncio.wait_for(self.is_hearing.wait(), SUBSCRIBE_WAIT_S)
                 except TimeoutError:
                     log.warning("pub/sub not subscribed yet; %s relies on keepalive re-reads", name)
-            yield waiter, feed
+            yield feed
         finally:
             feed.waiters.discard(waiter)
             if not feed.waiters:
                 feed.idle_since = time.monotonic()
 
-    async def follow(self, job_id: str, after_id: str = "0-0") -> AsyncGenerator[Event | None, None]:
-        """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick."""
+    async def follow(
+        self, job_id: str, after_id: str = "0-0", wake: Wake | None = None
+    ) -> AsyncGenerator[Event | None, None]:
+        """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick.
+        `wake`: the follower's wake-up, when its caller closes it (a client that left); the events end there."""
         after_key = entry_key(after_id)
         position = 0  # in feed.events, of the first event not yielded yet
-        async with self.watch(job_id) as (wake, feed):
+        wake = wake if wake is not None else Wake()
+        async with self.watch(job_id, wake) as feed:
             # on the first pass and after each tick: read, and end a stream resumed after the job's final event;
             # not for a feed that has held the job's events from its start (`expect`: a job just submitted)
             check_finished = not (feed.is_from_start and not feed.is_stale)
-            while True:
+            while not wake.is_closed:
                 wake.clear()
                 await feed.catch_up(self.reads, job_id, force=check_finished)
                 position = feed.position_after(after_key, position)
@@ -275,7 +284,7 @@ class EventHub:
                         return
                 wake.ticked, wake.waiting_since_s = False, time.monotonic()
                 await wake.wait()
-                if wake.ticked:
+                if wake.ticked and not wake.is_closed:
                     check_finished = True
                     yield None
 

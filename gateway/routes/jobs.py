@@ -3,7 +3,6 @@
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated
 
@@ -15,23 +14,20 @@ from gateway.auth import resource_exists
 from gateway.cancel_after import with_cancel_after
 from gateway.deps import GatewayDep, SubmitCallerDep
 from gateway.errors import ERROR_RESPONSES, ApiError
+from gateway.event_stream import EventStreamResponse
 from gateway.fast_submit import FastSubmitRoute
 from gateway.metrics import (
     JOBS_CANCELLED,
     JOBS_SUBMITTED,
-    SSE_EVENTS,
-    SSE_STREAMS,
     SUBMIT_SECONDS,
 )
 from gateway.openai_api import JOB_ID_HEADER
 from gateway.store import JobStore
-from gateway.streaming import EventHub, sse_frame
+from gateway.streaming import EventHub
 from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import EventType, Job, JobRequest
-
-SSE_EVENTS_BY_TYPE = {t: SSE_EVENTS.labels(t.value) for t in EventType}  # one lookup per type, not per event
+from shared.schemas import Job, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 # the submit: its key is read by the submit's own script call (gateway/auth.py), not by the router's dependency;
@@ -73,22 +69,9 @@ def wants_events(accept: str | None) -> bool:
     return accept is not None and "text/event-stream" in accept.lower()
 
 
-def event_stream(hub: EventHub, job_id: str, after_id: str, headers: dict[str, str]) -> StreamingResponse:
+def event_stream(hub: EventHub, job_id: str, after_id: str, headers: dict[str, str]) -> EventStreamResponse:
     """The job's events after `after_id` as server-sent events, up to its final one."""
-
-    async def frames() -> AsyncIterator[bytes]:
-        SSE_STREAMS.inc()
-        try:
-            async with aclosing(hub.follow(job_id, after_id)) as events:
-                async for event in events:
-                    if event is not None:
-                        SSE_EVENTS_BY_TYPE[event.type].inc()
-                    yield sse_frame(event)
-        finally:
-            SSE_STREAMS.dec()
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
+    return EventStreamResponse(hub, job_id, after_id, headers)
 
 
 @submit_router.post(
@@ -165,7 +148,7 @@ async def get_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
 @router.get(
     "/{job_id}/stream",
     response_model=None,
-    response_class=StreamingResponse,
+    response_class=StreamingResponse,  # the schema's: an EventStreamResponse streams as one
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "token events, then done or error"}
     },
@@ -175,7 +158,7 @@ async def stream_job(
     request: Request,
     gw: GatewayDep,
     last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
-) -> StreamingResponse:
+) -> EventStreamResponse:
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
     if not resource_exists(request):  # read with the key (gateway/auth.py owned_resources)
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")

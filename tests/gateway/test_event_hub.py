@@ -8,7 +8,7 @@ import time
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from gateway.streaming import EventHub
+from gateway.streaming import EventHub, Wake
 from shared import keys, lua
 
 
@@ -22,7 +22,8 @@ def test_one_pattern_subscription_shared_feeds_and_idle_feeds_dropped(redis_url:
         await hub.start()
         try:
             channel = keys.job_channel("j1")
-            async with hub.watch("j1") as (first, feed), hub.watch("j1") as (second, same_feed):
+            first, second = Wake(), Wake()
+            async with hub.watch("j1", first) as feed, hub.watch("j1", second) as same_feed:
                 assert feed is same_feed
                 patterns = int(await redis.execute_command("PUBSUB", "NUMPAT"))
                 channels = dict(await redis.pubsub_numsub(channel))[channel]

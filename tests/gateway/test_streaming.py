@@ -12,6 +12,7 @@ from shared.client import FleetClient, SseEvent, iter_sse
 from shared.settings import ServiceSettings
 from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.played_worker import PlayedWorker
+from tests.helpers.waiting import wait_until
 
 NUM_STEPS = 40
 
@@ -192,3 +193,23 @@ async def _lines_until(response: httpx.Response, max_events: int | None):  # noq
             num_events += 1
             if max_events is not None and num_events >= max_events:
                 return
+
+
+def test_a_client_that_leaves_a_quiet_stream_ends_its_follower(gateway: ThreadedGateway) -> None:
+    """A client that closes its stream while its job is quiet (still queued: nothing to write, and uvicorn drops a
+    write to a closed connection without an error) leaves no follower behind: the gateway hears the disconnect
+    itself (gateway/event_stream.py). The same through a streaming submit."""
+    hub = gateway.server.config.app.app.state.gateway.hub  # inside the tests' default-key shim
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x", "max_tokens": 4})["id"]  # no worker: it stays queued
+        requests = [
+            ("GET", f"/v1/jobs/{job_id}/stream", {}, None),
+            ("POST", "/v1/jobs", {"Accept": "text/event-stream"}, {"prompt": "y", "max_tokens": 4}),
+        ]
+        for method, path, headers, body in requests:
+            with client.http.stream(method, path, headers=headers, json=body) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+                assert response.headers["cache-control"] == "no-cache"
+                wait_until(lambda: hub.num_followers == 1, what="the stream's follower", timeout_s=5)
+            wait_until(lambda: hub.num_followers == 0, what="the follower to end with its client", timeout_s=3)
