@@ -141,27 +141,35 @@ async def owned_resources(request: Request, credentials: Credentials) -> ApiKey:
     One round trip: the key's record and the resource's owner and status are read together, in the loop turn's
     batch of reads (gateway/redis_batch.py); a 401 still comes before a 404. The status stays on the request
     (`resource_exists`), so a route need not read it again."""
-    secret = _secret(credentials)
-    gw = request.app.state.gateway
+    key, status = await read_owned(request.app.state.gateway.store, _secret(credentials), request.path_params)
+    if status is not None:
+        request.state.resource_status = status
+    return key
+
+
+async def read_owned(store: JobStore, secret: str, path_params: dict[str, Any]) -> tuple[ApiKey, str | None]:
+    """(the key of `secret`, the status of the job or batch in `path_params` or None when it names none), in one
+    round trip; 401 for a key that is unknown or revoked, then 404 for a resource that is not the key's own."""
     digest = api_keys.digest(secret)
     named = [
         (param, hash_of(resource_id), what, resource_id)
         for param, hash_of, what in _PATH_RESOURCES
-        if (resource_id := request.path_params.get(param)) is not None
+        if (resource_id := path_params.get(param)) is not None
     ]
-    record, *fields = await gw.store.reads.calls(  # one batch, with other requests' reads of this loop turn
-        ("HGETALL", _record_key(gw.store, digest)),
+    record, *fields = await store.reads.calls(  # one batch, with other requests' reads of this loop turn
+        ("HGETALL", _record_key(store, digest)),
         *(("HMGET", hash_key, keys.OWNER_FIELD, "status") for _, hash_key, _, _ in named),
     )
     key = key_of(cast(dict[str, str], record))
     owners = cast(list[list[str | None]], fields)
+    found: str | None = None
     for (param, _, what, resource_id), (owner, status) in zip(named, owners, strict=True):
         if param == "job_id":
             logs.JOB_ID.set(resource_id)
         if not may_access(key, owner):
             raise ApiError(404, ErrorCode.NOT_FOUND, f"no {what} {resource_id}", field=param)
-        request.state.resource_status = status
-    return key
+        found = status
+    return key, found
 
 
 def resource_exists(request: Request) -> bool:

@@ -22,6 +22,7 @@ from gateway.redis_wire import WireConnection
 from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
 from gateway.store import JobStore
+from gateway.stream_route import StreamShortPath
 from gateway.streaming import EventHub
 from shared import gc_pauses
 from shared import redis_url as redis_urls
@@ -112,6 +113,7 @@ def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = Fal
     for router in (openai_completions.router, openai_chat.router, models.router, files.router):
         app.include_router(router)
     app.include_router(health.router)
+    app.add_middleware(StreamShortPath)  # added first: innermost, beneath the counts, CORS and the body limit
     app.add_middleware(BodyLimit, settings=settings)
     if settings.cors_allow_origins:  # off by default
         app.add_middleware(
