@@ -10,13 +10,13 @@ job when settings.cancel_on_disconnect, so abandoned requests free the GPU. The 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 
 import anyio
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -28,8 +28,10 @@ from gateway.cancel_after import HEADER as CANCEL_AFTER
 from gateway.cancel_after import with_cancel_after
 from gateway.deps import Gateway
 from gateway.errors import ApiError
+from gateway.event_stream import EventStreamResponse
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from gateway.openai_stream_logprobs import StreamLogprobs
+from gateway.streaming import Wake
 from shared import keys
 from shared import openai_compat as oa
 from shared.job_record import job_from_fields
@@ -92,6 +94,19 @@ def _job_failure(job: Job) -> ApiError:
     return ApiError(500, ErrorCode.ENGINE_ERROR, info.message)
 
 
+class ChunkStream(EventStreamResponse):
+    """A streaming call's chunks (gateway/event_stream.py). A client that leaves before its job finished cancels
+    it: the frames do on their way out, and the background task after the stream, should the frames never have
+    started."""
+
+    def __init__(self, call: "Call", headers: dict[str, str]) -> None:
+        super().__init__(headers, BackgroundTask(call.cancel_if_abandoned))
+        self.call = call
+
+    def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
+        return self.call.frames(wake)
+
+
 class Call:
     """One OpenAI call: its job, and how the answer is written (a whole object, or chunks)."""
 
@@ -118,12 +133,7 @@ class Call:
         self.job_id = admitted.submitted.job_id
         headers = {**admitted.headers, JOB_ID_HEADER: self.job_id}
         if self.body.stream:
-            return StreamingResponse(
-                self._frames(),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                background=BackgroundTask(self._cancel_if_abandoned),
-            )
+            return ChunkStream(self, headers)
         job = await self._wait()
         if job.status is not JobStatus.SUCCEEDED:
             error = _job_failure(job)
@@ -160,7 +170,7 @@ class Call:
             else:
                 if (error := watcher.exception()) is not None:
                     log.warning("job %s: lost track of its client (%r); taking it as gone", self.job_id, error)
-                await self._cancel_if_abandoned()
+                await self.cancel_if_abandoned()
         finally:
             for task in (follower, watcher):
                 if not task.done():
@@ -174,14 +184,15 @@ class Call:
             raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
         return job_from_fields(fields, self.gw.base_url(self.request))
 
-    async def _frames(self) -> AsyncIterator[bytes]:
+    async def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
+        """The call's chunks as server-sent events; they end early once `wake` is closed (the client left)."""
         extras = StreamLogprobs(self.body)  # logprobs and echo (gateway/openai_stream_logprobs.py)
         try:
             if self.is_chat:
                 yield self._chunk(oa.ChatDelta(role="assistant", content=""))
             if (prompt := extras.opening_echo()) is not None:
                 yield self._chunk(prompt)
-            async with aclosing(self.gw.hub.follow(self.job_id)) as events:
+            async with aclosing(self.gw.hub.follow(self.job_id, wake=wake)) as events:
                 async for event in events:
                     if event is None:
                         yield b": keepalive\n\n"
@@ -210,7 +221,7 @@ class Call:
         finally:
             if not self.is_finished:
                 with anyio.CancelScope(shield=True):
-                    await self._cancel_if_abandoned()
+                    await self.cancel_if_abandoned()
 
     def _chunk(
         self,
@@ -276,7 +287,7 @@ class Call:
         )
         return b"data: " + body.model_dump_json().encode() + b"\n\n"
 
-    async def _cancel_if_abandoned(self) -> None:
+    async def cancel_if_abandoned(self) -> None:
         """The client left before the job finished: cancel it (once), when settings say so."""
         if self.is_finished or not self.gw.settings.cancel_on_disconnect:
             return

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import read_owned
 from gateway.errors import ApiError
-from gateway.event_stream import EventStreamResponse
+from gateway.event_stream import JobEventStream
 from shared import api_keys
 
 STREAM_PATH = re.compile(r"/v1/jobs/([A-Za-z0-9_-]{1,64})/stream")  # routes/jobs.py: JobId, stream_job
@@ -52,7 +52,7 @@ def _route_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-async def _response(scope: Scope, job_id: str) -> EventStreamResponse | None:
+async def _response(scope: Scope, job_id: str) -> JobEventStream | None:
     """The stream of the caller's own job, or None for FastAPI's path."""
     app: Any = scope["app"]
     if getattr(app, "dependency_overrides", None):
@@ -67,7 +67,7 @@ async def _response(scope: Scope, job_id: str) -> EventStreamResponse | None:
         return None
     if status is None:  # no such job: the route's 404
         return None
-    return EventStreamResponse(gw.hub, job_id, after_id or "0-0")
+    return JobEventStream(gw.hub, job_id, after_id or "0-0")
 
 
 def _headers(scope: Scope) -> tuple[str | None, str | None]:

@@ -14,7 +14,7 @@ from gateway.auth import resource_exists
 from gateway.cancel_after import with_cancel_after
 from gateway.deps import GatewayDep, SubmitCallerDep
 from gateway.errors import ERROR_RESPONSES, ApiError
-from gateway.event_stream import EventStreamResponse
+from gateway.event_stream import JobEventStream
 from gateway.fast_submit import FastSubmitRoute
 from gateway.metrics import (
     JOBS_CANCELLED,
@@ -69,9 +69,9 @@ def wants_events(accept: str | None) -> bool:
     return accept is not None and "text/event-stream" in accept.lower()
 
 
-def event_stream(hub: EventHub, job_id: str, after_id: str, headers: dict[str, str]) -> EventStreamResponse:
+def event_stream(hub: EventHub, job_id: str, after_id: str, headers: dict[str, str]) -> JobEventStream:
     """The job's events after `after_id` as server-sent events, up to its final one."""
-    return EventStreamResponse(hub, job_id, after_id, headers)
+    return JobEventStream(hub, job_id, after_id, headers)
 
 
 @submit_router.post(
@@ -148,7 +148,7 @@ async def get_job(job_id: JobId, request: Request, gw: GatewayDep) -> Job:
 @router.get(
     "/{job_id}/stream",
     response_model=None,
-    response_class=StreamingResponse,  # the schema's: an EventStreamResponse streams as one
+    response_class=StreamingResponse,  # the schema's: a JobEventStream streams as one
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "token events, then done or error"}
     },
@@ -158,7 +158,7 @@ async def stream_job(
     request: Request,
     gw: GatewayDep,
     last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
-) -> EventStreamResponse:
+) -> JobEventStream:
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
     if not resource_exists(request):  # read with the key (gateway/auth.py owned_resources)
         raise ApiError(404, ErrorCode.NOT_FOUND, f"no job {job_id}", field="job_id")

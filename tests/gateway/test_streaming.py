@@ -198,18 +198,23 @@ async def _lines_until(response: httpx.Response, max_events: int | None):  # noq
 def test_a_client_that_leaves_a_quiet_stream_ends_its_follower(gateway: ThreadedGateway) -> None:
     """A client that closes its stream while its job is quiet (still queued: nothing to write, and uvicorn drops a
     write to a closed connection without an error) leaves no follower behind: the gateway hears the disconnect
-    itself (gateway/event_stream.py). The same through a streaming submit."""
+    itself (gateway/event_stream.py). The same through a streaming submit, and a streaming OpenAI call, whose
+    abandoned job is cancelled."""
     hub = gateway.server.config.app.app.state.gateway.hub  # inside the tests' default-key shim
     with FleetClient(gateway.url) as client:
         job_id = client.submit({"prompt": "x", "max_tokens": 4})["id"]  # no worker: it stays queued
         requests = [
             ("GET", f"/v1/jobs/{job_id}/stream", {}, None),
             ("POST", "/v1/jobs", {"Accept": "text/event-stream"}, {"prompt": "y", "max_tokens": 4}),
+            ("POST", "/v1/completions", {}, {"model": "m", "prompt": "z", "max_tokens": 4, "stream": True}),
         ]
         for method, path, headers, body in requests:
             with client.http.stream(method, path, headers=headers, json=body) as response:
                 assert response.status_code == 200
                 assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
                 assert response.headers["cache-control"] == "no-cache"
+                streamed_job = response.headers.get("x-specfleet-job-id", job_id)
                 wait_until(lambda: hub.num_followers == 1, what="the stream's follower", timeout_s=5)
             wait_until(lambda: hub.num_followers == 0, what="the follower to end with its client", timeout_s=3)
+        assert client.get(streamed_job)["status"] == "cancelled"  # the OpenAI call's: cancel_on_disconnect
+        assert client.get(job_id)["status"] == "queued"  # a job's own stream leaves the job alone
