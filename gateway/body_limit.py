@@ -1,5 +1,6 @@
 """Request bodies larger than settings.max_request_bytes (batch files: batch_max_bytes) get 413 before the app
-reads them: a declared Content-Length is checked first, a chunked body is counted as it arrives."""
+reads them: a declared Content-Length is checked first, a chunked body is counted as it arrives (not for GET
+and HEAD, whose routes read no body: a held SSE stream keeps no counting wrappers alive)."""
 
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 BATCH_PATH = "/v1/batches"
 FILES_PATH = "/v1/files"
 MULTIPART_OVERHEAD_BYTES = 65536  # form fields and boundaries around an uploaded file
+BODILESS_METHODS = ("GET", "HEAD")  # no route of these reads a body: only a declared length is checked
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -49,6 +51,9 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await self._refuse(scope, receive, send, path, limit)
+            return
+        if scope["method"] in BODILESS_METHODS:  # nothing to count, and no wrappers kept alive by a held stream
+            await self.app(scope, receive, send)
             return
         received = 0
         response_started = False
