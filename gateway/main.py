@@ -30,6 +30,10 @@ from shared.settings import ServiceSettings, get_settings
 
 log = logging.getLogger(__name__)
 
+# a full collection at most every 100 middle-generation ones (CPython: 10): a burst of SSE stream opens grows the
+# heap by ~100 objects a stream, and each full collection in it walked them all (shared/gc_pauses.py)
+FULL_COLLECTION_EVERY = 100
+
 
 def raise_open_files_limit() -> int:
     """Each SSE stream holds one socket: take the soft limit on open files up to the hard one (thousands of
@@ -92,6 +96,7 @@ def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = Fal
         await gateway.hub.start()
         if settle_gc:
             gc_pauses.settle(GC)
+            gc_pauses.space_full_collections(FULL_COLLECTION_EVERY, GC)
         try:
             yield
         finally:

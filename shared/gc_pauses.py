@@ -12,8 +12,18 @@ once, 120-330 ms each, walk the streams' own objects, which no freeze covers: RE
   then moves to the permanent generation, which no collection walks; later objects are collected as before, and
   a full collection walks only them. The objects frozen are never freed by the collector, so a process settles
   once, after the start-up garbage is collected (vLLM's workers freeze their heap after warm-up; SGLang too).
+- `space_full_collections()`: full collections at most every N collections of the middle generation (CPython's
+  default: 10), for a process whose heap grows by many short-lived objects at once: the gateway, whose every
+  open SSE stream keeps ~100 objects alive for as long as its job runs, so each full collection during a burst
+  of 2,000 stream opens walked them all (up to 250 ms a walk at 0395934). At 6a8209a (`bench e2e --quick
+  --model demo`, three alternated pairs and one more for memory, 2026-12-05), every 100 took the gateway's
+  collections over the benchmark's phases from 0.73-0.88 s to 0.24-0.36 s and the longest from the 100-250 ms
+  bucket to 10-50 ms, and its CPU over the 2,000-stream phase from 2.84-2.90 to 2.45-2.65 s, at the same peak
+  memory (139.2 against 138.8 MB resident). Garbage in cycles that outlives the two younger generations waits
+  longer for its collection; CPython still holds a full collection back until the objects added to the oldest
+  generation since the last one pass a quarter of those it kept then.
 - `observe()`: every collection's pause, by generation, into `specfleet_gc_pause_seconds` (a gc callback, ~2 us
-  a collection), with `specfleet_gc_frozen_objects` beside it.
+  a collection), with `specfleet_gc_frozen_objects` and `specfleet_gc_threshold{generation}` beside it.
 """
 
 import functools
@@ -41,6 +51,7 @@ class FrozenHeap:
 class GcMetrics:
     pause: Histogram  # seconds a collection took, label `generation` ("0", "1", "2")
     frozen: Gauge  # objects in the permanent generation
+    threshold: Gauge  # gc.get_threshold(), label `generation`, as settle() / space_full_collections() left it
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None) -> "GcMetrics":
@@ -49,7 +60,13 @@ class GcMetrics:
                           ["generation"], buckets=PAUSE_BUCKETS_S, registry=registry)
         frozen = Gauge("specfleet_gc_frozen_objects", "Objects start-up left that no collection walks (gc.freeze)",
                        registry=registry, multiprocess_mode="max")
-        return cls(pause, frozen)
+        threshold = Gauge("specfleet_gc_threshold", "The collector's thresholds, by generation (gc.set_threshold)",
+                          ["generation"], registry=registry, multiprocess_mode="max")
+        return cls(pause, frozen, threshold)
+
+    def show_thresholds(self) -> None:
+        for generation, value in enumerate(gc.get_threshold()):
+            self.threshold.labels(str(generation)).set(value)
 
 
 @functools.cache
@@ -67,9 +84,21 @@ def settle(metrics: GcMetrics | None = None) -> FrozenHeap:
     done = FrozenHeap(collected, gc.get_freeze_count(), time.perf_counter() - start_s)
     if metrics is not None:
         metrics.frozen.set(done.frozen)
+        metrics.show_thresholds()
     log.info("gc: %d start-up objects frozen in %.0f ms (%d collected first)", done.frozen, done.seconds * 1e3,
              done.collected)
     return done
+
+
+def space_full_collections(every: int, metrics: GcMetrics | None = None) -> None:
+    """Full collections at most every `every` collections of the middle generation; the younger thresholds kept."""
+    if every < 1:
+        raise ValueError(f"every must be at least 1, got {every}")
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, every)
+    if metrics is not None:
+        metrics.show_thresholds()
+    log.info("gc: full collections at most every %d middle-generation collections", every)
 
 
 class PauseObserver:

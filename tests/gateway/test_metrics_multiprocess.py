@@ -2,6 +2,7 @@
 it served (prometheus-client's multiprocess files, one per process), and every scrape, whichever process
 answers it, reports the sum: one consistent set of counters."""
 
+import gc
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.main import FULL_COLLECTION_EVERY
 from shared.redis_server import free_port
 from tests.helpers import REPO_ROOT
 from tests.helpers.redis_fixtures import create_key
@@ -97,5 +99,7 @@ def test_two_gateway_processes_report_one_set_of_counters(
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {secret}"}, timeout=10).text
     samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     assert max(s.value for s in samples if s.name == "specfleet_gc_frozen_objects") > 50_000
+    thresholds = {s.labels["generation"]: s.value for s in samples if s.name == "specfleet_gc_threshold"}
+    assert thresholds["2"] == FULL_COLLECTION_EVERY and thresholds["1"] == gc.get_threshold()[1]
     assert sum(s.value for s in samples
                if s.name == "specfleet_gc_pause_seconds_count" and s.labels["generation"] == "2") >= 2

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from shared import gc_pauses
@@ -56,3 +57,18 @@ def test_every_collection_is_timed_by_generation() -> None:
         for family in metrics.pause.collect() for sample in family.samples if sample.name.endswith("_sum")
     }
     assert sums["2"] > 0
+
+
+def test_full_collections_are_spaced_and_shown() -> None:
+    before = gc.get_threshold()
+    registry = CollectorRegistry()
+    metrics = gc_pauses.GcMetrics.create(registry)
+    try:
+        gc_pauses.space_full_collections(100, metrics)
+        assert gc.get_threshold() == (before[0], before[1], 100)  # the younger generations' kept
+        shown = {g: registry.get_sample_value("specfleet_gc_threshold", {"generation": g}) for g in "012"}
+        assert shown == {"0": before[0], "1": before[1], "2": 100}
+    finally:
+        gc.set_threshold(*before)
+    with pytest.raises(ValueError, match="at least 1"):
+        gc_pauses.space_full_collections(0)

@@ -1,6 +1,7 @@
 """The worker's /metrics over real HTTP: a real `specfleet worker` process (tiny pair, speculating with its
 draft) runs jobs from a real Redis; its engine and speculation figures are scraped and parsed."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -118,6 +119,8 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert _value(samples, "specfleet_gc_frozen_objects") > 50_000
     pauses = {s.labels["generation"]: s.value for s in samples["specfleet_gc_pause_seconds_count"]}
     assert pauses["2"] >= 1 and set(pauses) == {"0", "1", "2"}
+    thresholds = {s.labels["generation"]: s.value for s in samples["specfleet_gc_threshold"]}
+    assert thresholds == {str(g): float(t) for g, t in enumerate(gc.get_threshold())}  # the worker keeps CPython's
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
