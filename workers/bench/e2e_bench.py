@@ -16,7 +16,8 @@
    `stream_interval_ms` (`plan.stream_interval_ms`: a job's tokens in one event at most that often, the first
    token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
-   output: in order, none missing, none repeated (`sse_lost_tokens`).
+   output: in order, none missing, none repeated (`sse_lost_tokens`); the gateway's resident memory before and
+   at its peak (sampled every 50 ms: `sse_gateway_peak_rss_mb`, `sse_gateway_kb_per_stream`).
    Over 3-4, the garbage collections they caused in the worker and the gateway, from each one's /metrics
    (`fleet_gc_pauses_<process>`, `fleet_gc_pause_s_<process>`, `fleet_gc_pause_max_ms_le_<process>`:
    workers/bench/e2e_gc.py). Run from the CLI, the benchmark's own process settles its collector as they do
@@ -63,7 +64,7 @@ from workers.bench.e2e_load import (
 )
 from workers.bench.e2e_mixed import MixedPlan, preemptions, run_fairness, run_mixed
 from workers.bench.e2e_ttft import ttft_parts
-from workers.bench.http_client import cpu_seconds
+from workers.bench.http_client import PeakResident, cpu_seconds, resident_mb
 
 log = logging.getLogger(__name__)
 
@@ -293,15 +294,22 @@ def _fleet_phases(
     # 4: many SSE streams, ONE gateway process
     body = {**request_mix(1, plan.sse_max_tokens)[0], "priority": "default"}
     gateway_cpu0_s = fleet.cpu_seconds()["gateway"]
-    streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
+    gateway_pid = fleet.gateway_pids()[0]  # the one gateway process of this phase
+    gateway_mb = resident_mb(gateway_pid)
+    with PeakResident(gateway_pid) as gateway_peak:
+        streams = asyncio.run(hold_streams(fleet.endpoint, plan.num_sse_streams, body))
     gateway_cpu_s = fleet.cpu_seconds()["gateway"] - gateway_cpu0_s
     rows.append({"phase": "sse", "system": "gateway_x1",
                  "concurrency": streams.num_streams, "peak_open": streams.peak_open,
                  "token_events": streams.num_token_events, "lost_tokens": streams.lost_tokens,
                  "out_of_order": streams.num_out_of_order, "failed_jobs": streams.num_failed,
-                 "gateway_cpu_s": gateway_cpu_s})
+                 "gateway_cpu_s": gateway_cpu_s, "gateway_rss_mb": gateway_mb,
+                 "gateway_peak_rss_mb": gateway_peak.mb})
     ratios.update({"sse_streams": float(streams.num_streams), "sse_peak_open": float(streams.peak_open),
-                   "sse_lost_tokens": float(streams.lost_tokens)})
+                   "sse_lost_tokens": float(streams.lost_tokens),
+                   # what the phase's streams (and their jobs' submits) added to the gateway's resident memory
+                   "sse_gateway_peak_rss_mb": gateway_peak.mb,
+                   "sse_gateway_kb_per_stream": (gateway_peak.mb - gateway_mb) * 1024 / max(streams.num_streams, 1)})
     for process, source in gc_sources.items():  # the collections phases 3-4 caused in the worker and the gateway
         ratios.update(e2e_gc.during(gc_before[process], e2e_gc.scrape(*source), process))
     return engine.cfg

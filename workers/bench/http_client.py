@@ -8,6 +8,7 @@ a figure needs it. It speaks exactly what uvicorn answers (HTTP/1.1, Content-Len
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -147,3 +148,40 @@ def cpu_seconds(pid: int | None = None) -> float:
         return 0.0
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def resident_mb(pid: int) -> float:
+    """A process's resident set in MB (VmRSS, from /proc); 0 for one that is gone or where there is no /proc."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PeakResident:
+    """`with PeakResident(pid) as peak:` the largest resident set of the process while the block ran
+    (`peak.mb`), sampled every `interval_s` by a thread, the block's first and last moments included."""
+
+    def __init__(self, pid: int, interval_s: float = 0.05) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.mb = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-resident", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.mb = max(self.mb, resident_mb(self.pid))
+            if self._done.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> "PeakResident":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.mb = max(self.mb, resident_mb(self.pid))

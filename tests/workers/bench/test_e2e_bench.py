@@ -57,6 +57,7 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert doc["ratios"]["sse_lost_tokens"] == 0  # every stream carried its job's tokens, in order
     (sse,) = [r for r in doc["rows"] if r["phase"] == "sse"]
     assert sse["out_of_order"] == 0 and sse["failed_jobs"] == 0
+    assert 0 < sse["gateway_rss_mb"] <= sse["gateway_peak_rss_mb"] == doc["ratios"]["sse_gateway_peak_rss_mb"]
     assert {f"fleet_vs_engine_tokens_per_s_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     assert {f"fleet_vs_engine_tokens_per_s_c{c}_two_requests" for c in plan.concurrencies} <= set(doc["ratios"])
     for r in latency:  # the fleet's TTFT split by the times Redis recorded (workers/bench/e2e_ttft.py)
