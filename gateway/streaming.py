@@ -2,7 +2,10 @@
 every job's channel with one pattern, fanned out to every follower.
 
 Per job followed in this process there is one feed: the job's events held so far (one list, shared by the
-job's followers: a gapless run of the job's event stream). A follower (an SSE client, or a `Prefer: wait`
+job's followers: a gapless run of the job's event stream, up to its newest). What every follower has passed is
+dropped from the run's start, a trim's worth at a time (`_Feed.trim`), so a long job's stream holds a window,
+not its whole output; a follower that needs a dropped event (a resume from an earlier Last-Event-ID, a stream
+opened late) reads that range from Redis first, then joins the feed. A follower (an SSE client, or a `Prefer: wait`
 submit) reads the job's event stream once the hub hears every job, yields what it has not sent, and sleeps
 until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads: a lost wake-up
 costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its
@@ -25,7 +28,7 @@ import bisect
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -44,6 +47,9 @@ log = logging.getLogger(__name__)
 READ_BATCH = 512  # event-stream entries per XRANGE
 SUBSCRIBE_WAIT_S = 2.0  # how long a follower waits for the hub's PSUBSCRIBE to be confirmed (at start)
 CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it whole)
+# a followed feed drops the events all its followers yielded, this many or more at a time: ~386 bytes an event
+# held, so a 32,000-token job's stream held ~12 MB in the gateway before (one event a token at one client)
+FEED_TRIM_EVENTS = 256
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"  # every job's channel: ONE pattern subscription per gateway process
 
 
@@ -65,6 +71,7 @@ class Wake(asyncio.Event):
         self.ticked = False
         self.is_closed = False
         self.waiting_since_s = time.monotonic()
+        self.after_key: tuple[int, int] = (0, 0)  # the key of the last event its follower yielded (or resumes after)
 
     def close(self) -> None:
         self.is_closed = True
@@ -77,7 +84,9 @@ class _Feed:
 
     waiters: set[Wake] = field(default_factory=set)  # one per follower, set on each wake-up
     idle_since: float | None = None  # when its last follower left
-    events: list[Event] = field(default_factory=list)  # the job's event stream from its start, as read so far
+    events: list[Event] = field(default_factory=list)  # a gapless run of the job's event stream, to its newest
+    trimmed_key: tuple[int, int] = (0, 0)  # the last event dropped from the run's start (`trim`); (0, 0): none
+    trimmed_id: str = "0-0"
     is_stale: bool = True  # a wake-up came that `events` may not hold (nothing read yet, a bare or gapped wake-up)
     is_from_start: bool = False  # made before the job existed, while the hub heard every job: no event missed
     read_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -88,10 +97,24 @@ class _Feed:
 
     def position_after(self, after_key: tuple[int, int], hint: int = 0) -> int:
         """The index in `events` of the first event after the one with key `after_key`; `hint`: the index just
-        after the caller's last event, taken when it still holds (`events` only grows at its end)."""
+        after the caller's last event, taken when it still holds (`events` grows at its end; after a trim the
+        hint misses and the search finds it). `after_key` is never before `trimmed_key` (`EventHub.follow`)."""
         if 0 < hint <= len(self.events) and self.events[hint - 1].key == after_key:
             return hint
         return bisect.bisect_right(self.events, after_key, key=lambda e: e.key)
+
+    def trim(self, min_events: int) -> None:
+        """Drop the events every follower has yielded, once at least `min_events` can go at a time; the last event
+        stays (whether the job ended). A follower that needs a dropped one reads it from Redis (`EventHub.follow`);
+        a feed nobody follows keeps what it holds, for a resume within its linger."""
+        if len(self.events) <= min_events or not self.waiters:
+            return
+        oldest = min(waiter.after_key for waiter in self.waiters)
+        num = min(bisect.bisect_right(self.events, oldest, key=lambda e: e.key), len(self.events) - 1)
+        if num < min_events:
+            return
+        self.trimmed_key, self.trimmed_id = self.events[num - 1].key, self.events[num - 1].id
+        del self.events[:num]
 
     def take(self, wake: EventWake | None) -> None:
         """A wake-up: append the event it carries when it follows the last one held (`events` stays a gapless run
@@ -140,11 +163,13 @@ class EventHub:
         keepalive_s: float,
         linger_s: float = CHANNEL_LINGER_S,
         wire: WireConnection | None = None,  # the process's command connection (gateway/redis_wire.py)
+        trim_events: int = FEED_TRIM_EVENTS,  # _Feed.trim
     ) -> None:
         self.redis = redis
         self.reads = CommandBatcher(redis, wire=wire)  # the feeds' XRANGEs of one loop turn: one write
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
+        self.trim_events = trim_events
         self.pubsub = Subscriber(redis_url, self._on_message, self._on_subscribed, self._on_lost)
         self.is_hearing = asyncio.Event()  # the pattern subscription is confirmed and its connection up
         self._feeds: dict[str, _Feed] = {}  # pub/sub channel -> feed
@@ -259,7 +284,13 @@ class EventHub:
         after_key = entry_key(after_id)
         position = 0  # in feed.events, of the first event not yielded yet
         wake = wake if wake is not None else Wake()
+        wake.after_key = after_key  # before the feed counts this follower: no trim drops what it still needs
         async with self.watch(job_id, wake) as feed:
+            if after_key < feed.trimmed_key:  # a resume or a late join: what the feed dropped comes from Redis
+                async with aclosing(self._read_range(job_id, after_id, feed.trimmed_id)) as dropped:
+                    async for event in dropped:
+                        after_key = wake.after_key = event.key
+                        yield event
             # on the first pass and after each tick: read, and end a stream resumed after the job's final event;
             # not for a feed that has held the job's events from its start (`expect`: a job just submitted)
             check_finished = not (feed.is_from_start and not feed.is_stale)
@@ -277,16 +308,30 @@ class EventHub:
                         return
                 check_finished = False
                 for event in new:
-                    after_key = event.key
+                    after_key = wake.after_key = event.key
                     position += 1
                     yield event
                     if event.type.is_final:
                         return
+                feed.trim(self.trim_events)
                 wake.ticked, wake.waiting_since_s = False, time.monotonic()
                 await wake.wait()
                 if wake.ticked and not wake.is_closed:
                     check_finished = True
                     yield None
+
+    async def _read_range(self, job_id: str, after_id: str, last_id: str) -> AsyncGenerator[Event, None]:
+        """The job's events after `after_id` up to `last_id`, read from its event stream in Redis."""
+        while True:
+            entries = cast(
+                list[tuple[str, dict[str, str]]],
+                await self.reads.call("XRANGE", keys.job_events(job_id), f"({after_id}", last_id, "COUNT", READ_BATCH),
+            )
+            for entry_id, fields in entries:
+                yield Event(entry_id, EventType(fields["type"]), fields["data"], entry_key(entry_id))
+                after_id = entry_id
+            if len(entries) < READ_BATCH:
+                return
 
     async def _is_finished(self, job_id: str) -> bool:
         status: str | None = await self.redis.hget(keys.job_hash(job_id), "status")  # type: ignore[assignment]

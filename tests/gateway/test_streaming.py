@@ -6,8 +6,11 @@ import random
 import threading
 
 import httpx
+import pytest
 import redis
 
+from gateway.streaming import FEED_TRIM_EVENTS, EventHub
+from shared import keys
 from shared.client import FleetClient, SseEvent, iter_sse
 from shared.settings import ServiceSettings
 from tests.helpers.gateway import ThreadedGateway
@@ -141,9 +144,13 @@ def test_cancel_ends_the_stream_with_error(
     assert _text(events) == "a"
 
 
+@pytest.mark.parametrize("trim_events", [FEED_TRIM_EVENTS, 4], ids=["default", "trimmed-every-4"])
 def test_many_followers_racing_the_producer(
-    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis, trim_events: int
 ) -> None:
+    """trimmed-every-4: the job's feed drops what its followers passed, 4 events or more at a time, so the late
+    joiners and the resumed streams read what it dropped from Redis (gateway/streaming.py `_Feed.trim`)."""
+    _hub(gateway).trim_events = trim_events
     num_clients, num_steps = 60, 150
     with FleetClient(gateway.url) as client:
         job_id = client.submit({"prompt": "x"})["id"]
@@ -218,3 +225,34 @@ def test_a_client_that_leaves_a_quiet_stream_ends_its_follower(gateway: Threaded
             wait_until(lambda: hub.num_followers == 0, what="the follower to end with its client", timeout_s=3)
         assert client.get(streamed_job)["status"] == "cancelled"  # the OpenAI call's: cancel_on_disconnect
         assert client.get(job_id)["status"] == "queued"  # a job's own stream leaves the job alone
+
+
+def _hub(gateway: ThreadedGateway) -> EventHub:
+    return gateway.server.config.app.app.state.gateway.hub  # type: ignore[no-any-return]  # inside the key shim
+
+
+def test_a_long_jobs_feed_holds_a_window_and_a_late_stream_still_gets_every_event(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """A followed feed keeps only what its followers have not passed (plus a trim's worth), not the job's whole
+    output; a stream opened from the start after the job ended, while the feed lingers trimmed, gets every event
+    once, in order: the dropped ones from Redis, then the feed's."""
+    hub = _hub(gateway)
+    hub.trim_events = 8
+    num_steps = 400
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x", "max_tokens": 2 * num_steps})["id"]
+        worker = PlayedWorker(rclient, settings)
+        assert worker.take() == job_id
+        producer = threading.Thread(target=_produce, args=(worker, job_id, num_steps))
+        producer.start()
+        first = list(client.stream(job_id))
+        producer.join()
+        feed = hub._feeds[keys.job_channel(job_id)]
+        late = list(client.stream(job_id))  # from "0-0": the feed lingers, its start dropped
+        resumed = list(client.stream(job_id, last_event_id=first[100].id))
+    expected = [f"<{i}>" for i in range(num_steps)]
+    assert [e.data["text"] for e in first if e.event == "token"] == expected
+    assert [e.id for e in late] == [e.id for e in first]
+    assert [e.id for e in resumed] == [e.id for e in first[101:]]
+    assert feed.trimmed_key > (0, 0) and len(feed.events) < 4 * hub.trim_events  # not the job's ~400 events
