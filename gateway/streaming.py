@@ -71,7 +71,7 @@ class Wake(asyncio.Event):
         self.ticked = False
         self.is_closed = False
         self.waiting_since_s = time.monotonic()
-        self.after_key: tuple[int, int] = (0, 0)  # the key of the last event its follower yielded (or resumes after)
+        self.after_key: tuple[int, int] = (0, 0)  # its follower's last event yielded (or the one it resumes after)
 
     def close(self) -> None:
         self.is_closed = True
@@ -142,17 +142,24 @@ class _Feed:
             self.is_stale = False  # a wake-up from now on may announce an event this read misses
             while True:
                 after = self.events[-1].id if self.events else "0-0"
-                entries = cast(
-                    list[tuple[str, dict[str, str]]],
-                    await reads.call("XRANGE", keys.job_events(job_id), f"({after}", "+", "COUNT", READ_BATCH),
-                )
+                batch = await read_events(reads, job_id, after)
                 last_key = self.events[-1].key if self.events else (0, 0)
-                for entry_id, fields in entries:  # a wake-up may have appended some of them meanwhile
-                    key = entry_key(entry_id)
-                    if key > last_key:
-                        self.events.append(Event(entry_id, EventType(fields["type"]), fields["data"], key))
-                if len(entries) < READ_BATCH:
+                # a wake-up may have appended some of them meanwhile
+                self.events += [event for event in batch if event.key > last_key]
+                if len(batch) < READ_BATCH:
                     return
+
+
+async def read_events(reads: CommandBatcher, job_id: str, after_id: str, last_id: str = "+") -> list[Event]:
+    """The job's events after `after_id`, up to `last_id`, from its event stream in Redis: READ_BATCH at most."""
+    entries = cast(
+        list[tuple[str, dict[str, str]]],
+        await reads.call("XRANGE", keys.job_events(job_id), f"({after_id}", last_id, "COUNT", READ_BATCH),
+    )
+    return [
+        Event(entry_id, EventType(fields["type"]), fields["data"], entry_key(entry_id))
+        for entry_id, fields in entries
+    ]
 
 
 class EventHub:
@@ -323,15 +330,12 @@ class EventHub:
     async def _read_range(self, job_id: str, after_id: str, last_id: str) -> AsyncGenerator[Event, None]:
         """The job's events after `after_id` up to `last_id`, read from its event stream in Redis."""
         while True:
-            entries = cast(
-                list[tuple[str, dict[str, str]]],
-                await self.reads.call("XRANGE", keys.job_events(job_id), f"({after_id}", last_id, "COUNT", READ_BATCH),
-            )
-            for entry_id, fields in entries:
-                yield Event(entry_id, EventType(fields["type"]), fields["data"], entry_key(entry_id))
-                after_id = entry_id
-            if len(entries) < READ_BATCH:
+            batch = await read_events(self.reads, job_id, after_id, last_id)
+            for event in batch:
+                yield event
+            if len(batch) < READ_BATCH:
                 return
+            after_id = batch[-1].id
 
     async def _is_finished(self, job_id: str) -> bool:
         status: str | None = await self.redis.hget(keys.job_hash(job_id), "status")  # type: ignore[assignment]
