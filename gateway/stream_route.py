@@ -25,10 +25,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.auth import read_owned
 from gateway.errors import ApiError
 from gateway.event_stream import JobEventStream
+from gateway.routes.jobs import EVENT_ID_PATTERN, JOB_ID_PATTERN
 from shared import api_keys
 
-STREAM_PATH = re.compile(r"/v1/jobs/([A-Za-z0-9_-]{1,64})/stream")  # routes/jobs.py: JobId, stream_job
-LAST_EVENT_ID = re.compile(r"\d+-\d+")  # the route's Last-Event-ID pattern
+STREAM_PATH = re.compile(f"/v1/jobs/({JOB_ID_PATTERN})/stream")  # routes/jobs.py: stream_job
+LAST_EVENT_ID = re.compile(EVENT_ID_PATTERN)
 
 
 class StreamShortPath:

@@ -34,7 +34,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 # a well-formed request skips FastAPI's per-request dependency solving (gateway/fast_submit.py)
 submit_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES, route_class=FastSubmitRoute)
 
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+JOB_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"  # also GET /stream's short path (gateway/stream_route.py)
+EVENT_ID_PATTERN = r"\d+-\d+"  # a Last-Event-ID: an entry of the job's event stream
+JobId = Annotated[str, Path(pattern=f"^{JOB_ID_PATTERN}$")]
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait=(\d+(?:\.\d+)?)")
 
 
@@ -157,7 +159,7 @@ async def stream_job(
     job_id: JobId,
     request: Request,
     gw: GatewayDep,
-    last_event_id: Annotated[str | None, Header(pattern=r"^\d+-\d+$")] = None,
+    last_event_id: Annotated[str | None, Header(pattern=f"^{EVENT_ID_PATTERN}$")] = None,
 ) -> JobEventStream:
     """Server-sent events: `token` events, then `done` or `error`; `Last-Event-ID` resumes just after it."""
     if not resource_exists(request):  # read with the key (gateway/auth.py owned_resources)
