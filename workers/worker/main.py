@@ -200,9 +200,7 @@ class Worker:
             urgent = self._preempting_priorities()
             leases = self.reader.pull(min(urgent.values()), list(urgent))
             self._jobs_queued -= urgent.keys()
-        self.num_pulled_last = len(leases)
-        for lease in leases:
-            self._admit(lease)
+        self._admit_pulled(leases)
 
     def _wait_and_pull(self) -> None:
         """Idle: block on the queues, the pull riding the same round trip where the reader can
@@ -218,6 +216,10 @@ class Worker:
             for lease in leases:
                 log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
             leases = []
+        self._admit_pulled(leases)
+
+    def _admit_pulled(self, leases: list[Lease]) -> None:
+        """A pull's jobs into the engine (`num_pulled_last` counts them)."""
         self.num_pulled_last = len(leases)
         for lease in leases:
             self._admit(lease)

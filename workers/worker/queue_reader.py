@@ -276,7 +276,7 @@ class QueueReader:
         streams = {keys.queue_stream(p, 0): self.last_ids[(0, p)] for p in Priority}
         call_keys = [keys.queue_stream(p, 0) for p in order]
         woke, pulled = self._held.execute([
-            ("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *streams, *streams.values()),
+            _blocking_read(streams, block_ms),
             ("EVALSHA", self._pull.sha, len(call_keys), *call_keys, *self._args(0, max_jobs, self._reclaim_ms())),
         ])  # fmt: skip
         if isinstance(woke, Exception):
@@ -302,7 +302,7 @@ class QueueReader:
         if self._held is None:
             self.redis.xread(streams, count=1, block=block_ms)  # type: ignore[arg-type]
             return
-        reply = self._held.execute([("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *streams, *streams.values())])
+        reply = self._held.execute([_blocking_read(streams, block_ms)])
         if isinstance(reply[0], Exception):
             raise reply[0]
 
@@ -322,3 +322,8 @@ class QueueReader:
             args=[self._contexts[lease.partition], lease.job_id, lease.attempt],
         )
         return str(result)
+
+
+def _blocking_read(streams: dict[str, str], block_ms: int) -> tuple[object, ...]:
+    """The XREAD an idle worker blocks in: one entry newer than the last seen one on any of `streams`."""
+    return ("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *streams, *streams.values())
