@@ -85,11 +85,14 @@ class _Feed:
     waiters: set[Wake] = field(default_factory=set)  # one per follower, set on each wake-up
     idle_since: float | None = None  # when its last follower left
     events: list[Event] = field(default_factory=list)  # a gapless run of the job's event stream, to its newest
-    trimmed_key: tuple[int, int] = (0, 0)  # the last event dropped from the run's start (`trim`); (0, 0): none
-    trimmed_id: str = "0-0"
+    trimmed_id: str = "0-0"  # the last event dropped from the run's start (`trim`); "0-0": none
     is_stale: bool = True  # a wake-up came that `events` may not hold (nothing read yet, a bare or gapped wake-up)
     is_from_start: bool = False  # made before the job existed, while the hub heard every job: no event missed
     read_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def trimmed_key(self) -> tuple[int, int]:
+        return entry_key(self.trimmed_id)
 
     @property
     def is_complete(self) -> bool:
@@ -113,7 +116,7 @@ class _Feed:
         num = min(bisect.bisect_right(self.events, oldest, key=lambda e: e.key), len(self.events) - 1)
         if num < min_events:
             return
-        self.trimmed_key, self.trimmed_id = self.events[num - 1].key, self.events[num - 1].id
+        self.trimmed_id = self.events[num - 1].id
         del self.events[:num]
 
     def take(self, wake: EventWake | None) -> None:
