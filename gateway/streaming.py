@@ -1,23 +1,25 @@
 """The token path on the gateway side: ONE pub/sub connection per process (gateway/pubsub.py), subscribed to
 every job's channel with one pattern, fanned out to every follower.
 
-Per job followed in this process there is one feed: the job's events held so far (one list, shared by the
-job's followers: a gapless run of the job's event stream, up to its newest). What every follower has passed is
-dropped from the run's start, a trim's worth at a time (`_Feed.trim`), so a long job's stream holds a window,
-not its whole output; a follower that needs a dropped event (a resume from an earlier Last-Event-ID, a stream
-opened late) reads that range from Redis first, then joins the feed. A follower (an SSE client, or a `Prefer: wait`
-submit) reads the job's event stream once the hub hears every job, yields what it has not sent, and sleeps
-until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads: a lost wake-up
-costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its
+Per job followed in this process there is one feed: the job's events held so far (one list, shared by the job's
+followers: a gapless run of the job's event stream, up to its newest). What every follower has passed is dropped
+from the run's start, a trim's worth at a time (`_Feed.trim`), so a long job's stream holds a window, not its
+whole output; a follower that needs a dropped event (a resume from an earlier Last-Event-ID, a stream opened late)
+reads that range from Redis first, then joins the feed. A feed made for a stream on a job no feed here held starts
+at that stream's position (a resume reads no event before it), and a feed behind its job's newest event reads a
+batch at a time, so a stream opened late on a long job holds a window too. A follower (an SSE client, or a
+`Prefer: wait` submit) reads the job's event stream once the hub hears every job, yields what it has not sent, and
+sleeps until a wake-up (or the hub's keepalive tick after keepalive_s of quiet, which also re-reads: a lost
+wake-up costs latency, never an event; a pub/sub reconnect wakes every follower to re-read). A wake-up carries its
 event and the id of the one before it (shared.lua.EventWake): when that is the feed's last event, the event is
-appended and no follower reads Redis. Any other wake-up (a bare one for a large event, one after a gap) marks
-the feed stale, and ONE of the followers it woke reads the stream: a read that began after a follower's wake-up
-saw every event published before it. A submit that streams its job's events makes the job's feed before the
-job exists (`expect`): it then holds every event from the first, and its follower reads nothing. The event
-stream is the truth: nothing is lost, repeated or reordered, whatever the timing of connects and reconnects. A
-follower that finds nothing new and the job ended reads the events once more before it ends the stream: the
-job may have run to its end between the two reads (all its events written after the first, its status read
-after them). Reads of one loop turn go to Redis together, one pipelined write (gateway/redis_batch.py).
+appended and no follower reads Redis. Any other wake-up (a bare one for a large event, one after a gap) marks the
+feed stale, and ONE of the followers it woke reads the stream: a read that began after a follower's wake-up saw
+every event published before it. A submit that streams its job's events makes the job's feed before the job exists
+(`expect`): it then holds every event from the first, and its follower reads nothing. The event stream is the
+truth: nothing is lost, repeated or reordered, whatever the timing of connects and reconnects. A follower that
+finds nothing new and the job ended reads the events once more before it ends the stream: the job may have run to
+its end between the two reads (all its events written after the first, its status read after them). Reads of one
+loop turn go to Redis together, one pipelined write (gateway/redis_batch.py).
 
 Every gateway process hears every job's events (one pattern, no SUBSCRIBE per job, so a new stream waits for
 no confirmation): each message costs a process that does not follow the job a parse and a dictionary miss.
@@ -44,12 +46,13 @@ from shared.schemas import EventType
 
 log = logging.getLogger(__name__)
 
-READ_BATCH = 512  # event-stream entries per XRANGE
+READ_BATCH = 512  # event-stream entries per XRANGE: a feed behind its job reads this many at a time
 SUBSCRIBE_WAIT_S = 2.0  # how long a follower waits for the hub's PSUBSCRIBE to be confirmed (at start)
 CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it whole)
 # a followed feed drops the events all its followers yielded, this many or more at a time: ~386 bytes an event
 # held, so a 32,000-token job's stream held ~12 MB in the gateway before (one event a token at one client)
 FEED_TRIM_EVENTS = 256
+MAX_START_KEY = (2**64 - 1, 2**64 - 1)  # Redis's largest entry id: an XRANGE cannot start after it
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"  # every job's channel: ONE pattern subscription per gateway process
 
 
@@ -106,6 +109,18 @@ class _Feed:
             return hint
         return bisect.bisect_right(self.events, after_key, key=lambda e: e.key)
 
+    def start_at_followers(self) -> None:
+        """A feed that holds nothing and is not reading (a stream opened on a job no feed here held: a resume after
+        the linger, a job another gateway process streamed) starts its run after its followers' earliest
+        position, not at the job's first event. Never before a follower that joined already (it checked the
+        run's start); one that joins later with an earlier position reads what comes before the start from
+        Redis, as after a trim (`EventHub.follow`)."""
+        if self.events or self.is_from_start or self.read_lock.locked() or not self.waiters:
+            return
+        start = min(waiter.after_key for waiter in self.waiters)
+        if self.trimmed_key < start < MAX_START_KEY:  # a Last-Event-ID past any stream entry reads as before
+            self.trimmed_id = f"{start[0]}-{start[1]}"
+
     def trim(self, min_events: int) -> None:
         """Drop the events every follower has yielded, once at least `min_events` can go at a time; the last event
         stays (whether the job ended). A follower that needs a dropped one reads it from Redis (`EventHub.follow`);
@@ -133,31 +148,37 @@ class _Feed:
             return
         self.events.append(Event(id=wake.id, type=event_type, data=wake.data, key=entry_key(wake.id)))
 
-    async def catch_up(self, reads: CommandBatcher, job_id: str, force: bool = False) -> None:
-        """Read the events not held yet, when a wake-up could not hand them over (or `force`). A read that began
-        after the caller's wake-up saw every event it announced, so the caller waits for it and reads nothing.
-        The reads of the feeds one wake-up round woke go to Redis as one pipelined write (redis_batch.py)."""
+    async def catch_up(
+        self, reads: CommandBatcher, job_id: str, force: bool = False, batch: int = READ_BATCH
+    ) -> None:
+        """Read the events not held yet, when a wake-up could not hand them over (or `force`): `batch` of them at
+        most, so a feed behind by a long job's output (a stream opened late) holds a batch ahead of its
+        followers, not that output; it stays stale while there is more to read, and its followers read again
+        without waiting. A read that began after the caller's wake-up saw every event it announced, so the caller
+        waits for it and reads nothing. The reads of the feeds one wake-up round woke go to Redis as one
+        pipelined write (redis_batch.py)."""
         if not (self.is_stale or force or self.read_lock.locked()) or self.is_complete:
             return  # the common case: a wake-up that carried its event, no read in flight
         async with self.read_lock:  # a read in flight may hold what woke this caller: wait for it
             if not (self.is_stale or force) or self.is_complete:
                 return
             self.is_stale = False  # a wake-up from now on may announce an event this read misses
-            while True:
-                after = self.events[-1].id if self.events else "0-0"
-                batch = await read_events(reads, job_id, after)
-                last_key = self.events[-1].key if self.events else (0, 0)
-                # a wake-up may have appended some of them meanwhile
-                self.events += [event for event in batch if event.key > last_key]
-                if len(batch) < READ_BATCH:
-                    return
+            after = self.events[-1].id if self.events else self.trimmed_id
+            read = await read_events(reads, job_id, after, count=batch)
+            last_key = self.events[-1].key if self.events else self.trimmed_key
+            # a wake-up may have appended some of them meanwhile
+            self.events += [event for event in read if event.key > last_key]
+            if len(read) == batch:  # there may be more: the next pass of a follower reads on
+                self.is_stale = True
 
 
-async def read_events(reads: CommandBatcher, job_id: str, after_id: str, last_id: str = "+") -> list[Event]:
-    """The job's events after `after_id`, up to `last_id`, from its event stream in Redis: READ_BATCH at most."""
+async def read_events(
+    reads: CommandBatcher, job_id: str, after_id: str, last_id: str = "+", count: int = READ_BATCH
+) -> list[Event]:
+    """The job's events after `after_id`, up to `last_id`, from its event stream in Redis: `count` at most."""
     entries = cast(
         list[tuple[str, dict[str, str]]],
-        await reads.call("XRANGE", keys.job_events(job_id), f"({after_id}", last_id, "COUNT", READ_BATCH),
+        await reads.call("XRANGE", keys.job_events(job_id), f"({after_id}", last_id, "COUNT", count),
     )
     return [
         Event(entry_id, EventType(fields["type"]), fields["data"], entry_key(entry_id))
@@ -174,12 +195,14 @@ class EventHub:
         linger_s: float = CHANNEL_LINGER_S,
         wire: WireConnection | None = None,  # the process's command connection (gateway/redis_wire.py)
         trim_events: int = FEED_TRIM_EVENTS,  # _Feed.trim
+        read_batch: int = READ_BATCH,  # event-stream entries per XRANGE (_Feed.catch_up, _read_range)
     ) -> None:
         self.redis = redis
         self.reads = CommandBatcher(redis, wire=wire)  # the feeds' XRANGEs of one loop turn: one write
         self.keepalive_s = keepalive_s
         self.linger_s = linger_s
         self.trim_events = trim_events
+        self.read_batch = read_batch
         self.pubsub = Subscriber(redis_url, self._on_message, self._on_subscribed, self._on_lost)
         self.is_hearing = asyncio.Event()  # the pattern subscription is confirmed and its connection up
         self._feeds: dict[str, _Feed] = {}  # pub/sub channel -> feed
@@ -296,6 +319,7 @@ class EventHub:
         wake = wake if wake is not None else Wake()
         wake.after_key = after_key  # before the feed counts this follower: no trim drops what it still needs
         async with self.watch(job_id, wake) as feed:
+            feed.start_at_followers()
             if after_key < feed.trimmed_key:  # a resume or a late join: what the feed dropped comes from Redis
                 async with aclosing(self._read_range(job_id, after_id, feed.trimmed_id)) as dropped:
                     async for event in dropped:
@@ -306,12 +330,12 @@ class EventHub:
             check_finished = not (feed.is_from_start and not feed.is_stale)
             while not wake.is_closed:
                 wake.clear()
-                await feed.catch_up(self.reads, job_id, force=check_finished)
+                await feed.catch_up(self.reads, job_id, force=check_finished, batch=self.read_batch)
                 position = feed.position_after(after_key, position)
                 new = feed.events[position:]
                 if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
                     if not feed.is_complete:  # the job may have ended after the events were read: read them again
-                        await feed.catch_up(self.reads, job_id, force=True)
+                        await feed.catch_up(self.reads, job_id, force=True, batch=self.read_batch)
                         position = feed.position_after(after_key, position)
                         new = feed.events[position:]
                     if not new:
@@ -324,6 +348,8 @@ class EventHub:
                     if event.type.is_final:
                         return
                 feed.trim(self.trim_events)
+                if feed.is_stale and new:  # a read that stopped at its batch: read on before waiting
+                    continue
                 wake.ticked, wake.waiting_since_s = False, time.monotonic()
                 await wake.wait()
                 if wake.ticked and not wake.is_closed:
@@ -333,10 +359,10 @@ class EventHub:
     async def _read_range(self, job_id: str, after_id: str, last_id: str) -> AsyncGenerator[Event, None]:
         """The job's events after `after_id` up to `last_id`, read from its event stream in Redis."""
         while True:
-            batch = await read_events(self.reads, job_id, after_id, last_id)
+            batch = await read_events(self.reads, job_id, after_id, last_id, count=self.read_batch)
             for event in batch:
                 yield event
-            if len(batch) < READ_BATCH:
+            if len(batch) < self.read_batch:
                 return
             after_id = batch[-1].id
 

@@ -8,8 +8,9 @@ import time
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from gateway.streaming import EventHub, Wake
+from gateway.streaming import Event, EventHub, Wake, _Feed
 from shared import keys, lua
+from shared.schemas import EventType
 
 
 def test_one_pattern_subscription_shared_feeds_and_idle_feeds_dropped(redis_url: str) -> None:
@@ -186,3 +187,39 @@ def test_a_job_expected_before_its_submit_is_streamed_without_a_read(redis_url: 
 
 def _hget_calls(redis: SyncRedis) -> int:
     return int(redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_new_feed_starts_at_its_earliest_follower_and_never_past_one() -> None:
+    """A feed that holds nothing and reads nothing starts its run after the earliest position among its
+    followers (gateway/streaming.py `_Feed.start_at_followers`): never past one that joined already, never
+    moved back, and not for a feed that holds events, reads, or was made before its job (`expect`)."""
+
+    def wake_at(entry_id: str) -> Wake:
+        wake = Wake()
+        wake.after_key = lua.entry_key(entry_id)
+        return wake
+
+    feed = _Feed(waiters={wake_at("7-0"), wake_at("5-2"), wake_at("9-1")})
+    feed.start_at_followers()
+    assert feed.trimmed_id == "5-2"
+    feed.waiters.add(wake_at("3-0"))  # joins later, from an earlier position: it reads up to 5-2 from Redis
+    feed.start_at_followers()
+    assert feed.trimmed_id == "5-2"
+    feed.waiters = {wake_at("8-0")}  # the others left: nothing held, so the run may start later
+    feed.start_at_followers()
+    assert feed.trimmed_id == "8-0"
+
+    holding = _Feed(waiters={wake_at("5-0")}, events=[Event("4-0", EventType.TOKEN, "{}", (4, 0))])
+    expected = _Feed(waiters={wake_at("5-0")}, is_from_start=True)
+    past_every_entry = _Feed(waiters={wake_at(f"{2**64 - 1}-{2**64 - 1}")})
+    for feed in (holding, expected, past_every_entry):
+        feed.start_at_followers()
+        assert feed.trimmed_id == "0-0"
+
+    async def while_reading() -> str:
+        feed = _Feed(waiters={wake_at("5-0")})
+        async with feed.read_lock:  # a read in flight started at the run's start: the start stays
+            feed.start_at_followers()
+        return feed.trimmed_id
+
+    assert asyncio.run(while_reading()) == "0-0"

@@ -256,3 +256,85 @@ def test_a_long_jobs_feed_holds_a_window_and_a_late_stream_still_gets_every_even
     assert [e.id for e in late] == [e.id for e in first]
     assert [e.id for e in resumed] == [e.id for e in first[101:]]
     assert feed.trimmed_key > (0, 0) and len(feed.events) < 4 * hub.trim_events  # not the job's ~400 events
+
+
+def test_a_stream_on_a_job_no_feed_held_starts_at_its_position_and_reads_a_batch_at_a_time(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """A stream opened on a job whose events no feed here holds (a resume after the feed's linger, a job another
+    gateway process streamed): its feed starts after the stream's position, not at the job's first event, and
+    reads a batch at a time, trimming as it goes, so it never holds the job's whole output."""
+    hub = _hub(gateway)
+    num_steps = 400
+    worker = PlayedWorker(rclient, settings)
+    with FleetClient(gateway.url) as client:
+        job_ids = [client.submit({"prompt": "x", "max_tokens": 2 * num_steps})["id"] for _ in range(2)]
+        for job_id in job_ids:
+            assert worker.take() == job_id
+            _produce(worker, job_id, num_steps)  # nobody follows it: no feed
+            assert keys.job_channel(job_id) not in hub._feeds
+        ids = [[entry_id for entry_id, _ in rclient.xrange(keys.job_events(job_id))] for job_id in job_ids]
+        expected = [f"<{i}>" for i in range(num_steps)]
+
+        resumed = list(client.stream(job_ids[0], last_event_id=ids[0][300]))  # the default batch and trim
+        feed = hub._feeds[keys.job_channel(job_ids[0])]
+        assert [e.id for e in resumed] == ids[0][301:]
+        assert feed.events[0].id == ids[0][301]  # its run started there: the first 300 events were never read
+
+        hub.read_batch, hub.trim_events = 16, 8
+        with client.http.stream("GET", f"/v1/jobs/{job_ids[1]}/stream") as response:  # from the start
+            lines = list(response.iter_lines())
+        late = list(iter_sse(lines))
+        assert ": keepalive" not in lines  # each batch read on at once, none waited for the keepalive tick
+        feed = hub._feeds[keys.job_channel(job_ids[1])]
+        assert [e.data["text"] for e in late if e.event == "token"] == expected and late[-1].event == "done"
+        assert [e.id for e in late] == ids[1]
+        assert len(feed.events) < 2 * (hub.read_batch + hub.trim_events)  # not the job's ~400 events
+
+        for past_every_entry in ("18446744073709551615-0", "18446744073709551615-18446744073709551615"):
+            assert list(client.stream(job_ids[0], last_event_id=past_every_entry)) == []
+
+
+def test_streams_racing_into_a_job_no_feed_held_each_get_every_event_after_their_position(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """40 streams open at once on a job half produced with nobody following, each from its own position (the
+    start, or a random Last-Event-ID), while the job produces the rest; its new feed reads 8 events at a time
+    and trims every 4. Whichever stream makes the feed, each gets every event after its position once, in
+    order (those before the feed's start from Redis)."""
+    hub = _hub(gateway)
+    hub.read_batch, hub.trim_events = 8, 4
+    num_steps, num_clients = 300, 40
+    worker = PlayedWorker(rclient, settings)
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x", "max_tokens": 2 * num_steps})["id"]
+    assert worker.take() == job_id
+    gate = threading.Event()
+    producer = threading.Thread(target=_produce, args=(worker, job_id, num_steps, gate, num_steps // 2))
+    producer.start()
+    wait_until(lambda: rclient.xlen(keys.job_events(job_id)) >= num_steps // 2, what="half the job's events")
+    first_half = [entry_id for entry_id, _ in rclient.xrange(keys.job_events(job_id))]
+    rng = random.Random(11)
+    positions = [rng.choice([None, *first_half]) for _ in range(num_clients)]
+
+    async def follow(http: httpx.AsyncClient, last_event_id: str | None) -> list[SseEvent]:
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        async with http.stream("GET", f"/v1/jobs/{job_id}/stream", headers=headers) as response:
+            return list(iter_sse([line async for line in response.aiter_lines()]))
+
+    async def main() -> list[list[SseEvent]]:
+        limits = httpx.Limits(max_connections=num_clients + 5)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30, limits=limits) as http:
+            tasks = [asyncio.create_task(follow(http, position)) for position in positions]
+            await asyncio.sleep(0.2)  # the streams open while the job is quiet, then it produces the rest
+            gate.set()
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(main())
+    producer.join()
+    ids = [entry_id for entry_id, _ in rclient.xrange(keys.job_events(job_id))]
+    assert len(ids) == num_steps + 2  # `running`, the tokens, `done`
+    for position, events in zip(positions, results, strict=True):
+        start = 0 if position is None else ids.index(position) + 1
+        assert [e.id for e in events] == ids[start:]
+        assert events[-1].event == "done"
