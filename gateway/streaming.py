@@ -226,20 +226,22 @@ class EventHub:
         await self.pubsub.stop()
 
     async def _tick_loop(self) -> None:
-        """Keepalive ticks for followers that waited keepalive_s (checked every quarter of it), and the sweep of
-        idle feeds every linger_s."""
-        next_sweep_s = time.monotonic() + self.linger_s
+        """Every quarter of keepalive_s: keepalive ticks for followers that waited keepalive_s, and the drop of
+        feeds nobody followed for linger_s (a feed kept that long serves a client resuming its stream without a
+        read), in one pass over the feeds."""
         while True:
             await asyncio.sleep(self.keepalive_s / 4)
             now = time.monotonic()
-            for feed in self._feeds.values():
+            idle = []
+            for name, feed in self._feeds.items():
                 for waiter in feed.waiters:
                     if not waiter.is_set() and now - waiter.waiting_since_s >= self.keepalive_s:
                         waiter.ticked = True
                         waiter.set()
-            if now >= next_sweep_s:
-                next_sweep_s = now + self.linger_s
-                self._drop_idle_feeds()
+                if not feed.waiters and feed.idle_since is not None and now - feed.idle_since > self.linger_s:
+                    idle.append(name)
+            for name in idle:
+                del self._feeds[name]
 
     def _on_message(self, channel: str, data: str) -> None:
         feed = self._feeds.get(channel)
@@ -267,18 +269,6 @@ class EventHub:
         feed.is_stale = True
         for waiter in feed.waiters:
             waiter.set()
-
-    def _drop_idle_feeds(self) -> None:
-        """Drop feeds nobody followed for linger_s (a feed kept that long serves a client resuming its stream
-        without a read)."""
-        now = time.monotonic()
-        idle = [
-            name
-            for name, feed in self._feeds.items()
-            if not feed.waiters and feed.idle_since is not None and now - feed.idle_since > self.linger_s
-        ]
-        for name in idle:
-            del self._feeds[name]
 
     def expect(self, job_id: str) -> None:
         """A job about to be created here (its submit not sent yet): its feed from now on holds every event the

@@ -223,3 +223,29 @@ def test_a_new_feed_starts_at_its_earliest_follower_and_never_past_one() -> None
         return feed.trimmed_id
 
     assert asyncio.run(while_reading()) == "0-0"
+
+
+def test_a_feed_nobody_follows_goes_at_the_first_tick_after_its_linger(redis_url: str) -> None:
+    """Idle feeds are dropped by the keepalive tick's pass over the feeds (every keepalive_s / 4), not by a
+    sweep every linger_s: a feed lives at most linger_s and a tick after its last follower left."""
+
+    async def scenario() -> tuple[bool, bool]:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        hub = EventHub(redis, redis_url, keepalive_s=0.4, linger_s=30.0)
+        await hub.start()
+        try:
+            async with hub.watch("j1", Wake()) as feed:
+                pass
+            await asyncio.sleep(0.3)  # a few ticks: it lingers
+            lingers = hub.num_feeds == 1
+            feed.idle_since = time.monotonic() - 31.0  # as if its last follower left linger_s ago
+            for _ in range(50):  # the next tick drops it (a sweep every linger_s would wait ~30 s)
+                if hub.num_feeds == 0:
+                    break
+                await asyncio.sleep(0.1)
+            return lingers, hub.num_feeds == 0
+        finally:
+            await hub.stop()
+            await redis.aclose()
+
+    assert asyncio.run(scenario()) == (True, True)
