@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 READ_BATCH = 512  # event-stream entries per XRANGE: a feed behind its job reads this many at a time
 SUBSCRIBE_WAIT_S = 2.0  # how long a follower waits for the hub's PSUBSCRIBE to be confirmed (at start)
-CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it whole)
+CHANNEL_LINGER_S = 10.0  # a feed without followers is dropped after this (a resumed stream finds it held)
 # a followed feed drops the events all its followers yielded, this many or more at a time: ~386 bytes an event
 # held, so a 32,000-token job's stream held ~12 MB in the gateway before (one event a token at one client)
 FEED_TRIM_EVENTS = 256
