@@ -15,6 +15,10 @@
    A third system in the same interleaved rounds, `fleet_stream_interval`: the same requests with
    `stream_interval_ms` (`plan.stream_interval_ms`: a job's tokens in one event at most that often, the first
    token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
+   Every fleet row has its worker loop's wall time by part (`loop_<part>_share`, from the worker's /metrics:
+   workers/bench/e2e_loop.py), and fleet and engine rows the tokens an engine step made: ratios
+   `fleet_loop_engine_share_c{N}` (the loop's time in the engine's step) and `fleet_vs_engine_tokens_per_step_c{N}`
+   (the batch's fill against the in-process engine's).
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`); the gateway's resident memory before and
    at its peak (sampled every 50 ms: `sse_gateway_peak_rss_mb`, `sse_gateway_kb_per_stream`).
@@ -51,7 +55,7 @@ import torch
 from shared import cpu_placement, gc_pauses
 from shared.redis_server import free_port
 from shared.settings import ServiceSettings
-from workers.bench import e2e_gc
+from workers.bench import e2e_gc, e2e_loop
 from workers.bench.e2e_cost import cost_ratios, cost_row, plain_run
 from workers.bench.e2e_fleet import ROOT, BenchFleet
 from workers.bench.e2e_latency import Timings, request_mix, run_engine, run_fleet, summary
@@ -147,11 +151,17 @@ def _interleaved(
 
 
 def _fleet_round(fleet: BenchFleet, bodies: list[dict[str, Any]], concurrency: int) -> Timings:
-    """One fleet round, with the CPU seconds each process spent while it ran (`client`: this process)."""
+    """One fleet round, with the CPU seconds each process spent while it ran (`client`: this process) and the
+    worker loop's seconds by part and engine steps (workers/bench/e2e_loop.py)."""
+    url = fleet.worker_metrics_url
+    loop_before = e2e_loop.scrape(url) if url else None
     before = {**fleet.cpu_seconds(), "client": cpu_seconds()}
     timings = asyncio.run(run_fleet(fleet.endpoint, bodies, concurrency))
     after = {**fleet.cpu_seconds(), "client": cpu_seconds()}
     timings.cpu_s = {name: after[name] - before.get(name, 0.0) for name in after}
+    if url and loop_before is not None:
+        loop = e2e_loop.scrape(url).since(loop_before)
+        timings.loop_s, timings.num_engine_steps = loop.seconds, int(loop.num_engine_steps)
     return timings
 
 
@@ -176,6 +186,13 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
             ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
+        fleet_row, engine_row = pair["fleet"], pair["engine"]
+        if "loop_engine_share" in fleet_row:  # the worker loop's time in the engine's step (e2e_loop.py)
+            ratios[f"fleet_loop_engine_share_c{c}"] = fleet_row["loop_engine_share"]
+        if fleet_row.get("tokens_per_engine_step") and engine_row.get("tokens_per_engine_step"):
+            ratios[f"fleet_vs_engine_tokens_per_step_c{c}"] = (  # the batch's fill against the in-process engine's
+                fleet_row["tokens_per_engine_step"] / engine_row["tokens_per_engine_step"]
+            )
         for system, suffix in (("fleet", ""), ("fleet_stream_interval", "_stream_interval")):
             io = [pair.get(system, {}).get(f"{name}_cpu_us_per_token") for name in IO_PROCESSES]
             if all(value is not None for value in io):

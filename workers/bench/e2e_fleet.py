@@ -55,6 +55,9 @@ class BenchFleet(ProcessGroup):
         # the processes' redis_partitions (their environment: shared/fleet.py), where a new key's record must go
         children_env = {**os.environ, **FLEET_ENV, **(env or {})}
         self.num_partitions = int(children_env.get("SPECFLEET_REDIS_PARTITIONS", "1"))
+        metrics_port = int(children_env.get("SPECFLEET_WORKER_METRICS_PORT", "0") or 0)
+        # the worker's /metrics when it serves them on a known port (the loop's parts: workers/bench/e2e_loop.py)
+        self.worker_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
 
     @property
     def redis_url(self) -> str:

@@ -40,6 +40,8 @@ class Timings:
     elapsed_s: float = 0.0
     job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
     cpu_s: dict[str, float] = field(default_factory=dict)  # fleet runs: CPU seconds by process while they ran
+    loop_s: dict[str, float] = field(default_factory=dict)  # fleet runs: the worker loop's seconds by part
+    num_engine_steps: int = 0  # engine steps that made the tokens (the fleet's worker's, or in-process)
 
     def merge(self, other: "Timings") -> None:
         """Add another run of the same system (a latency round): tokens/s becomes all tokens over all time."""
@@ -51,6 +53,9 @@ class Timings:
         self.job_ids += other.job_ids
         for name, seconds in other.cpu_s.items():
             self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
+        for part, seconds in other.loop_s.items():
+            self.loop_s[part] = self.loop_s.get(part, 0.0) + seconds
+        self.num_engine_steps += other.num_engine_steps
 
     def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int, num_events: int) -> None:
         self.ttft_s.append(first_s - start_s)
@@ -70,9 +75,14 @@ def percentile_ms(values: list[float], q: float) -> float:
 
 
 def summary(t: Timings) -> dict[str, float]:
-    """The figures of a run; a fleet run's CPU by process as `<process>_cpu_us_per_token`."""
+    """The figures of a run; a fleet run's CPU by process as `<process>_cpu_us_per_token`, its worker loop's share
+    of wall time by part as `loop_<part>_share` (workers/bench/e2e_loop.py)."""
     cpu = {f"{name}_cpu_us_per_token": seconds / t.num_tokens * 1e6 for name, seconds in t.cpu_s.items()
            if t.num_tokens}  # fmt: skip
+    loop_total_s = sum(t.loop_s.values())
+    loop = {f"loop_{part}_share": seconds / loop_total_s for part, seconds in t.loop_s.items() if loop_total_s > 0}
+    if t.num_engine_steps:
+        loop["tokens_per_engine_step"] = t.num_tokens / t.num_engine_steps
     return {
         "ttft_ms_p50": percentile_ms(t.ttft_s, 50),
         "ttft_ms_p99": percentile_ms(t.ttft_s, 99),
@@ -83,6 +93,7 @@ def summary(t: Timings) -> dict[str, float]:
         "ttft_ms_mean": statistics.fmean(t.ttft_s) * 1e3 if t.ttft_s else 0.0,
         "tokens_per_event": t.num_tokens / t.num_events if t.num_events else 0.0,
         **cpu,
+        **loop,
     }
 
 
@@ -160,6 +171,7 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
         add_next(client)
     while engine.num_unfinished():
         outputs = engine.step()
+        timings.num_engine_steps += 1
         now = time.perf_counter()
         for out in outputs:
             entry = live[out.request_id]

@@ -3,6 +3,7 @@
 import typer
 
 from workers.bench.report import format_table, machine_info, write_json
+from workers.worker.loop_time import LoopPart
 
 
 def bench_engine_command(quick: bool, json_path: str | None) -> int:
@@ -137,6 +138,11 @@ def print_e2e(result: dict) -> None:
     if fleet_cpu:  # the fleet's CPU per generated token, by process (the I/O core's share: gateway to client)
         names = ("gateway", "redis", "writer", "client", "worker")
         typer.echo(format_table(fleet_cpu, ["system", "concurrency", *(f"{n}_cpu_us_per_token" for n in names)]))
+        typer.echo("")
+    steps = [r for r in rows if r["phase"] == "latency" and "tokens_per_engine_step" in r]
+    if steps:  # the worker loop's wall time by part, and the tokens an engine step made (the engine's too)
+        parts = [f"loop_{part}_share" for part in LoopPart]
+        typer.echo(format_table(steps, ["system", "concurrency", "tokens_per_engine_step", *parts]))
         typer.echo("")
     for key, value in result["ratios"].items():
         typer.echo(f"{key}: {value:.3f}")

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 
 from shared.gc_pauses import GcMetrics
 from workers.engine.outputs import StepOutput
+from workers.worker.loop_time import LoopClock
 from workers.worker.priority_metrics import PriorityMetrics
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,8 @@ class EngineMetrics:
         self.compile = CompileCollector()
         r.register(self.compile)
         self.priorities = PriorityMetrics(r)  # preemptions, queue wait and TTFT by queue priority
+        self.loop_clock = LoopClock()  # the worker loop's time by part, read at scrape time (loop_time.py)
+        r.register(self.loop_clock)
         self._num_spec_steps_seen = -1
         self._num_new_tokens = 0  # generated since the last refresh
         self._next_refresh_s = 0.0  # time.monotonic() of the next refresh while steps run

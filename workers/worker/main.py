@@ -3,6 +3,7 @@
     step:  retire what was written -> drop lost/cancelled jobs -> pull what the engine can admit
            -> engine.step() -> emit (hand the step's writes to the writer process)
            (a worker that holds no job pulls first and reads its control channel after: nothing to drop before)
+    each part's wall time is charged to a LoopClock (workers/worker/loop_time.py: specfleet_worker_loop_seconds)
 
 Step N's writes (tokens, finishes, failures, webhook notices: ONE pipelined round trip, workers/worker/writer.py)
 go to Redis from a process of their own while step N+1 computes (a thread would share the loop's GIL); a job is
@@ -41,6 +42,7 @@ from workers.worker.engine_metrics import JobOutcome
 from workers.worker.heartbeat import Heartbeat
 from workers.worker.job_hooks import JobHooks
 from workers.worker.logprobs import JobLogprobs, TokenTexts
+from workers.worker.loop_time import LoopClock, LoopPart
 from workers.worker.prompts import engine_priority, engine_prompt, sampling_params
 from workers.worker.queue_reader import Lease, QueueReader
 from workers.worker.stream_interval import TokenHold
@@ -97,6 +99,7 @@ class Worker:
         self.model_name = model_name
         self.params_factory = params_factory
         self.metrics = metrics
+        self.clock: LoopClock = metrics.loop_clock if metrics is not None else LoopClock()  # the loop's time by part
         self.on_started = on_started
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
@@ -135,22 +138,34 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def step(self) -> None:
+        clock = self.clock
         self._retire()
+        clock.charge(LoopPart.REPORTS)
         is_holding = bool(self.leases)
         if is_holding:
             self._drop(self._lost_jobs())
         self._time_out(self.deadlines.past())
         if self._may_pull():
+            clock.charge(LoopPart.CONTROL)
             self._pull()
+            clock.charge(LoopPart.PULL)
         if not is_holding:  # nothing to drop before the pull: it goes first (a new job's start waits less)
             self._drop(self._lost_jobs())  # a job cancelled as it was pulled is dropped before its first step
-        step_start_s = time.perf_counter()
-        outputs = self.engine.step() if self.running else []
-        self._account(time.perf_counter() - step_start_s, outputs)
+        clock.charge(LoopPart.CONTROL)
+        outputs: list[StepOutput] = []
+        if self.running:
+            step_start_s = time.perf_counter()
+            outputs = self.engine.step()
+            step_s = time.perf_counter() - step_start_s
+            clock.charge(LoopPart.ENGINE)
+            clock.num_engine_steps += 1
+            self._account(step_s, outputs)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
             self.metrics.priorities.step(self.engine, outputs, self.leases)
+        clock.charge(LoopPart.CONTROL)
         self._emit(outputs)
+        clock.charge(LoopPart.HAND_OFF)
 
     def _retire(self) -> None:
         """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours."""
@@ -239,14 +254,17 @@ class Worker:
 
     def run(self) -> None:
         self.start()
+        self.clock.restart()
         try:
             while not self._should_exit():
                 try:
                     self.step()
                     if self._is_idle():
                         self._wait_and_pull()
+                        self.clock.charge(LoopPart.IDLE)
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
+                    self.clock.charge(LoopPart.CONTROL)
         finally:
             self.shutdown()
 

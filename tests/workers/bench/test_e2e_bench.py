@@ -17,6 +17,7 @@ from workers.bench.e2e_gc import GcSnapshot, during
 from workers.bench.e2e_load import lost_tokens
 from workers.bench.http_client import cpu_seconds
 from workers.bench.report import machine_info, write_json
+from workers.worker.loop_time import LoopPart
 
 HEADLINES = (
     "fleet_ttft_overhead_ms_p50",
@@ -73,6 +74,18 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
         if r["system"].startswith("fleet"):
             assert 1 <= r["tokens_per_event"] <= plan.max_tokens
     assert {f"fleet_ttft_queued_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
+    # the worker loop's wall time by part over the fleet rounds, from its /metrics (workers/bench/e2e_loop.py),
+    # and the tokens an engine step made, the fleet's worker's and the in-process engine's
+    for r in latency:
+        if r["system"] in ("fleet", "fleet_stream_interval"):
+            shares = [r[f"loop_{part}_share"] for part in LoopPart]
+            assert all(0 <= share <= 1 for share in shares) and sum(shares) == pytest.approx(1.0)
+            assert r["loop_engine_share"] > 0
+        if r["system"] in ("fleet", "engine", "fleet_stream_interval"):
+            assert 1 <= r["tokens_per_engine_step"] <= r["concurrency"] * plan.max_tokens
+    for c in plan.concurrencies:
+        assert 0 < doc["ratios"][f"fleet_loop_engine_share_c{c}"] <= 1
+        assert doc["ratios"][f"fleet_vs_engine_tokens_per_step_c{c}"] > 0
     # the collections the latency and SSE phases caused, from the worker's and the gateway's /metrics
     for process in ("worker", "gateway"):
         assert doc["ratios"][f"fleet_gc_pause_s_{process}"] >= 0

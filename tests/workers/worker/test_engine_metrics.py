@@ -5,12 +5,14 @@ import gc
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import keys
@@ -20,6 +22,7 @@ from tests.helpers.redis_fixtures import submit_job
 from tests.helpers.waiting import wait_until
 from tests.workers.engine_runs import greedy, make_engine
 from workers.worker.engine_metrics import EngineMetrics, JobOutcome, SpecSnapshot, _accepted_length_histogram
+from workers.worker.loop_time import LoopClock, LoopPart
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,6 +67,10 @@ def _scrape(url: str) -> dict[str, list]:
 
 def _value(samples: dict[str, list], name: str) -> float:
     return float(samples[name][0].value)
+
+
+def _loop_seconds(samples: dict[str, list]) -> dict[str, float]:
+    return {s.labels["part"]: float(s.value) for s in samples["specfleet_worker_loop_seconds_total"]}
 
 
 def test_worker_serves_engine_and_speculation_metrics(
@@ -121,6 +128,15 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert pauses["2"] >= 1 and set(pauses) == {"0", "1", "2"}
     thresholds = {s.labels["generation"]: s.value for s in samples["specfleet_gc_threshold"]}
     assert thresholds == {str(g): float(t) for g, t in enumerate(gc.get_threshold())}  # the worker keeps CPython's
+    # the loop's wall time by part (workers/worker/loop_time.py): it stepped the engine, handed the steps' writes
+    # over, took the writer's reports; a wait on the queues is charged when it ends (within idle_block_ms)
+    loop = _loop_seconds(samples)
+    assert set(loop) == {part.value for part in LoopPart}
+    assert all(loop[part] > 0 for part in ("engine", "hand_off", "reports", "control")), sorted(loop.items())
+    assert loop["pull"] >= 0  # the jobs may have come in one pull, or with an idle wait (charged to `idle`)
+    wait_until(lambda: _loop_seconds(_scrape(metrics_worker))["idle"] > 0, timeout_s=10,
+               what="the wait on the queues after the jobs, charged to `idle`")  # fmt: skip
+    assert 0 < _value(samples, "specfleet_worker_engine_steps_total") <= 3 * 24  # one token or more a job a step
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
@@ -192,3 +208,25 @@ def test_refreshes_while_busy_are_spaced_and_a_finish_is_seen_whole(tiny_target:
     assert value("specfleet_engine_generated_tokens_total") == 18
     assert value("specfleet_engine_running_seqs") == 0 and value("specfleet_engine_batch_size") == 0
     assert value("specfleet_worker_jobs_finished_total", {"outcome": "succeeded"}) == 2
+
+
+def test_the_loop_clock_gives_each_part_the_time_since_the_last_charge() -> None:
+    clock = LoopClock()
+    time.sleep(0.02)  # before the restart: charged to nothing
+    start_s = time.perf_counter()
+    clock.restart()
+    time.sleep(0.01)
+    clock.charge(LoopPart.ENGINE)
+    time.sleep(0.005)
+    clock.charge(LoopPart.PULL)
+    clock.charge(LoopPart.PULL)  # nothing passed since: nothing more
+    elapsed_s = time.perf_counter() - start_s
+    assert clock.seconds[LoopPart.ENGINE] >= 0.01 and clock.seconds[LoopPart.PULL] >= 0.005
+    assert sum(clock.seconds.values()) <= elapsed_s  # the parts add up to the loop's time, nothing before it
+    registry = CollectorRegistry()
+    registry.register(clock)
+    clock.num_engine_steps = 7
+    assert registry.get_sample_value("specfleet_worker_loop_seconds_total", {"part": "engine"}) == (
+        clock.seconds[LoopPart.ENGINE])
+    assert registry.get_sample_value("specfleet_worker_loop_seconds_total", {"part": "idle"}) == 0.0
+    assert registry.get_sample_value("specfleet_worker_engine_steps_total") == 7

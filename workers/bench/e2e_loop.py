@@ -1,0 +1,40 @@
+"""`bench e2e`: where the fleet worker's loop spent a latency round, from its /metrics
+(`specfleet_worker_loop_seconds{part}` and `specfleet_worker_engine_steps`: workers/worker/loop_time.py).
+
+A scrape before a round and one after give the round's seconds by part and its engine steps; the rows carry each
+part's share of the loop's wall time (`loop_<part>_share`) and the tokens an engine step made
+(`tokens_per_engine_step`: the in-process engine's rows count their steps too), so a fleet/engine gap splits
+into the loop's parts outside the engine's step and the batch's fill.
+"""
+
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+LOOP_SECONDS = "specfleet_worker_loop_seconds"
+ENGINE_STEPS = "specfleet_worker_engine_steps"
+
+
+@dataclass
+class LoopSnapshot:
+    seconds: dict[str, float] = field(default_factory=dict)  # part -> seconds so far
+    num_engine_steps: float = 0.0
+
+    def since(self, before: "LoopSnapshot") -> "LoopSnapshot":
+        return LoopSnapshot({part: s - before.seconds.get(part, 0.0) for part, s in self.seconds.items()},
+                            self.num_engine_steps - before.num_engine_steps)  # fmt: skip
+
+
+def scrape(url: str) -> LoopSnapshot:
+    """The worker's loop counters (an empty snapshot if it exports none)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    snapshot = LoopSnapshot()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{LOOP_SECONDS}_total":
+                snapshot.seconds[sample.labels["part"]] = sample.value
+            elif sample.name == f"{ENGINE_STEPS}_total":
+                snapshot.num_engine_steps = sample.value
+    return snapshot

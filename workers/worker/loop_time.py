@@ -1,0 +1,60 @@
+"""Where the worker loop's wall time goes, part by part: the share that is the engine's step is how much of the
+engine's speed the fleet gives its clients; the rest is what serving the jobs costs (README "Where the fleet's
+time goes: the worker's loop").
+
+    engine    Engine.step
+    pull      pulls that held the loop (their round trip to Redis, their jobs' admission into the engine)
+    hand_off  the step's writes handed to the writer process
+    reports   the writer's reports taken (and, with nothing in the engine, the wait for a final write to land)
+    control   cancels and lost jobs (the control channel, the heartbeat's findings), deadlines, the step's cost
+              accounting and metrics
+    idle      nothing held: blocked on the queues until a job comes (its pull rides that wait)
+
+One clock, charged in turn: each `charge(part)` gives `part` the time since the previous charge, so the parts add
+up to the loop's wall time. Exported at scrape time (a prometheus Collector): the loop pays one perf_counter() and
+one float addition a part a step, never a metrics call.
+"""
+
+import enum
+import time
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+
+class LoopPart(enum.StrEnum):
+    ENGINE = "engine"
+    PULL = "pull"
+    HAND_OFF = "hand_off"
+    REPORTS = "reports"
+    CONTROL = "control"
+    IDLE = "idle"
+
+
+class LoopClock(Collector):
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(LoopPart, 0.0)
+        self.num_engine_steps = 0  # Engine.step calls (the tokens they made: specfleet_engine_generated_tokens)
+        self._last_s = time.perf_counter()
+
+    def restart(self) -> None:
+        """Charge nothing for the time since the last charge (the loop starts, or comes back from elsewhere)."""
+        self._last_s = time.perf_counter()
+
+    def charge(self, part: LoopPart) -> None:
+        now_s = time.perf_counter()
+        self.seconds[part] += now_s - self._last_s
+        self._last_s = now_s
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        seconds = CounterMetricFamily(
+            "specfleet_worker_loop_seconds", "The worker loop's wall time by part (workers/worker/loop_time.py)",
+            labels=["part"],
+        )
+        for part, value in list(self.seconds.items()):
+            seconds.add_metric([part.value], value)
+        yield seconds
+        yield CounterMetricFamily(
+            "specfleet_worker_engine_steps", "Engine steps the worker loop ran", value=self.num_engine_steps
+        )
