@@ -260,8 +260,8 @@ class Worker:
                 try:
                     self.step()
                     if self._is_idle():
-                        self._wait_and_pull()
-                        self.clock.charge(LoopPart.IDLE)
+                        with self.clock.idling():
+                            self._wait_and_pull()
                 except redis.RedisError as exc:
                     self._on_redis_error(exc)
                     self.clock.charge(LoopPart.CONTROL)
