@@ -1,13 +1,13 @@
 """Where the worker loop's wall time goes, part by part: the share that is the engine's step is how much of the
-engine's speed the fleet gives its clients; the rest is what serving the jobs costs (README "Where the fleet's
-time goes: the worker's loop").
+engine's speed the fleet gives its clients; the rest is what serving the jobs costs (README "The loop's time,
+measured by the worker itself").
 
     engine    Engine.step
     pull      pulls that held the loop (their round trip to Redis, their jobs' admission into the engine)
     hand_off  the step's writes handed to the writer process
     reports   the writer's reports taken (and, with nothing in the engine, the wait for a final write to land)
     control   cancels and lost jobs (the control channel, the heartbeat's findings), deadlines, the step's cost
-              accounting and metrics
+              accounting and metrics, the back-off after a Redis failure
     idle      nothing held: blocked on the queues until a job comes (its pull rides that wait)
 
 One clock, charged in turn: each `charge(part)` gives `part` the time since the previous charge, so the parts add
