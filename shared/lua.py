@@ -303,11 +303,15 @@ if ARGV[4] ~= '0' then
     take(i, queue, res[2])
   end
 end
+local read_out = {}  -- queues whose read came back empty: nothing undelivered waits there
 for i, queue in ipairs(KEYS) do
   local foreign_before = num_foreign
   while #started < n do
     local res = redis.call('XREADGROUP', 'GROUP', ctx.group, consumer, 'COUNT', n - #started, 'STREAMS', queue, '>')
-    if not res then break end
+    if not res then
+      read_out[i] = true
+      break
+    end
     take(i, queue, res[1][2])
     if num_foreign > foreign_before then break end  -- what went back to the tail would be read again
   end
@@ -316,11 +320,15 @@ local waiting, last_ids = {}, {}
 for i, queue in ipairs(KEYS) do
   local newest = redis.call('XREVRANGE', queue, '+', '-', 'COUNT', 1)
   last_ids[i] = newest[1] and newest[1][1] or '0-0'
-  local last = '0-0'
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', queue)) do
-    if g[2] == ctx.group then last = g[8] end
+  if read_out[i] then
+    waiting[i] = 0
+  else  -- not read to its end (the room was taken first, or an entry went back to its tail): look
+    local last = '0-0'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', queue)) do
+      if g[2] == ctx.group then last = g[8] end
+    end
+    waiting[i] = #redis.call('XRANGE', queue, '(' .. last, '+', 'COUNT', 1)
   end
-  waiting[i] = #redis.call('XRANGE', queue, '(' .. last, '+', 'COUNT', 1)
 end
 return {started, waiting, last_ids}
 """

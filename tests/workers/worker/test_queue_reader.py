@@ -167,6 +167,23 @@ def _calls(client: redis.Redis, command: str) -> int:
     return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
+def test_a_pull_looks_for_waiting_entries_only_in_a_queue_it_did_not_read_to_its_end(
+    rclient: redis.Redis, settings: ServiceSettings
+) -> None:
+    reader = _reader(rclient, settings)
+    for _ in range(3):
+        submit_job(rclient, settings)
+    looks = _calls(rclient, "xinfo")
+    assert len(reader.pull(10)) == 3  # every queue read until it came back empty: nothing waits, no look
+    assert reader.waiting == {p: False for p in Priority} and _calls(rclient, "xinfo") == looks
+    for _ in range(3):
+        submit_job(rclient, settings)
+    assert len(reader.pull(2)) == 2  # the room ran out: the default queue is looked at, and one entry waits
+    assert reader.waiting[Priority.DEFAULT] and _calls(rclient, "xinfo") > looks
+    assert len(reader.pull(1)) == 1  # the last one taken as the room ran out: the look finds none left
+    assert reader.waiting == {p: False for p in Priority}
+
+
 def test_wait_and_pull_starts_a_job_that_comes_while_it_blocks_in_the_same_round_trip(
     rclient: redis.Redis, settings: ServiceSettings
 ) -> None:
