@@ -6,10 +6,9 @@ histogram's smallest bucket that holds every pause of the phase).
 """
 
 import math
-import urllib.request
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
+from workers.bench.http_client import metric_samples
 
 PAUSE = "specfleet_gc_pause_seconds"
 
@@ -23,21 +22,15 @@ class GcSnapshot:
 
 def scrape(url: str, headers: tuple[tuple[str, str], ...] = ()) -> GcSnapshot:
     """The process's pause histogram, its generations added (an empty snapshot if it exports none)."""
-    request = urllib.request.Request(url, headers=dict(headers))
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode()
     snapshot = GcSnapshot()
-    for family in text_string_to_metric_families(text):
-        if family.name != PAUSE:
-            continue
-        for sample in family.samples:
-            if sample.name == f"{PAUSE}_count":
-                snapshot.count += sample.value
-            elif sample.name == f"{PAUSE}_sum":
-                snapshot.seconds += sample.value
-            elif sample.name == f"{PAUSE}_bucket":
-                le = float(sample.labels["le"])
-                snapshot.buckets[le] = snapshot.buckets.get(le, 0.0) + sample.value
+    for sample in metric_samples(url, headers):
+        if sample.name == f"{PAUSE}_count":
+            snapshot.count += sample.value
+        elif sample.name == f"{PAUSE}_sum":
+            snapshot.seconds += sample.value
+        elif sample.name == f"{PAUSE}_bucket":
+            le = float(sample.labels["le"])
+            snapshot.buckets[le] = snapshot.buckets.get(le, 0.0) + sample.value
     return snapshot
 
 

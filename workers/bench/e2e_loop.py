@@ -7,10 +7,9 @@ part's share of the loop's wall time (`loop_<part>_share`) and the tokens an eng
 into the loop's parts outside the engine's step and the batch's fill.
 """
 
-import urllib.request
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
+from workers.bench.http_client import metric_samples
 
 LOOP_SECONDS = "specfleet_worker_loop_seconds"
 ENGINE_STEPS = "specfleet_worker_engine_steps"
@@ -28,13 +27,10 @@ class LoopSnapshot:
 
 def scrape(url: str) -> LoopSnapshot:
     """The worker's loop counters (an empty snapshot if it exports none)."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
     snapshot = LoopSnapshot()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{LOOP_SECONDS}_total":
-                snapshot.seconds[sample.labels["part"]] = sample.value
-            elif sample.name == f"{ENGINE_STEPS}_total":
-                snapshot.num_engine_steps = sample.value
+    for sample in metric_samples(url):
+        if sample.name == f"{LOOP_SECONDS}_total":
+            snapshot.seconds[sample.labels["part"]] = sample.value
+        elif sample.name == f"{ENGINE_STEPS}_total":
+            snapshot.num_engine_steps = sample.value
     return snapshot

@@ -10,10 +10,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 
 @dataclass
@@ -185,3 +189,12 @@ class PeakResident:
         self._done.set()
         self._thread.join()
         self.mb = max(self.mb, resident_mb(self.pid))
+
+
+def metric_samples(url: str, headers: tuple[tuple[str, str], ...] = ()) -> Iterator[Sample]:
+    """Every sample a process's /metrics page exports (the Prometheus text format, parsed)."""
+    request = urllib.request.Request(url, headers=dict(headers))
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        yield from family.samples
