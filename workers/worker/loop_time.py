@@ -62,10 +62,13 @@ class LoopClock(Collector):
         """Charge nothing for the time since the last charge (the loop starts, or comes back from elsewhere)."""
         self._last_s = time.perf_counter()
 
-    def charge(self, part: LoopPart) -> None:
+    def charge(self, part: LoopPart) -> float:
+        """-> the seconds charged to `part` now."""
         now_s = time.perf_counter()
-        self.seconds[part] += now_s - self._last_s
+        seconds = now_s - self._last_s
+        self.seconds[part] += seconds
         self._last_s = now_s
+        return seconds
 
     def collect(self) -> Iterable[CounterMetricFamily]:
         seconds = CounterMetricFamily(
