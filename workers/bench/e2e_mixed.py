@@ -19,13 +19,12 @@ import asyncio
 import json
 import logging
 import time
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 from shared.schemas import EventType
 from workers.bench.e2e_latency import PROMPTS, percentile_ms
-from workers.bench.http_client import Endpoint
+from workers.bench.http_client import Endpoint, metric_samples
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +161,9 @@ def run_mixed(endpoint: Endpoint, plan: MixedPlan) -> tuple[list[dict[str, Any]]
 
 def preemptions(metrics_port: int) -> float:
     """specfleet_preemptions_total{priority="batch"} from the worker's /metrics (0 when absent)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    for line in text.splitlines():
-        if line.startswith('specfleet_preemptions_total{priority="batch"}'):
-            return float(line.rsplit(" ", 1)[1])
+    for sample in metric_samples(f"http://127.0.0.1:{metrics_port}/metrics"):
+        if sample.name == "specfleet_preemptions_total" and sample.labels.get("priority") == "batch":
+            return float(sample.value)
     return 0.0
 
 
