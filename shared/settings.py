@@ -121,6 +121,10 @@ class ServiceSettings(BaseSettings):
         default=8, ge=1
     )  # a waiting priority is served after being passed over this often
     idle_block_ms: int = Field(default=500, ge=1)  # how long an idle worker blocks on the queues per read
+    # the worker's loop waits for its writer process only once the oldest step not yet written was handed over this
+    # long ago (or MAX_PENDING_STEPS are pending): a writer behind a fast engine then takes several steps in one
+    # round trip, not one each while the engine waits (workers/worker/writer.py)
+    writer_max_lag_ms: float = Field(default=20.0, gt=0)
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back

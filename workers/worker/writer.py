@@ -5,7 +5,12 @@ written while step N+1 computes, with no Redis call and no other Python thread i
     process:  the StepWrites so far -> ONE pipeline -> Settled (a Report, or the RedisError that failed it)
     loop:     before the next step, ONE non-blocking recv takes every Settled that came back (child_process.Channel)
 
-- Backpressure: at most `max_pending` steps wait unwritten; submit() waits for the writer beyond that.
+- Backpressure: submit() waits for the writer once the oldest step not yet settled was handed over more than
+  `settings.writer_max_lag_ms` ago, or `max_pending` steps are unsettled. A bound in time, not in steps: a
+  writer whose round trip takes several of a fast engine's steps (a small model; a GPU) is let behind by that
+  much, and takes the steps that came meanwhile in one pipeline (their tokens of a job as one event); with a
+  bound of 3 steps, the loop waited for it instead, at every step (`bench e2e --model tiny`, README). What a
+  crash loses is the same either way: the jobs resume from the last token written.
 - Retiring: a job that ended is forgotten by the loop only when a Report says its final write landed
   (FINISH acks its queue entry atomically with that write).
 - Failure: a RedisError is raised in the loop by the next take_reports(), once. The loop then drops every
@@ -17,6 +22,7 @@ written while step N+1 computes, with no Redis call and no other Python thread i
 import logging
 import subprocess
 import time
+from collections import deque
 
 import redis
 
@@ -27,7 +33,7 @@ from workers.worker.writer_process import READY, Discard, Report, Settled, StepW
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING_STEPS = 3  # steps written or waiting to be; submit() waits on a fourth
+MAX_PENDING_STEPS = 64  # steps written or waiting to be, at most, however young (the pipe's memory)
 START_TIMEOUT_S = 60.0  # for the writer process to import, connect and say it is ready
 STOP_TIMEOUT_S = 10.0  # for it to exit after the last step
 
@@ -42,6 +48,7 @@ class StepWriter:
             raise ValueError("the worker's writer needs settings.redis_url")
         self.settings = settings
         self.max_pending = max_pending
+        self.max_lag_s = settings.writer_max_lag_ms / 1e3
         self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
         self._conn: Channel | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -51,6 +58,7 @@ class StepWriter:
         self._last_epoch = -1  # of the newest step submitted
         self._is_dead = False  # the process exited unasked: discard() starts a new one
         self.num_unsettled = 0  # steps submitted and not settled yet
+        self._handed_s: deque[float] = deque()  # when each unsettled step was handed over (monotonic), oldest first
         self.num_round_trips = 0  # pipelines executed (tests count them)
         self.num_token_events = 0  # token events written so far (the writer's reports; metrics read it)
 
@@ -95,7 +103,7 @@ class StepWriter:
         if self._conn is None or self._is_dead:  # not started, or not restarted yet: the write is lost
             self._on_dead()
             return
-        while self.num_unsettled >= self.max_pending and self._error is None:
+        while self._is_behind() and self._error is None:  # the writer answers its oldest steps first
             self._receive(None)
         if self._error is not None:  # the loop drops this epoch's jobs at its next take_reports()
             return
@@ -105,7 +113,14 @@ class StepWriter:
             self._on_dead()
             return
         self.num_unsettled += 1
+        self._handed_s.append(time.monotonic())
         self._last_epoch = max(self._last_epoch, step.epoch)
+
+    def _is_behind(self) -> bool:
+        """The writer is too far behind for another step: `max_pending` unsettled, or the oldest one too old."""
+        if self.num_unsettled >= self.max_pending:
+            return True
+        return bool(self._handed_s) and time.monotonic() - self._handed_s[0] > self.max_lag_s
 
     def take_reports(self, wait_s: float = 0.0) -> list[Report]:
         """The reports so far (waiting up to `wait_s` for one while writes are pending); raises the writer's
@@ -159,6 +174,8 @@ class StepWriter:
 
     def _settle(self, settled: Settled) -> None:
         self.num_unsettled -= settled.num_steps
+        for _ in range(min(settled.num_steps, len(self._handed_s))):
+            self._handed_s.popleft()
         self.num_round_trips += settled.num_round_trips
         self.num_token_events += settled.num_token_events
         for warning in settled.warnings:
@@ -177,4 +194,5 @@ class StepWriter:
         self._error = redis.ConnectionError(f"the writer process exited (code {exitcode})")
         self._error_epoch = self._last_epoch
         self.num_unsettled = 0
+        self._handed_s.clear()
         self._is_dead = True

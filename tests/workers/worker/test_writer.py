@@ -2,11 +2,15 @@
 later write of its epoch (no gap) while the next epoch writes again, and a writer process that dies reaches the
 loop as a Redis failure and is replaced."""
 
+import contextlib
 import dataclasses
 import json
 import os
 import pickle
 import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,3 +177,71 @@ def test_what_crosses_the_pipe_as_tuples_comes_back_whole() -> None:
         assert (back.num_steps, back.report, back.error_epoch, back.num_round_trips, back.warnings) == (
             settled.num_steps, settled.report, settled.error_epoch, settled.num_round_trips, settled.warnings)
         assert str(back.error) == str(settled.error)
+
+
+
+@contextlib.contextmanager
+def _stopped(server: RedisServer, resume_after_s: float) -> Iterator[threading.Event]:
+    """Redis stopped (SIGSTOP): nothing it is sent runs until it is resumed, `resume_after_s` later, by a timer;
+    the event is set as it resumes."""
+    resumed = threading.Event()
+
+    def resume() -> None:
+        resumed.set()
+        os.kill(server.process.pid, signal.SIGCONT)
+
+    os.kill(server.process.pid, signal.SIGSTOP)
+    timer = threading.Timer(resume_after_s, resume)
+    timer.start()
+    try:
+        yield resumed
+    finally:
+        timer.cancel()
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_a_writer_behind_by_less_than_the_lag_lets_the_loop_on(tmp_path: Path) -> None:
+    """Redis stalls: the loop hands over step after step without waiting for the writer (a bound of 3 steps made
+    the fourth wait for the first to land), and the writer then lands them in order, several to a round trip."""
+    with RedisServer(tmp_path / "redis") as server, redis.Redis.from_url(server.url, decode_responses=True) as client:
+        settings = ServiceSettings(redis_url=server.url, writer_max_lag_ms=60_000, **FAST_TIMINGS)  # type: ignore[arg-type]
+        (job,) = _take(client, settings, 1).values()
+        writer = StepWriter(settings)
+        writer.start()
+        num_steps = 10
+        try:
+            with _stopped(server, resume_after_s=1.0) as resumed:
+                for step in range(num_steps):
+                    writer.submit(StepWrite(0, [_tokens(job, step, step == num_steps - 1)]))
+                assert not resumed.is_set() and writer.num_unsettled == num_steps  # none waited for Redis
+            reports = writer.drain(30)
+        finally:
+            writer.stop()
+        assert [j for r in reports for j in r.ended] == [job.job_id]
+        assert job_record(client, job.job_id)["token_ids"] == ",".join(map(str, range(num_steps)))
+        assert writer.num_round_trips < num_steps
+
+
+@pytest.mark.parametrize("bound", ["lag", "count"])
+def test_a_writer_too_far_behind_holds_the_loop(tmp_path: Path, bound: str) -> None:
+    """Redis stalls: once the oldest step not landed was handed over more than writer_max_lag_ms ago (or
+    max_pending steps wait), the next hand-over waits for Redis."""
+    lag_ms, max_pending = (1.0, 64) if bound == "lag" else (60_000.0, 4)
+    with RedisServer(tmp_path / "redis") as server, redis.Redis.from_url(server.url, decode_responses=True) as client:
+        settings = ServiceSettings(redis_url=server.url, writer_max_lag_ms=lag_ms, **FAST_TIMINGS)  # type: ignore[arg-type]
+        (job,) = _take(client, settings, 1).values()
+        writer = StepWriter(settings, max_pending=max_pending)
+        writer.start()
+        num_free = 1 if bound == "lag" else max_pending  # hand-overs that do not wait
+        try:
+            with _stopped(server, resume_after_s=0.5) as resumed:
+                for step in range(num_free):
+                    writer.submit(StepWrite(0, [_tokens(job, step)]))
+                time.sleep(0.01)  # the oldest step is now older than a 1 ms lag
+                assert not resumed.is_set()
+                writer.submit(StepWrite(0, [_tokens(job, num_free, True)]))
+                assert resumed.is_set()  # it waited for Redis
+            writer.drain(30)
+        finally:
+            writer.stop()
+        assert job_record(client, job.job_id)["token_ids"] == ",".join(map(str, range(num_free + 1)))
