@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 STOP_ORDER = ("gateway", "worker", "celery")  # by role; Redis after them
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_CHARS = 3000
+# the private redis-server is started again when it exits (killed, out of memory), on its port and its data
+# directory: up to this many times within REDIS_RESTART_WINDOW_S; one more exit stops the fleet
+REDIS_RESTARTS_MAX = 3
+REDIS_RESTART_WINDOW_S = 60.0
 
 
 class Fleet:
@@ -69,6 +73,7 @@ class Fleet:
         if placement is not None:
             log.info("cpu placement: %s", placement.describe())
         self.redis_server: RedisServer | None = None
+        self.redis_exits_s: list[float] = []  # when the private redis-server exited (monotonic), in the window
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.num_gateway_procs = 0
         self.stop_requested = False  # set from a signal handler: every wait gives up
@@ -160,13 +165,39 @@ class Fleet:
 
     # -- watch -------------------------------------------------------------------------------------------
     def check_children(self) -> None:
-        """RuntimeError naming the first child that exited (with its log's tail when it has one)."""
+        """RuntimeError naming the first child that exited (with its log's tail when it has one); a private
+        redis-server that exited is started again first (`_restart_redis`)."""
+        self._restart_redis()
         for role, process in self.procs.items():
             if process.poll() is not None:
                 message = f"the {role} exited with status {process.returncode}"
                 if self.log_dir is not None:
                     message += ":\n" + (self.log_dir / f"{role}.log").read_text(errors="replace")[-LOG_TAIL_CHARS:]
                 raise RuntimeError(message)
+
+    def _restart_redis(self) -> None:
+        """The private redis-server exited: start it again on the same port and data directory. Its AOF holds
+        every job written up to a second before (appendfsync everysec), and the other processes reconnect on
+        their own (a worker drops what it held and resumes it from the last token written). RuntimeError once it
+        exited more than REDIS_RESTARTS_MAX times within REDIS_RESTART_WINDOW_S, or when it does not start."""
+        server = self.redis_server
+        if server is None or server.process is None or server.process.poll() is None:
+            return
+        status = server.process.returncode
+        log_path = server.data_dir / "redis.log"
+        tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log_path.exists() else ""
+        now_s = time.monotonic()
+        self.redis_exits_s = [t for t in self.redis_exits_s if now_s - t < REDIS_RESTART_WINDOW_S] + [now_s]
+        if len(self.redis_exits_s) > REDIS_RESTARTS_MAX:
+            raise RuntimeError(
+                f"the private redis-server exited {len(self.redis_exits_s)} times within "
+                f"{REDIS_RESTART_WINDOW_S:.0f} s (last status {status}):\n{tail}"
+            )
+        log.warning("the private redis-server exited with status %s; starting it again at %s", status, server.url)
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            raise RuntimeError(f"the private redis-server exited (status {status}) and did not start again: {exc}") from exc
 
     def pid(self, role: str) -> int | None:
         process = self.procs.get(role)

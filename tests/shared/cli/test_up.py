@@ -1,5 +1,8 @@
 """`specfleet up`: one command brings up Redis + a worker + the gateway; Ctrl-C stops all, no orphans."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -47,3 +50,48 @@ def _assert_placed(children: list[int]) -> None:
     assert placement.io_cpus in {cores_of(worker, tid) for tid in threads_of(worker)}  # the heartbeat thread
     (writer,) = [pid for pid in children_of(worker) if b"writer_process" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert cores_of(writer) == placement.io_cpus
+
+
+def test_up_starts_its_redis_again_when_it_is_killed(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The private redis-server killed: `up` starts it again on its port and data, the fleet reconnects, the job
+    done before is still there and a new one runs; Ctrl-C still stops every process."""
+    with running_up(["--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])], tmp_path) as up:
+        headers = {"Prefer": "wait=60", "Authorization": f"Bearer {up.api_key}"}
+        body = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
+        before = httpx.post(f"{up.url}/v1/jobs", json=body, headers=headers, timeout=90).json()
+        assert before["status"] == "succeeded"
+        (redis_pid,) = [pid for pid in children_of(up.process.pid) if b"redis-server" in _argv(pid)[0]]
+        os.kill(redis_pid, signal.SIGKILL)
+        deadline_s = time.monotonic() + 30
+        while not (restarted := [pid for pid in children_of(up.process.pid) if _is_redis(pid, redis_pid)]):
+            assert time.monotonic() < deadline_s, "no new redis-server"
+            time.sleep(0.1)
+        after = _post_until_served(f"{up.url}/v1/jobs", body, headers)
+        assert after["status"] == "succeeded" and len(after["output"]["token_ids"]) == 4
+        kept = httpx.get(f"{up.url}/v1/jobs/{before['id']}", headers=headers, timeout=10).json()
+        assert kept["status"] == "succeeded" and kept["output"] == before["output"]
+        assert up.process.poll() is None
+        up.stop_with_ctrl_c(children_of(up.process.pid))
+        assert restarted[0] not in children_of(up.process.pid)
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return [b""]
+
+
+def _is_redis(pid: int, old_pid: int) -> bool:
+    return pid != old_pid and b"redis-server" in _argv(pid)[0]
+
+
+def _post_until_served(url: str, body: dict[str, object], headers: dict[str, str]) -> dict[str, object]:
+    """POST until the gateway answers other than 503 (its connection to the new Redis is being made)."""
+    deadline_s = time.monotonic() + 60
+    while True:
+        response = httpx.post(url, json=body, headers=headers, timeout=90)
+        if response.status_code != 503 or time.monotonic() > deadline_s:
+            assert response.status_code == 200, response.text
+            return dict(response.json())
+        time.sleep(0.2)
