@@ -63,7 +63,7 @@ def test_up_starts_its_redis_again_when_it_is_killed(tiny_pair: tuple[Path, Path
         (redis_pid,) = [pid for pid in children_of(up.process.pid) if b"redis-server" in _argv(pid)[0]]
         os.kill(redis_pid, signal.SIGKILL)
         deadline_s = time.monotonic() + 30
-        while not (restarted := [pid for pid in children_of(up.process.pid) if _is_redis(pid, redis_pid)]):
+        while not [pid for pid in children_of(up.process.pid) if _is_redis(pid, redis_pid)]:
             assert time.monotonic() < deadline_s, "no new redis-server"
             time.sleep(0.1)
         after = _post_until_served(f"{up.url}/v1/jobs", body, headers)
@@ -71,8 +71,7 @@ def test_up_starts_its_redis_again_when_it_is_killed(tiny_pair: tuple[Path, Path
         kept = httpx.get(f"{up.url}/v1/jobs/{before['id']}", headers=headers, timeout=10).json()
         assert kept["status"] == "succeeded" and kept["output"] == before["output"]
         assert up.process.poll() is None
-        up.stop_with_ctrl_c(children_of(up.process.pid))
-        assert restarted[0] not in children_of(up.process.pid)
+        up.stop_with_ctrl_c(children_of(up.process.pid))  # the new redis-server among them
 
 
 def _argv(pid: int) -> list[bytes]:
