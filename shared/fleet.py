@@ -184,11 +184,11 @@ class Fleet:
         if server is None or server.process is None or server.process.poll() is None:
             return
         status = server.process.returncode
-        log_path = server.data_dir / "redis.log"
-        tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log_path.exists() else ""
         now_s = time.monotonic()
         self.redis_exits_s = [t for t in self.redis_exits_s if now_s - t < REDIS_RESTART_WINDOW_S] + [now_s]
         if len(self.redis_exits_s) > REDIS_RESTARTS_MAX:
+            log_path = server.data_dir / "redis.log"
+            tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log_path.exists() else ""
             raise RuntimeError(
                 f"the private redis-server exited {len(self.redis_exits_s)} times within "
                 f"{REDIS_RESTART_WINDOW_S:.0f} s (last status {status}):\n{tail}"

@@ -57,7 +57,6 @@ class StepWriter:
         self._error_epoch = -1
         self._last_epoch = -1  # of the newest step submitted
         self._is_dead = False  # the process exited unasked: discard() starts a new one
-        self.num_unsettled = 0  # steps submitted and not settled yet
         self._handed_s: deque[float] = deque()  # when each unsettled step was handed over (monotonic), oldest first
         self.num_round_trips = 0  # pipelines executed (tests count them)
         self.num_token_events = 0  # token events written so far (the writer's reports; metrics read it)
@@ -112,9 +111,13 @@ class StepWriter:
         except OSError:
             self._on_dead()
             return
-        self.num_unsettled += 1
         self._handed_s.append(time.monotonic())
         self._last_epoch = max(self._last_epoch, step.epoch)
+
+    @property
+    def num_unsettled(self) -> int:
+        """Steps submitted and not settled yet."""
+        return len(self._handed_s)
 
     def _is_behind(self) -> bool:
         """The writer is too far behind for another step: `max_pending` unsettled, or the oldest one too old."""
@@ -173,7 +176,6 @@ class StepWriter:
             self._settle(Settled.of_wire(answer))
 
     def _settle(self, settled: Settled) -> None:
-        self.num_unsettled -= settled.num_steps
         for _ in range(min(settled.num_steps, len(self._handed_s))):
             self._handed_s.popleft()
         self.num_round_trips += settled.num_round_trips
@@ -193,6 +195,5 @@ class StepWriter:
             log.warning("the writer process exited (code %s) with %d steps unwritten", exitcode, self.num_unsettled)
         self._error = redis.ConnectionError(f"the writer process exited (code {exitcode})")
         self._error_epoch = self._last_epoch
-        self.num_unsettled = 0
         self._handed_s.clear()
         self._is_dead = True

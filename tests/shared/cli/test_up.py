@@ -42,7 +42,7 @@ def _assert_placed(children: list[int]) -> None:
     if placement is None:
         assert {cores_of(pid) for pid in children} == {ALLOWED}
         return
-    role_of = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in children}
+    role_of = {pid: _argv(pid) for pid in children}
     (worker,) = [pid for pid, argv in role_of.items() if b"worker" in argv]
     for pid in set(children) - {worker}:  # redis-server, celery (`tasks`), the gateway
         assert cores_of(pid) == placement.io_cpus, role_of[pid]

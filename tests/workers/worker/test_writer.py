@@ -179,7 +179,6 @@ def test_what_crosses_the_pipe_as_tuples_comes_back_whole() -> None:
         assert str(back.error) == str(settled.error)
 
 
-
 @contextlib.contextmanager
 def _stopped(server: RedisServer, resume_after_s: float) -> Iterator[threading.Event]:
     """Redis stopped (SIGSTOP): nothing it is sent runs until it is resumed, `resume_after_s` later, by a timer;
