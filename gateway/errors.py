@@ -48,6 +48,20 @@ def _field_of(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+def first_error(exc: RequestValidationError) -> tuple[tuple[int | str, ...], str]:
+    """The first error's location and reason, in the validator's own words. A body that is not JSON is named as
+    the body, with where and why parsing stopped (pydantic puts the character's offset in its location)."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    loc = tuple(first.get("loc", ("body",)))
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx")
+        why = (ctx.get("error") if isinstance(ctx, dict) else None) or "JSON decode error"
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return ("body",), f"not valid JSON ({why}{where})"
+    return loc, str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return error_response(exc.status_code, exc.info, exc.headers)
@@ -55,9 +69,8 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
-    field = _field_of(tuple(first.get("loc", ("body",))))
-    reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
+    loc, reason = first_error(exc)
+    field = _field_of(loc)
     message = f"{field}: {reason}"
     return error_response(422, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=message, field=field))
 

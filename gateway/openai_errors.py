@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.auth import KeyFirstRoute
-from gateway.errors import ApiError
+from gateway.errors import ApiError, first_error
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,8 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
 
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    param = _param_of(tuple(first.get("loc", ())))
-    message = str(first.get("msg", "invalid request"))
+    loc, message = first_error(exc)
+    param = _param_of(loc)
     return openai_error(400, f"{param}: {message}" if param else message, "invalid_request", param)
 
 

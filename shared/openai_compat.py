@@ -52,7 +52,17 @@ from shared.response_format import (
     tool_call_objects,
     tool_calls_of,
 )
-from shared.schemas import MAX_STREAM_INTERVAL_MS, MAX_TIMEOUT_S, Job, JobRequest, Message, Priority
+from shared.schemas import (
+    MAX_SEED,
+    MAX_STREAM_INTERVAL_MS,
+    MAX_TIMEOUT_S,
+    MAX_TOP_K,
+    MIN_SEED,
+    Job,
+    JobRequest,
+    Message,
+    Priority,
+)
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -75,20 +85,20 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN, Infinity: "should be a finite number"
 
     model: str | None = Field(None, max_length=256)
     max_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
     temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
     top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64)
+    seed: StrictInt | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     n: StrictInt | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     # specfleet's extensions (as vLLM's): the queue of the job behind the call, top-k, generating past EOS
     priority: Priority | None = None
-    top_k: StrictInt | None = Field(None, ge=-1)
+    top_k: StrictInt | None = Field(None, ge=-1, le=MAX_TOP_K)
     ignore_eos: StrictBool | None = None
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often

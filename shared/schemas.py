@@ -15,6 +15,8 @@ MAX_METADATA_VALUE_CHARS = 512
 MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"  # `demo-v3@2`, `llama-8b:2026-11-30`
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest execution deadline a job may ask (`timeout_s`, `Cancel-After`)
 MAX_STREAM_INTERVAL_MS = 60_000  # the longest a job may ask its token events apart (`stream_interval_ms`)
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch's generators take (a 64-bit seed, either sign)
+MAX_TOP_K = 2**63 - 1  # the engine holds top_k in a 64-bit tensor; any k >= the vocabulary keeps every token
 
 
 class Priority(StrEnum):
@@ -50,17 +52,18 @@ class WebhookDelivery(BaseModel):
 
 
 class JobRequest(BaseModel):
-    """Body of `POST /v1/jobs`: a prompt or chat messages, sampling parameters and queueing options."""
+    """Body of `POST /v1/jobs`: a prompt or chat messages, sampling parameters and queueing options. A number
+    must be finite (Python's JSON reads NaN and Infinity, which every bound would let through or misname)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    seed: int | None = None
+    top_k: int = Field(-1, ge=-1, le=MAX_TOP_K)
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[str] = Field(default_factory=list, max_length=16)
     ignore_eos: bool = False
     # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
@@ -99,6 +102,22 @@ class JobRequest(BaseModel):
         # vaguer message than the gateway's own Unicode check (gateway/admission.py)
         if value == "":
             raise ValueError("the prompt must not be empty: it gives the model nothing to continue")
+        return value
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculation_choice(cls, value: Any) -> Any:
+        """One message for the union (pydantic's names its first branch: `speculative.bool: ...`)."""
+        if isinstance(value, bool) or (isinstance(value, str) and value in {m.value for m in SpeculativeMethod}):
+            return value
+        choices = ", ".join(m.value for m in SpeculativeMethod)
+        raise ValueError(f"must be true (the worker's default method), false, or one of {choices}; got {value!r}")
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):  # the engine refuses it; refused here, the job is never queued
+            raise ValueError("stop strings must not be empty")
         return value
 
     @field_validator("metadata")

@@ -48,6 +48,11 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": ""}, "prompt"),
         ({"prompt": "x", "stream_interval_ms": -1}, "stream_interval_ms"),
         ({"prompt": "x", "stream_interval_ms": 60_001}, "stream_interval_ms"),
+        ({"prompt": "x", "top_k": 2**63}, "top_k"),  # the engine holds it in a long: it failed a worker's step
+        ({"prompt": "x", "seed": 2**64}, "seed"),  # past torch's generators: the job failed in the worker
+        ({"prompt": "x", "stop": ["\n", ""]}, "stop"),  # the engine refuses it: the job failed in the worker
+        ({"prompt": "x", "speculative": "magic"}, "speculative"),  # was `speculative.bool`, the union's branch
+        ({"prompt": "x", "speculative": {"method": "eagle"}}, "speculative"),
     ],
 )
 def test_schema_errors_are_422_with_the_field(
@@ -65,10 +70,26 @@ def test_empty_prompt_is_422_in_the_validators_words(http: httpx.Client) -> None
     assert error["message"] == "prompt: the prompt must not be empty: it gives the model nothing to continue"
 
 
-def test_malformed_json_is_422(http: httpx.Client) -> None:
+def test_malformed_json_is_422_naming_the_body_and_where_it_broke(http: httpx.Client) -> None:
     response = http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 422
-    assert set(response.json()["error"]) >= {"code", "message"}
+    error = response.json()["error"]
+    assert error["field"] == "body"  # not the parser's offset, as pydantic's location has it
+    assert error["message"].startswith("body: not valid JSON (") and error["message"].endswith("at character 1)")
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [(b'{"prompt": "x", "temperature": NaN}', "temperature"), (b'{"prompt": "x", "ttl_s": Infinity}', "ttl_s")],
+)
+def test_non_finite_numbers_are_422_as_such(http: httpx.Client, rclient: redis.Redis, raw: bytes, field: str) -> None:
+    """Python's JSON reads NaN and Infinity: NaN failed `le` with a message about the bound, Infinity passed."""
+    response = http.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["error"] == {
+        "code": "invalid_request", "message": f"{field}: Input should be a finite number", "field": field
+    }
+    assert all(rclient.xlen(keys.queue_stream(p.value)) == 0 for p in Priority)
 
 
 def test_unknown_job_is_404_everywhere(http: httpx.Client) -> None:

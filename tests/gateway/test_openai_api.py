@@ -156,6 +156,22 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
         "param",
         "code",
     }
+    assert malformed.json()["error"]["message"].startswith("not valid JSON (")
+    assert malformed.json()["error"]["param"] is None  # the body, not the parser's offset
+    not_finite = httpx.post(
+        f"{served.url}/v1/completions",
+        content=b'{"prompt": "x", "max_tokens": 4, "temperature": NaN}',
+        headers={"Authorization": f"Bearer {client.api_key}", "content-type": "application/json"},
+    )
+    assert not_finite.status_code == 400
+    assert not_finite.json()["error"]["message"] == "temperature: Input should be a finite number"
+    for field, value in (("top_k", 2**63), ("seed", 2**64)):  # past the engine's ranges: refused here, not in a step
+        too_large = httpx.post(
+            f"{served.url}/v1/completions",
+            json={"prompt": "x", "max_tokens": 4, "temperature": 1.0, field: value},
+            headers={"Authorization": f"Bearer {client.api_key}"},
+        )
+        assert too_large.status_code == 400 and too_large.json()["error"]["param"] == field
 
 
 def test_closing_a_stream_cancels_its_job(

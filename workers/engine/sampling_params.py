@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.schemas import MAX_SEED, MAX_TOP_K, MIN_SEED
 from shared.speculation import SpeculativeMethod
 from workers.engine.errors import InvalidRequestError
 
@@ -45,10 +46,13 @@ class SamplingParams:
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise InvalidRequestError("top_k", f"must be -1 (off) or >= 0, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        # a value out of these ranges would fail in a later step's tensors and take the engine with it
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_TOP_K:
+            raise InvalidRequestError("top_k", f"must be -1 (off) or an integer in [0, 2**63 - 1], got {self.top_k!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not MIN_SEED <= self.seed <= MAX_SEED
+        ):
+            raise InvalidRequestError("seed", f"must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):

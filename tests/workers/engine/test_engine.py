@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.schemas import MAX_SEED, MAX_TOP_K, MIN_SEED
 from shared.speculation import SpeculativeMethod
 from tests.workers.engine_runs import greedy, make_engine, run_all, tokens
 from workers.engine.config import EngineConfig
@@ -134,6 +135,9 @@ def test_free_capacity_counts_sequence_slots(tiny_models: dict[str, Path]) -> No
         ("hi", SamplingParams(top_p=0.0), "top_p", InvalidRequestError),
         ("hi", SamplingParams(top_p=1.5), "top_p", InvalidRequestError),
         ("hi", SamplingParams(top_k=-3), "top_k", InvalidRequestError),
+        ("hi", SamplingParams(top_k=2**63), "top_k", InvalidRequestError),  # past a long tensor: failed in a step
+        ("hi", SamplingParams(seed=2**64), "seed", InvalidRequestError),  # past torch's generators
+        ("hi", SamplingParams(seed=-(2**63) - 1), "seed", InvalidRequestError),
         ("hi", SamplingParams(stop=[1]), "stop", InvalidRequestError),  # type: ignore[list-item]
         ("hi", SamplingParams(stop={"a": 1}), "stop", InvalidRequestError),  # type: ignore[arg-type]
         ("hi", SamplingParams(stop_token_ids=["x"]), "stop_token_ids", InvalidRequestError),  # type: ignore[list-item]
@@ -146,6 +150,16 @@ def test_bad_requests_raise_typed_errors(tiny_models: dict[str, Path], prompt, p
         engine.add_request("bad", prompt, params)
     assert info.value.field == field and info.value.message
     assert engine.num_unfinished() == 0
+
+
+def test_the_widest_seed_and_top_k_are_sampled(tiny_models: dict[str, Path]) -> None:
+    """The bounds of the ranges above run: a top_k past the vocabulary keeps every token; the two seeds that are
+    one 64-bit pattern draw the same tokens."""
+    sampled = {name: SamplingParams(max_tokens=6, temperature=1.0, seed=seed, top_k=MAX_TOP_K)
+               for name, seed in (("high", MAX_SEED), ("low", MIN_SEED), ("same", 2**63))}  # fmt: skip
+    out = run_all(make_engine(tiny_models["llama"]), {name: ([1, 2, 3], params) for name, params in sampled.items()})
+    assert all(len(tokens(out[r])) == 6 for r in ("high", "low", "same"))
+    assert tokens(out["low"]) == tokens(out["same"])
 
 
 def test_request_larger_than_the_whole_kv_cache_is_refused(tiny_models: dict[str, Path]) -> None:
