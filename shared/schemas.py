@@ -1,9 +1,17 @@
 """The API and job schemas: what clients send, what they get back, and the events of a job's stream."""
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared.job_state import JobStatus
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
@@ -39,6 +47,18 @@ class WebhookEvent(StrEnum):
     START = "start"  # the job started running
     OUTPUT = "output"  # new output (throttled: settings.webhook_output_interval_ms)
     COMPLETED = "completed"  # any terminal status: succeeded, failed, cancelled, expired
+
+
+WebhookUrl = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^https?://")]
+
+
+class WebhookTarget(BaseModel):
+    """A job's webhook, read alone from its stored request (JobRequest's own two fields; the rest ignored): the
+    webhook of a job whose whole request would not validate any more is still called."""
+
+    model_config = ConfigDict(extra="ignore")
+    webhook: WebhookUrl | None = None
+    webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent))
 
 
 class WebhookDelivery(BaseModel):
@@ -83,7 +103,7 @@ class JobRequest(BaseModel):
     stream_interval_ms: int | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)
     metadata: dict[str, str] = Field(default_factory=dict)
     # POSTed the job (as GET returns it), signed per Standard Webhooks; the host must be public (shared/ssrf.py)
-    webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
+    webhook: WebhookUrl | None = None
     webhook_events_filter: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent))
     # the target's logprobs (shared/logprobs.py): of each output token with N alternatives, of each prompt token
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -137,6 +157,31 @@ class JobRequest(BaseModel):
         if self.speculative is False:
             return SpeculativeMethod.NONE
         return self.speculative
+
+
+class StoredRequestError(ValueError):
+    """A job's request, read back from Redis, that does not validate now: stored by another version of specfleet
+    (a bound tightened since) or altered in Redis. Its job fails with this; whoever read it goes on."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def stored_request(raw: str | bytes) -> JobRequest:
+    """A job's stored request (its hash's `request`), validated as the gateway validated it: StoredRequestError."""
+    try:
+        return JobRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        field = ".".join(str(part) for part in first.get("loc", ())) or None
+        reason = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise StoredRequestError(
+            field,
+            f"the job's stored request does not validate here ({field or 'request'}: {reason}): it was written by "
+            "another version of specfleet, or changed in Redis; submit it again",
+        ) from exc
 
 
 class ErrorInfo(BaseModel):

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 from celery import bootsteps
+from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
 from shared import batch_lua, keys, lua
@@ -29,7 +30,7 @@ from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
 from shared.outbox import BatchEvent, Notice, NoticeKind
-from shared.schemas import Job, JobRequest, WebhookEvent
+from shared.schemas import Job, WebhookEvent, WebhookTarget
 from workers.tasks import registry
 from workers.tasks.registry import BatchAction
 
@@ -72,10 +73,10 @@ class OutboxHandler:
             log.debug("notice for job %s that no longer exists", notice.id)
             return
         event = WebhookEvent(notice.event)
-        request = JobRequest.model_validate_json(fields["request"])
+        target = _webhook_target(notice.id, fields["request"])
         job = job_from_fields(fields, self.base_url)
-        if request.webhook and event in request.webhook_events_filter:
-            registry.send_job_webhook(notice.id, event, notice.entry_id, request.webhook, job.model_dump_json())
+        if target.webhook and event in target.webhook_events_filter:
+            registry.send_job_webhook(notice.id, event, notice.entry_id, target.webhook, job.model_dump_json())
         batch_id = job.metadata.get(BATCH_ID_KEY)
         if event is WebhookEvent.COMPLETED and batch_id and job.status.is_terminal:
             self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
@@ -111,6 +112,17 @@ class OutboxHandler:
         )
         if res == "finalize":
             registry.send_batch(BatchAction.FINALIZE, batch_id)
+
+
+def _webhook_target(job_id: str, raw_request: str) -> WebhookTarget:
+    """The job's webhook from its stored request, its two fields alone: a request that would not validate whole
+    (stored by another version, its job failed by the worker) still has its webhook called. None that validates:
+    no webhook."""
+    try:
+        return WebhookTarget.model_validate_json(raw_request)
+    except ValidationError as exc:
+        log.warning("job %s: its stored webhook does not validate (%s): no webhook", job_id, exc.errors()[0]["msg"])
+        return WebhookTarget()
 
 
 class OutboxBridge:

@@ -362,6 +362,11 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
+        if request is None:  # its stored request does not validate here: the job fails, the worker goes on
+            assert lease.refused is not None
+            log.warning("job %s: %s", lease.job_id, lease.refused.message)
+            self._fail(lease, ErrorCode.INVALID_REQUEST, lease.refused.message, lease.refused.field)
+            return
         if self.metrics is not None and lease.attempt == 1 and lease.clock is not None:
             self.metrics.priorities.job_started(lease.priority, lease.clock.started_at - lease.clock.created_at)
         if self.deadlines.track(lease.job_id, request, lease.clock) <= 0:
@@ -414,7 +419,7 @@ class Worker:
     def _job_logprobs(self, lease: Lease, num_prompt_tokens: int) -> JobLogprobs | None:
         """The job's logprobs keeper, when its request asks for any (workers/worker/logprobs.py)."""
         request = lease.request
-        if request.logprobs is None and request.prompt_logprobs is None:
+        if request is None or (request.logprobs is None and request.prompt_logprobs is None):
             return None
         return JobLogprobs(self.token_texts, num_prompt_tokens, bool(lease.resumed_token_ids))
 

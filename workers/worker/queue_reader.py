@@ -26,7 +26,7 @@ from shared import keys, lua
 from shared import redis_url as redis_urls
 from shared.job_record import parse_token_ids
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority
+from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, Priority, StoredRequestError, stored_request
 from shared.settings import ServiceSettings
 from workers.worker.deadlines import JobClock
 
@@ -39,10 +39,11 @@ class Lease:
     entry_id: str
     priority: Priority
     attempt: int
-    request: JobRequest
+    request: JobRequest | None  # None: its stored request does not validate (`refused` says why; the job fails)
     resumed_text: str = ""  # produced by earlier attempts (this one continues after it)
     resumed_token_ids: list[int] = field(default_factory=list)
     clock: JobClock | None = None  # created / first started / retried (unix s): the execution deadline's base
+    refused: StoredRequestError | None = None
 
     @property
     def partition(self) -> int:
@@ -250,16 +251,22 @@ class QueueReader:
 
     @staticmethod
     def _lease(order: list[Priority], row: list[Any]) -> Lease:
-        job_id, entry_id, stream_index, attempt, request, text, token_ids, *times = row
+        job_id, entry_id, stream_index, attempt, raw_request, text, token_ids, *times = row
+        request, refused = None, None
+        try:
+            request = stored_request(raw_request)
+        except StoredRequestError as exc:  # the worker fails this job and goes on (never a crash on a pull)
+            refused = exc
         return Lease(
             job_id=job_id,
             entry_id=entry_id,
             priority=order[int(stream_index) - 1],
             attempt=int(attempt),
-            request=JobRequest.model_validate_json(request),
+            request=request,
             resumed_text=text,
             resumed_token_ids=parse_token_ids(token_ids),
             clock=JobClock.of(*times),
+            refused=refused,
         )
 
     def wait_and_pull(self, block_ms: int, max_jobs: int) -> list[Lease] | None:

@@ -1,5 +1,6 @@
 """Webhooks end to end: gateway (HTTP) -> engine worker (tiny model) -> outbox -> Celery worker -> receiver."""
 
+import json
 import time
 
 import httpx
@@ -7,6 +8,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
@@ -142,6 +144,20 @@ def test_completed_fires_for_cancelled_and_expired_jobs(
         ("/c", "completed", "cancelled"),
         ("/e", "completed", "expired"),
     }
+    receiver.verify_all()
+
+
+def test_a_job_whose_stored_request_does_not_validate_still_gets_its_webhook(
+    http: httpx.Client, rclient: redis.Redis, receiver: Receiver, celery_worker: CeleryWorker
+) -> None:
+    """The outbox reads a job's webhook fields alone: a request stored by another version (or changed in Redis)
+    that no longer validates whole raised in the outbox, and its `completed` webhook never came."""
+    job_id = submit(http, receiver.url + "/old", ["completed"])
+    stored = json.loads(rclient.hget(keys.job_hash(job_id), "request"))
+    rclient.hset(keys.job_hash(job_id), "request", json.dumps({**stored, "max_tokens": 0}))
+    assert http.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    calls = receiver.wait_for(lambda cs: len(cs) == 1, what="the completed event")
+    assert (calls[0].path, calls[0].event, calls[0].json["status"]) == ("/old", "completed", "cancelled")
     receiver.verify_all()
 
 

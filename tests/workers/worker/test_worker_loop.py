@@ -377,3 +377,28 @@ def test_a_webhook_output_notice_finds_the_tokens_a_stream_interval_held_written
     assert len(notices) == max_tokens - 1  # one per step but the last (its end is the `completed` notice)
     assert written == [(n, n) for n in range(1, max_tokens)]  # nothing held past its notice
     assert job_record(rclient, job_id)["status"] == "succeeded"
+
+
+def test_a_job_whose_stored_request_does_not_validate_fails_alone(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    """A request stored by another version of specfleet (a bound tightened since, as top_k's was) or changed in
+    Redis, here to a max_tokens of 0: reading it in the pull raised, and the worker process exited with the jobs
+    it held. Now that job fails `invalid_request`, naming the field, and the others run."""
+    bad = submit_job(rclient, settings, max_tokens=4, **JOB)
+    stored = json.loads(rclient.hget(keys.job_hash(bad), "request"))
+    rclient.hset(keys.job_hash(bad), "request", json.dumps({**stored, "max_tokens": 0}))
+    good = submit_job(rclient, settings, max_tokens=4, **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=4))
+    try:
+        _step_until_idle(worker)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    failed = job_record(rclient, bad)
+    assert failed["status"] == JobStatus.FAILED.value
+    error = json.loads(failed["error"])
+    assert error["code"] == "invalid_request" and error["field"] == "max_tokens"
+    assert "stored request does not validate" in error["message"]
+    assert job_record(rclient, good)["status"] == JobStatus.SUCCEEDED.value
+    assert rclient.xpending(keys.queue_stream("default"), keys.CONSUMER_GROUP)["pending"] == 0  # both acked
