@@ -172,6 +172,17 @@ class CompletionRequest(_Common):
     suffix: str | None = None
     response_format: ResponseFormat | None = None  # as vLLM's extension (structured output, shared/response_format.py)
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text_prompt(cls, value: Any) -> Any:
+        """OpenAI also takes token ids (integers, or lists of them): said so, not pydantic's `prompt.str: Input
+        should be a valid string`, its union's first branch."""
+        if not isinstance(value, str | list):
+            raise ValueError("give one prompt (a string, or a list holding one string)")
+        if isinstance(value, list) and any(isinstance(item, int | list) for item in value):
+            raise ValueError("token-id prompts are not supported: send the prompt as text")
+        return value
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, value: str | list[str]) -> str | list[str]:

@@ -165,6 +165,13 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
     )
     assert not_finite.status_code == 400
     assert not_finite.json()["error"]["message"] == "temperature: Input should be a finite number"
+    token_ids = httpx.post(
+        f"{served.url}/v1/completions",
+        json={"prompt": [1, 2, 3], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {client.api_key}"},
+    )
+    assert token_ids.status_code == 400
+    assert token_ids.json()["error"]["message"] == "prompt: token-id prompts are not supported: send the prompt as text"
     for field, value in (("top_k", 2**63), ("seed", 2**64)):  # past the engine's ranges: refused here, not in a step
         too_large = httpx.post(
             f"{served.url}/v1/completions",
