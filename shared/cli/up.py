@@ -8,7 +8,9 @@ Ctrl-C / SIGTERM stops the gateway, then the worker (it hands unfinished jobs ba
 Celery worker (unfinished tasks stay in Redis: acks_late), then Redis: the launcher, shared/fleet.py.
 """
 
+import errno
 import signal
+import socket
 import time
 from types import FrameType
 
@@ -48,6 +50,7 @@ class Up:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         try:
+            self._check_port()
             redis_url = self.fleet.start_redis()
             self._ensure_models()
             self.fleet.start_celery()
@@ -63,6 +66,19 @@ class Up:
             return 1
         finally:
             self.fleet.stop()
+
+    def _check_port(self) -> None:
+        """The gateway's address, free before anything starts: taken, the gateway failed only after Redis, the
+        models and the worker had started (~30 s). SO_REUSEADDR as uvicorn binds, so a closing socket passes."""
+        host, port = self.fleet.host, self.fleet.port
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise RuntimeError(f"cannot serve on {host}:{port}: {exc.strerror}") from exc
+                raise RuntimeError(f"port {port} on {host} is in use (another fleet?): --port N picks another") from exc
 
     def _ensure_models(self) -> None:
         """Build the demo pair here (once, minutes) when no model is named, so the worker finds it cached."""

@@ -2,12 +2,16 @@
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from shared import cpu_placement
+from tests.helpers import REPO_ROOT
 from tests.helpers.cpus import ALLOWED, cores_of, threads_of
 from tests.helpers.up_process import children_of, running_up
 
@@ -94,3 +98,22 @@ def _post_until_served(url: str, body: dict[str, object], headers: dict[str, str
             assert response.status_code == 200, response.text
             return dict(response.json())
         time.sleep(0.2)
+
+
+def test_up_on_a_port_in_use_stops_before_starting_anything(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The gateway's port is checked first: taken, `up` had started Redis, Celery and the worker (~30 s with its
+    models) before the gateway failed to bind, and said so only in uvicorn's log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLEET_") and k != "REDIS_URL"}
+    env["SPECFLEET_REDIS_DIR"] = str(tmp_path / "redis")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--target", str(tiny_pair[0]),
+             "--draft", str(tiny_pair[1])],  # fmt: skip
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert up.returncode == 1
+    assert f"specfleet: port {port} on 127.0.0.1 is in use (another fleet?): --port N picks another" in up.stderr
+    assert not (tmp_path / "redis").exists()  # no redis-server was started
