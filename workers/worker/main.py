@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 REDIS_RETRY_S = 1.0  # pause after a failed Redis call before the loop tries again
 RETIRE_WAIT_S = 0.05  # with nothing in the engine, how long one step waits for the writer's report
 DRAIN_TIMEOUT_S = 10.0  # at shutdown, how long the loop waits for the writer to land what it holds
+START_RETRY_MAX_S = 10.0  # a worker started before its Redis answers retries at most this far apart
 
 
 class EngineLike(Protocol):
@@ -296,7 +297,7 @@ class Worker:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        self.reader.ensure_groups()
+        self._wait_for_redis()
         self._control.subscribe()
         if self.settings.warm_up:
             self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
@@ -311,6 +312,22 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         log.info("worker %s ready (model version %s, max_model_len %d)", self.worker_id,
                  self.settings.model_version, self.engine.max_model_len)
+
+    def _wait_for_redis(self) -> None:
+        """The first Redis call (the queues' consumer groups), retried until Redis answers: a worker started before
+        its Redis (or while it restarts) waits for it, as Celery does, instead of exiting once its models loaded.
+        A stop requested meanwhile raises the last error."""
+        retry_s = REDIS_RETRY_S
+        while True:
+            try:
+                self.reader.ensure_groups()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if self.is_stopping:
+                    raise
+                log.warning("redis is unreachable (%s); retrying in %.0fs", exc, retry_s)
+                time.sleep(retry_s)
+                retry_s = min(2 * retry_s, START_RETRY_MAX_S)
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if not self.is_stopping:
