@@ -2,9 +2,12 @@
 
 import os
 from collections.abc import Callable
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    import httpx
 
 T = TypeVar("T")
 
@@ -36,10 +39,25 @@ def fail(exc: Exception) -> typer.Exit:
 
 
 def call(fn: Callable[[], T]) -> T:
-    """fn(), with an API error printed by `fail` (exit status 1)."""
+    """fn(), with an API error printed by `fail`, or a gateway that did not answer said so (exit status 1)."""
+    import httpx
+
     from shared.client import FleetApiError
 
     try:
         return fn()
     except FleetApiError as exc:
         raise fail(exc) from exc
+    except httpx.TransportError as exc:  # not reached, or the connection broke: no traceback, what and where
+        typer.echo(f"error: the gateway{_address(exc)} did not answer ({type(exc).__name__}: {exc}); is it "
+                   "running? --url or $SPECFLEET_URL names it", err=True)  # fmt: skip
+        raise typer.Exit(1) from exc
+
+
+def _address(exc: "httpx.TransportError") -> str:
+    """` at scheme://host:port` of the request that failed ('' where httpx made the error without one)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:  # httpx's `request` raises when it was not set
+        return ""
+    return f" at {url.scheme}://{url.netloc.decode()}"

@@ -5,6 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from shared.redis_server import free_port
 from tests.helpers import REPO_ROOT
 from tests.helpers.gateway import ThreadedGateway
 
@@ -47,3 +50,14 @@ def test_batch_submit_logs_no_requests(gateway: ThreadedGateway, tmp_path: Path)
     assert quiet.stdout.startswith("batch_") and HTTPX_LINE not in quiet.stderr
     loud = run_cli("-v", "batch", "submit", str(source), "--url", gateway.url)
     assert loud.returncode == 0 and HTTPX_LINE in loud.stderr
+
+
+@pytest.mark.parametrize("command", [["submit", "def f(x):"], ["submit", "def f(x):", "--stream"], ["status", "abc"]])
+def test_a_gateway_that_does_not_answer_is_one_line_not_a_traceback(command: list[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = run_cli(*command, "--url", url)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"error: the gateway at {url} did not answer (ConnectError: [Errno 111] Connection refused); is it running? "
+        "--url or $SPECFLEET_URL names it"
+    )
