@@ -21,10 +21,12 @@ import redis
 
 from shared import keys
 from shared import redis_url as redis_urls
+from shared.webhook_signing import secret_key
 
 KEY_PREFIX = "sf-"
 WEBHOOK_SECRET_PREFIX = "whsec_"
 MAX_KEY_CHARS = 200  # a longer Authorization value is refused before it is hashed
+MAX_NAME_CHARS = 128  # a key's label
 # KEYS[1]: a key's record; ARGV[1]: the time -> 1 when it existed and is now revoked, else 0
 REVOKE_IF_EXISTS = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -83,6 +85,20 @@ def new_secret() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def _check_new_key(name: str, limits: tuple[int, int, int], webhook_secret: str | None) -> None:
+    """ValueError naming what is wrong: a key that would work badly is never made (a negative limit read as none;
+    a secret that is not base64 failed every webhook of the key's jobs, at delivery)."""
+    if not name.strip() or len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"a key's name is 1 to {MAX_NAME_CHARS} characters, not only spaces")
+    if any(limit < 0 for limit in limits):
+        raise ValueError("a limit is a count >= 0 (0: no limit)")
+    if webhook_secret is not None:
+        if not webhook_secret.startswith(WEBHOOK_SECRET_PREFIX):
+            raise ValueError(f"a webhook secret is {WEBHOOK_SECRET_PREFIX} followed by base64")
+        if not secret_key(webhook_secret):  # ValueError: not base64
+            raise ValueError("a webhook secret's key is at least one byte")
+
+
 def new_webhook_secret() -> str:
     return WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
@@ -120,6 +136,7 @@ class KeyRegistry:
         steps (two slots on a Cluster). A crash between them leaves an index entry without a record, which the
         listing skips, revoking refuses and no request can use (its secret was never shown); the other order
         would leave a working key that the index, and so revoking by id, does not know."""
+        _check_new_key(name, (requests_per_min, tokens_per_min, max_concurrent_jobs), webhook_secret)
         secret = new_secret()
         hashed = digest(secret)
         partition = keys.tenant_partition(hashed, self.num_partitions)

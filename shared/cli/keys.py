@@ -50,16 +50,20 @@ def create(
     from shared.settings import get_settings
 
     settings = get_settings()
-    key, secret = _registry().create(
-        name,
-        requests_per_min=settings.default_requests_per_min if requests_per_min is None else requests_per_min,
-        tokens_per_min=settings.default_tokens_per_min if tokens_per_min is None else tokens_per_min,
-        max_concurrent_jobs=settings.default_max_concurrent_jobs
-        if max_concurrent_jobs is None
-        else max_concurrent_jobs,
-        is_admin=admin,
-        webhook_secret=webhook_secret,
-    )
+    try:
+        key, secret = _registry().create(
+            name,
+            requests_per_min=settings.default_requests_per_min if requests_per_min is None else requests_per_min,
+            tokens_per_min=settings.default_tokens_per_min if tokens_per_min is None else tokens_per_min,
+            max_concurrent_jobs=settings.default_max_concurrent_jobs
+            if max_concurrent_jobs is None
+            else max_concurrent_jobs,
+            is_admin=admin,
+            webhook_secret=webhook_secret,
+        )
+    except ValueError as exc:  # a name, limit or webhook secret the key would work badly with
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps({**key.public(), "key": secret, "webhook_secret": key.webhook_secret}))
         return

@@ -1,5 +1,6 @@
 """API key records: made random, stored as a hash, listed without secrets, revoked by id (real Redis)."""
 
+import pytest
 import redis
 
 from shared import keys
@@ -51,3 +52,26 @@ def test_webhook_secret_of_the_owner(rclient: redis.Redis) -> None:
     rclient.hset(keys.job_hash("j2"), "status", "queued")
     assert webhook_secret_of(rclient, keys.job_hash("j1")) == "whsec_AAAA"
     assert webhook_secret_of(rclient, keys.job_hash("j2")) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "limits", "webhook_secret", "reason"),
+    [
+        ("", (1, 1, 1), None, "name"),
+        ("   ", (1, 1, 1), None, "name"),
+        ("x" * 129, (1, 1, 1), None, "name"),
+        ("neg", (-1, 1, 1), None, "limit"),  # read as no limit at all
+        ("neg", (1, 1, -5), None, "limit"),
+        ("hook", (1, 1, 1), "abc", "whsec_"),  # every webhook of its jobs failed at signing
+        ("hook", (1, 1, 1), "whsec_not base64!", "base64"),
+        ("hook", (1, 1, 1), "whsec_", "one byte"),
+    ],
+)
+def test_a_key_that_would_work_badly_is_not_made(
+    rclient: redis.Redis, name: str, limits: tuple[int, int, int], webhook_secret: str | None, reason: str
+) -> None:
+    requests_per_min, tokens_per_min, max_concurrent_jobs = limits
+    with pytest.raises(ValueError, match=reason):
+        KeyRegistry(rclient).create(name, requests_per_min=requests_per_min, tokens_per_min=tokens_per_min,
+                                    max_concurrent_jobs=max_concurrent_jobs, webhook_secret=webhook_secret)  # fmt: skip
+    assert rclient.hlen(keys.API_KEYS_INDEX) == 0
