@@ -6,6 +6,8 @@ from shared.schemas import MAX_SEED, MAX_TOP_K, MIN_SEED
 from shared.speculation import SpeculativeMethod
 from workers.engine.errors import InvalidRequestError
 
+MIN_SAMPLING_TEMPERATURE = 1e-5  # a temperature below this decodes greedily
+
 
 @dataclass
 class SamplingParams:
@@ -44,6 +46,8 @@ class SamplingParams:
             raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.temperature, int | float) or not self.temperature >= 0.0:
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature!r}")
+        if self.temperature < MIN_SAMPLING_TEMPERATURE:  # as vLLM: the logits over it overflow float32 (1e-40
+            self.temperature = 0.0  # gave NaN probabilities and token 0); its distribution is the argmax anyway
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
         # a value out of these ranges would fail in a later step's tensors and take the engine with it

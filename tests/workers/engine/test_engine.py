@@ -162,6 +162,14 @@ def test_the_widest_seed_and_top_k_are_sampled(tiny_models: dict[str, Path]) -> 
     assert tokens(out["low"]) == tokens(out["same"])
 
 
+def test_a_temperature_too_small_for_float32_decodes_greedily(tiny_models: dict[str, Path]) -> None:
+    """The logits over 1e-40 overflow float32: the probabilities were NaN, and the request got token 0."""
+    requests = {"tiny_t": ([1, 2, 3], SamplingParams(max_tokens=8, temperature=1e-40, seed=3, ignore_eos=True)),
+                "greedy": ([1, 2, 3], greedy(8))}  # fmt: skip
+    out = run_all(make_engine(tiny_models["llama"]), requests)
+    assert tokens(out["tiny_t"]) == tokens(out["greedy"]) and len(tokens(out["greedy"])) == 8
+
+
 def test_request_larger_than_the_whole_kv_cache_is_refused(tiny_models: dict[str, Path]) -> None:
     engine = make_engine(tiny_models["llama"], kv_cache_mb=8 / 1024)  # 8 blocks of 4 tokens
     with pytest.raises(PromptTooLongError):
