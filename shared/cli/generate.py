@@ -39,6 +39,13 @@ def generate(
     from workers.engine.errors import InvalidRequestError
     from workers.engine.sampling_params import SamplingParams
 
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            speculative=speculative)
+    try:
+        params.validate()  # before the engine loads (seconds): a bad option is refused at once
+    except InvalidRequestError as exc:
+        typer.echo(f"error: {exc.field}: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
     try:
         cfg = EngineConfig.load(target_dir=target, draft_dir=draft, eagle_dir=eagle,
                                 tensor_parallel_size=tensor_parallel_size, device=device)
@@ -47,8 +54,6 @@ def generate(
     except ValueError as exc:  # a setting the engine cannot start with (pydantic's errors name the field)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                            speculative=speculative)
     try:
         engine.add_request("cli", prompt, params)
     except InvalidRequestError as exc:

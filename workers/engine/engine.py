@@ -46,7 +46,7 @@ from workers.engine.tp_runner import load_target, make_runner
 from workers.models import native_attention
 from workers.models.device import resolve_device, to_host
 from workers.models.eagle_head import load_head
-from workers.models.loader import load_model, load_tokenizer, resolve_dtype
+from workers.models.loader import check_checkpoint_dir, load_model, load_tokenizer, resolve_dtype
 from workers.models.native_attention import NativeAttention
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.row_max import torch_row_max
@@ -68,6 +68,9 @@ class Engine:
     def __init__(
         self, cfg: EngineConfig, target_dir: Path, draft_dir: Path | None = None, eagle_dir: Path | None = None
     ) -> None:
+        for role, model_dir in (("target", target_dir), ("draft", draft_dir), ("EAGLE head", eagle_dir)):
+            if model_dir is not None:
+                check_checkpoint_dir(model_dir, role)
         cfg = dataclasses.replace(cfg, speculative_method=default_method(cfg, draft_dir, eagle_dir))
         self.cfg = cfg
         num_threads = cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // cfg.tensor_parallel_size)

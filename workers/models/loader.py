@@ -32,6 +32,19 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def check_checkpoint_dir(model_dir: str | Path, role: str) -> None:
+    """ValueError naming the directory and what it lacks, before anything loads (the tokenizer's loader read a
+    missing path as a hub repo id, and a directory without tokenizer files as a slow tokenizer to convert)."""
+    path = Path(model_dir)
+    layout = "a Hugging Face checkpoint directory: config.json, *.safetensors, tokenizer files"
+    if not path.is_dir():
+        raise ValueError(f"the {role} {path}: no such directory ({layout})")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"the {role} {path} has no config.json ({layout})")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"the {role} {path} has no *.safetensors ({layout})")
+
+
 def checkpoint_files(model_dir: Path) -> list[str]:
     """The checkpoint's *.safetensors file names (the index's, when the checkpoint is sharded)."""
     index = model_dir / "model.safetensors.index.json"

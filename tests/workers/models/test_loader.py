@@ -1,5 +1,7 @@
 """The loader keeps a tied embedding and LM head as ONE matrix in every dtype, and computes what transformers does."""
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,23 @@ def test_a_tied_head_stays_one_matrix_after_the_dtype_conversion(tmp_path: Path,
         with torch.no_grad():
             expected = hf(torch.tensor([prompt])).logits[0]  # [9, V]
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "role", "reason"),
+    [
+        (lambda d: d / "nowhere", "target", ": no such directory"),  # transformers read it as a hub repo id
+        (lambda d: d, "draft", " has no config.json"),  # ... and this as a slow tokenizer to convert
+        (lambda d: (d / "config.json").write_text("{}") and d, "EAGLE head", " has no \\*.safetensors"),
+    ],
+)
+def test_an_engine_names_a_model_directory_it_cannot_load(
+    tiny_target: Path, tmp_path: Path, make: Callable[[Path], Path], role: str, reason: str
+) -> None:
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    bad = make(tmp_path)
+    dirs = {"target": tiny_target, "draft": None, "EAGLE head": None} | {role: bad}
+    with pytest.raises(ValueError, match=f"^the {role} {re.escape(str(bad))}{reason}"):
+        Engine(EngineConfig(num_threads=1), dirs["target"], draft_dir=dirs["draft"], eagle_dir=dirs["EAGLE head"])
