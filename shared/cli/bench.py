@@ -1,6 +1,8 @@
 """`specfleet bench NAME [--quick] [--json PATH]`: the benchmarks of workers/bench/ (a table; JSON optional)."""
 
 import importlib
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -49,6 +51,16 @@ def bench(
     if out is not None and name != "report":
         typer.echo("error: --out is an option of the report only", err=True)
         raise typer.Exit(2)
+    if json_path is not None:  # checked before minutes of measuring: the JSON was written (or not) at the end
+        folder = Path(json_path).resolve().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            typer.echo(f"error: --json {json_path}: cannot make its folder ({exc.strerror})", err=True)
+            raise typer.Exit(2) from exc
+        if not os.access(folder, os.W_OK) or Path(json_path).is_dir():
+            typer.echo(f"error: --json {json_path}: not a file this process may write", err=True)
+            raise typer.Exit(2)
     module, func = BENCHES[name].split(":")
     extra: dict[str, str] = {"model": model} if model is not None else {}
     if out is not None:
