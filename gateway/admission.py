@@ -29,9 +29,26 @@ class Admitted:
 
 
 def prompt_chars(request: JobRequest) -> int:
+    """The prompt's size against settings.max_prompt_chars (token ids count one each: never more than their text)."""
     if request.prompt is not None:
         return len(request.prompt)
+    if request.prompt_token_ids is not None:
+        return len(request.prompt_token_ids)
     return sum(len(m.content) for m in request.messages or [])
+
+
+def reserved_tokens(request: JobRequest) -> int:
+    """The key's tokens reserved at submit: a tokenized prompt's own count, a text's estimate; + max_tokens."""
+    if request.prompt_token_ids is not None:
+        return len(request.prompt_token_ids) + request.max_tokens
+    return estimate_tokens(prompt_chars(request), request.max_tokens)
+
+
+def prompt_field(request: JobRequest) -> str:
+    """The field that holds the request's prompt."""
+    if request.prompt is not None:
+        return "prompt"
+    return "prompt_token_ids" if request.prompt_token_ids is not None else "messages"
 
 
 def check_sizes(request: JobRequest, gw: Gateway) -> None:
@@ -54,11 +71,11 @@ def check_sizes(request: JobRequest, gw: Gateway) -> None:
             422, ErrorCode.INVALID_REQUEST, "the text is not valid Unicode (a lone surrogate)", field="prompt"
         ) from exc
     if prompt_chars(request) > settings.max_prompt_chars:
-        field = "prompt" if request.prompt is not None else "messages"
+        field = prompt_field(request)
         raise ApiError(
             413,
             ErrorCode.PROMPT_TOO_LONG,
-            f"{field}: at most {settings.max_prompt_chars} characters",
+            f"{field}: at most {settings.max_prompt_chars} {'token ids' if request.prompt_token_ids else 'characters'}",
             field=field,
         )
 
@@ -71,7 +88,7 @@ async def submit(
     gateway/streaming.py EventHub.expect)."""
     check_sizes(request, gw)
     await gw.prompt_limit.check(request)
-    cost = estimate_tokens(prompt_chars(request), request.max_tokens)
+    cost = reserved_tokens(request)
     job_id = new_job_id(gw.store.tenant_partition(caller.digest))  # the tenant's partition (shared/keys.py)
     if expect_events:
         gw.hub.expect(job_id)

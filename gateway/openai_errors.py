@@ -79,7 +79,7 @@ class OpenAIRoute(KeyFirstRoute):
                     400 if exc.status_code == 422 else exc.status_code,
                     exc.info.message,
                     exc.info.code,
-                    exc.info.field,
+                    "prompt" if exc.info.field == "prompt_token_ids" else exc.info.field,  # OpenAI's name of it
                     exc.headers,
                 )
             except StarletteHTTPException as exc:

@@ -1,10 +1,11 @@
-"""413 at submit for a prompt beyond the model's context.
+"""413 at submit for a prompt beyond the model's context (422 for a token id beyond its vocabulary).
 
-Workers publish the model's `max_model_len` and tokenizer path in Redis (keys.MODEL_INFO); the gateway
-reads that every few seconds and counts tokens with the `tokenizers` library (as the engine does: no special
-tokens) only when the prompt's UTF-8 byte count could exceed the context (a byte-level BPE never makes more
-tokens than bytes). The rule is the engine's: prompt tokens + max_tokens must fit max_model_len. Without
-model information the worker still refuses the job (`failed`, code `prompt_too_long`).
+Workers publish the model's `max_model_len`, vocabulary size and tokenizer path in Redis (keys.MODEL_INFO); the
+gateway reads that every few seconds and counts tokens with the `tokenizers` library (as the engine does: no
+special tokens) only when the prompt's UTF-8 byte count could exceed the context (a byte-level BPE never makes
+more tokens than bytes); a tokenized prompt (`prompt_token_ids`) is its own count. The rule is the engine's:
+prompt tokens + max_tokens must fit max_model_len. Without model information the worker still refuses the job
+(`failed`, code `prompt_too_long` or `invalid_request`).
 """
 
 import asyncio
@@ -29,6 +30,7 @@ class PromptLimit:
         self.redis = redis
         self.refresh_s = refresh_s
         self._max_model_len: int | None = None
+        self._vocab_size: int | None = None  # a prompt's token ids must be below it (the engine's rule)
         self._tokenizer_path = ""
         self._tokenizer: object | None = None
         self._unusable_path = ""  # a tokenizer path that failed to load (not retried)
@@ -40,9 +42,29 @@ class PromptLimit:
         self._fetched_at = time.monotonic()
         info: dict[str, str] = await self.redis.hgetall(keys.MODEL_INFO)  # type: ignore[assignment]
         self._max_model_len = int(info["max_model_len"]) if info.get("max_model_len") else None
+        self._vocab_size = int(info["vocab_size"]) if info.get("vocab_size") else None
         path = info.get("tokenizer_path", "")
         if path != self._tokenizer_path and path != self._unusable_path:
             self._tokenizer_path, self._tokenizer = path, None
+
+    def _check_token_ids(self, request: JobRequest, token_ids: list[int]) -> None:
+        """A tokenized prompt: each id in the vocabulary (422), and its length the engine's rule (413)."""
+        if self._vocab_size is not None and max(token_ids) >= self._vocab_size:
+            raise ApiError(
+                422,
+                ErrorCode.INVALID_REQUEST,
+                f"prompt_token_ids: token id {max(token_ids)} is not in the model's vocabulary of {self._vocab_size}",
+                field="prompt_token_ids",
+            )
+        if self._max_model_len is not None and len(token_ids) + request.max_tokens > self._max_model_len:
+            field = "prompt_token_ids" if len(token_ids) >= self._max_model_len else "max_tokens"
+            raise ApiError(
+                413,
+                ErrorCode.PROMPT_TOO_LONG,
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds the model's context "
+                f"of {self._max_model_len} tokens",
+                field=field,
+            )
 
     def _count_tokens(self, text: str) -> int | None:
         if self._tokenizer is None and self._tokenizer_path:
@@ -63,6 +85,9 @@ class PromptLimit:
     async def check(self, request: JobRequest) -> None:
         """Raise 413 when prompt tokens + max_tokens exceed max_model_len (the engine's own rule)."""
         await self._refresh()
+        if request.prompt_token_ids is not None:
+            self._check_token_ids(request, request.prompt_token_ids)
+            return
         if self._max_model_len is None:
             return
         messages = request.messages or []

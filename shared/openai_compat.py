@@ -1,7 +1,8 @@
 """OpenAI `/v1/completions` and `/v1/chat/completions` <-> our jobs, in one place: the HTTP endpoints
 (gateway/routes/openai_*.py) and batch lines (shared/batch_format.py) both translate through it.
 
-Request: `prompt` (a string, or a list holding one string) or `messages` (system/developer/user/assistant, string
+Request: `prompt` (a string or its token ids, or a list holding one of them: the job's `prompt` or
+`prompt_token_ids`; `echo` needs text) or `messages` (system/developer/user/assistant, string
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
 (string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), and specfleet's
@@ -56,6 +57,7 @@ from shared.schemas import (
     MAX_SEED,
     MAX_STREAM_INTERVAL_MS,
     MAX_TIMEOUT_S,
+    MAX_TOKEN_ID,
     MAX_TOP_K,
     MIN_SEED,
     Job,
@@ -164,7 +166,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # one prompt: text, or its token ids
     echo: StrictBool | None = None  # the answer's text (and logprobs) start with the prompt's
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # N alternatives per token
     # accepted at their neutral values only
@@ -174,24 +176,23 @@ class CompletionRequest(_Common):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _text_prompt(cls, value: Any) -> Any:
-        """OpenAI also takes token ids (integers, or lists of them): said so, not pydantic's `prompt.str: Input
-        should be a valid string`, its union's first branch."""
-        if not isinstance(value, str | list):
-            raise ValueError("give one prompt (a string, or a list holding one string)")
-        if isinstance(value, list) and any(isinstance(item, int | list) for item in value):
-            raise ValueError("token-id prompts are not supported: send the prompt as text")
-        return value
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError("give one prompt (a string, or a list holding one string)")
-        for text in [value] if isinstance(value, str) else value:
-            if not text:
+    def _one_prompt(cls, value: Any) -> Any:
+        """One prompt, as OpenAI takes it: a string, or a list holding one; token ids, or a list holding one list
+        of them. Its own message for each wrong shape (pydantic's would name the union's first branch,
+        `prompt.str`)."""
+        one = "give one prompt (a string or a list of token ids, or a list holding one of them)"
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+            value = value[0]
+        if isinstance(value, str):
+            if not value:
                 raise ValueError("the prompt must not be empty")
-            _valid_text(text)
+            return _valid_text(value)
+        if not isinstance(value, list) or not value:
+            raise ValueError(one)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            raise ValueError(one)
+        if not all(0 <= t <= MAX_TOKEN_ID for t in value):
+            raise ValueError(f"token ids are integers in [0, {MAX_TOKEN_ID}]")
         return value
 
     @model_validator(mode="after")
@@ -200,10 +201,16 @@ class CompletionRequest(_Common):
             raise ValueError("best_of: only 1 is supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.echo and not isinstance(self.prompt, str):
+            raise ValueError("echo needs the prompt as text (the answer starts with it)")
         return self
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_text(self) -> str | None:
+        """The prompt's text; None when it came as token ids (the validator made it a string or a list of ints)."""
+        return self.prompt if isinstance(self.prompt, str) else None
+
+    def prompt_token_ids(self) -> list[int] | None:
+        return [int(t) for t in self.prompt] if isinstance(self.prompt, list) else None  # type: ignore[arg-type]
 
 
 class TextPart(BaseModel):
@@ -323,7 +330,7 @@ def to_job_request(
     if req.stream_interval_ms is not None:
         fields["stream_interval_ms"] = req.stream_interval_ms
     if isinstance(req, CompletionRequest):
-        fields["prompt"] = req.prompt_text()
+        fields["prompt"], fields["prompt_token_ids"] = req.prompt_text(), req.prompt_token_ids()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
         fields["logprobs"] = req.logprobs
         fields["prompt_logprobs"] = req.logprobs if req.echo else None

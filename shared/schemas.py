@@ -25,6 +25,8 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest execution deadline a job may ask 
 MAX_STREAM_INTERVAL_MS = 60_000  # the longest a job may ask its token events apart (`stream_interval_ms`)
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch's generators take (a 64-bit seed, either sign)
 MAX_TOP_K = 2**63 - 1  # the engine holds top_k in a 64-bit tensor; any k >= the vocabulary keeps every token
+MAX_TOKEN_ID = 2**31 - 1  # a prompt's token ids (`prompt_token_ids`): the model's vocabulary bounds them further
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 class Priority(StrEnum):
@@ -79,6 +81,7 @@ class JobRequest(BaseModel):
 
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
+    prompt_token_ids: list[TokenId] | None = Field(None, min_length=1)  # the prompt already tokenized (OpenAI's too)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -111,8 +114,8 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of `prompt` or `messages`")
+        if sum(given is not None for given in (self.prompt, self.messages, self.prompt_token_ids)) != 1:
+            raise ValueError("give exactly one of `prompt`, `messages` or `prompt_token_ids`")
         return self
 
     @field_validator("prompt")

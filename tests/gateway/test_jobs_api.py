@@ -53,6 +53,9 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": "x", "stop": ["\n", ""]}, "stop"),  # the engine refuses it: the job failed in the worker
         ({"prompt": "x", "speculative": "magic"}, "speculative"),  # was `speculative.bool`, the union's branch
         ({"prompt": "x", "speculative": {"method": "eagle"}}, "speculative"),
+        ({"prompt_token_ids": []}, "prompt_token_ids"),
+        ({"prompt_token_ids": [1, -1]}, "prompt_token_ids.1"),
+        ({"prompt": "x", "prompt_token_ids": [1]}, "body"),  # one prompt only
     ],
 )
 def test_schema_errors_are_422_with_the_field(

@@ -165,13 +165,6 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
     )
     assert not_finite.status_code == 400
     assert not_finite.json()["error"]["message"] == "temperature: Input should be a finite number"
-    token_ids = httpx.post(
-        f"{served.url}/v1/completions",
-        json={"prompt": [1, 2, 3], "max_tokens": 4},
-        headers={"Authorization": f"Bearer {client.api_key}"},
-    )
-    assert token_ids.status_code == 400
-    assert token_ids.json()["error"]["message"] == "prompt: token-id prompts are not supported: send the prompt as text"
     for field, value in (("top_k", 2**63), ("seed", 2**64)):  # past the engine's ranges: refused here, not in a step
         too_large = httpx.post(
             f"{served.url}/v1/completions",
@@ -179,6 +172,29 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
             headers={"Authorization": f"Bearer {client.api_key}"},
         )
         assert too_large.status_code == 400 and too_large.json()["error"]["param"] == field
+
+
+def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
+    client: openai.OpenAI, served: ThreadedGateway, engine_thread: EngineThread
+) -> None:
+    """OpenAI's completions take the prompt as token ids too (or a list holding one such list): the same answer
+    as the text they encode. An id past the vocabulary is a 400 naming `prompt`, before any job is queued."""
+    from tokenizers import Tokenizer
+
+    path = engine_thread.client.hget(keys.MODEL_INFO, "tokenizer_path")
+    ids = Tokenizer.from_file(f"{path}/tokenizer.json").encode("def f(x):", add_special_tokens=False).ids
+    text = client.completions.create(prompt="def f(x):", **GREEDY).choices[0].text
+    assert client.completions.create(prompt=ids, **GREEDY).choices[0].text == text
+    assert client.completions.create(prompt=[ids], **GREEDY).choices[0].text == text
+    vocab = int(engine_thread.client.hget(keys.MODEL_INFO, "vocab_size"))
+    with pytest.raises(openai.BadRequestError) as past:
+        client.completions.create(prompt=[*ids, vocab], **GREEDY)
+    assert past.value.body == {  # type: ignore[comparison-overlap]
+        "message": f"prompt_token_ids: token id {vocab} is not in the model's vocabulary of {vocab}",
+        "type": "invalid_request_error", "param": "prompt", "code": "invalid_request",
+    }  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="echo needs the prompt as text"):
+        client.completions.create(prompt=ids, echo=True, **GREEDY)
 
 
 def test_closing_a_stream_cancels_its_job(

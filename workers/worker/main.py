@@ -108,6 +108,7 @@ class Worker:
         model_info = {
             "max_model_len": str(engine.max_model_len),
             "tokenizer_path": str(getattr(engine.tokenizer, "name_or_path", "") or ""),
+            "vocab_size": str(len(engine.tokenizer)),  # the gateway refuses a prompt token id past it
             "model": model_name,
         }
         self.heartbeat = Heartbeat(client, settings, self.worker_id, self.held_leases, model_info, io_cpus)
@@ -413,8 +414,9 @@ class Worker:
             num_prompt = self.engine.add_request(lease.job_id, prompt, params, engine_priority(lease.priority))
         except PromptTooLongError as exc:
             self._fail(lease, ErrorCode.PROMPT_TOO_LONG, exc.message, exc.field)
-        except InvalidRequestError as exc:
-            self._fail(lease, ErrorCode.INVALID_REQUEST, exc.message, exc.field)
+        except InvalidRequestError as exc:  # the engine names its `prompt`: a request's token ids are their own field
+            field_name = "prompt_token_ids" if exc.field == "prompt" and request.prompt_token_ids else exc.field
+            self._fail(lease, ErrorCode.INVALID_REQUEST, exc.message, field_name)
         except Exception as exc:  # a job the engine cannot take fails alone; the worker goes on
             log.exception("engine refused job %s", lease.job_id)
             self._fail(lease, ErrorCode.ENGINE_ERROR, f"{type(exc).__name__}: {exc}", None)

@@ -1,4 +1,4 @@
-"""A job's request -> what the engine takes: prompt (text, or token ids when resuming), SamplingParams, and its
+"""A job's request -> what the engine takes: prompt (text, or token ids: given, or resuming), SamplingParams, and its
 queue as the engine's priority number (lower = more urgent: interactive 0, default 1, batch 2)."""
 
 from typing import Any
@@ -19,7 +19,10 @@ def prompt_text(request: JobRequest, tokenizer: Any) -> str:
 
 
 def engine_prompt(request: JobRequest, tokenizer: Any, resumed_token_ids: list[int]) -> str | list[int]:
-    """Text for a first attempt; token ids (prompt + earlier output) for one that resumes a job."""
+    """Text for a first attempt; token ids (prompt + earlier output) for one that resumes a job, or whose prompt
+    came as token ids."""
+    if request.prompt_token_ids is not None:
+        return [*request.prompt_token_ids, *resumed_token_ids]
     text = prompt_text(request, tokenizer)
     if not resumed_token_ids:
         return text

@@ -402,3 +402,25 @@ def test_a_job_whose_stored_request_does_not_validate_fails_alone(
     assert "stored request does not validate" in error["message"]
     assert job_record(rclient, good)["status"] == JobStatus.SUCCEEDED.value
     assert rclient.xpending(keys.queue_stream("default"), keys.CONSUMER_GROUP)["pending"] == 0  # both acked
+
+
+def test_a_prompt_of_token_ids_runs_and_one_past_the_vocabulary_fails_naming_its_field(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    """`prompt_token_ids` goes to the engine as they are (a resumed job appends its output to them); an id the
+    engine refuses fails the job with that field (the gateway refuses it first once a worker published its
+    vocabulary: keys.MODEL_INFO)."""
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=4))
+    vocab = len(worker.engine.tokenizer)
+    ids = list(worker.engine.tokenizer.encode("def f(x):", add_special_tokens=False))
+    by_text = submit_job(rclient, settings, max_tokens=5, **JOB)
+    by_ids = submit_job(rclient, settings, max_tokens=5, **{**JOB, "prompt": None, "prompt_token_ids": ids})
+    past = submit_job(rclient, settings, max_tokens=5, **{**JOB, "prompt": None, "prompt_token_ids": [1, vocab]})
+    try:
+        _step_until_idle(worker)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    assert job_record(rclient, by_ids)["token_ids"] == job_record(rclient, by_text)["token_ids"]
+    assert json.loads(job_record(rclient, past)["error"])["field"] == "prompt_token_ids"
+    assert rclient.hget(keys.MODEL_INFO, "vocab_size") == str(vocab)
