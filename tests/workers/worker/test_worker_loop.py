@@ -279,6 +279,15 @@ def _step_until_idle(worker: Worker, max_steps: int = 500) -> None:
     raise AssertionError(f"the worker still holds {sorted(worker.leases)} after {max_steps} steps")
 
 
+def _run_until_idle(worker: Worker) -> None:
+    """Step a started worker until it holds nothing, then stop it."""
+    try:
+        _step_until_idle(worker)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def _token_events(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
     return [json.loads(e["data"]) for _, e in client.xrange(keys.job_events(job_id)) if e["type"] == "token"]
 
@@ -342,12 +351,7 @@ def test_a_stopping_worker_writes_the_tokens_it_held_before_handing_the_job_back
     assert int(record["completion_tokens"]) == num_generated and record["status"] == "queued"
 
     settings.stream_interval_ms.default = 0
-    second = _started(_worker(rclient, settings, tiny_target, max_num_seqs=1))
-    try:
-        _step_until_idle(second)
-    finally:
-        second.request_stop(0.0)
-        second.shutdown()
+    _run_until_idle(_started(_worker(rclient, settings, tiny_target, max_num_seqs=1)))
     _assert_whole_once([job_record(rclient, job_id)], [rclient.xrange(keys.job_events(job_id))], max_tokens)
 
 
@@ -389,12 +393,7 @@ def test_a_job_whose_stored_request_does_not_validate_fails_alone(
     stored = json.loads(rclient.hget(keys.job_hash(bad), "request"))
     rclient.hset(keys.job_hash(bad), "request", json.dumps({**stored, "max_tokens": 0}))
     good = submit_job(rclient, settings, max_tokens=4, **JOB)
-    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=4))
-    try:
-        _step_until_idle(worker)
-    finally:
-        worker.request_stop(0.0)
-        worker.shutdown()
+    _run_until_idle(_started(_worker(rclient, settings, tiny_target, max_num_seqs=4)))
     failed = job_record(rclient, bad)
     assert failed["status"] == JobStatus.FAILED.value
     error = json.loads(failed["error"])
@@ -416,11 +415,7 @@ def test_a_prompt_of_token_ids_runs_and_one_past_the_vocabulary_fails_naming_its
     by_text = submit_job(rclient, settings, max_tokens=5, **JOB)
     by_ids = submit_job(rclient, settings, max_tokens=5, **{**JOB, "prompt": None, "prompt_token_ids": ids})
     past = submit_job(rclient, settings, max_tokens=5, **{**JOB, "prompt": None, "prompt_token_ids": [1, vocab]})
-    try:
-        _step_until_idle(worker)
-    finally:
-        worker.request_stop(0.0)
-        worker.shutdown()
+    _run_until_idle(worker)
     assert job_record(rclient, by_ids)["token_ids"] == job_record(rclient, by_text)["token_ids"]
     assert json.loads(job_record(rclient, past)["error"])["field"] == "prompt_token_ids"
     assert rclient.hget(keys.MODEL_INFO, "vocab_size") == str(vocab)
