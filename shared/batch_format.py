@@ -37,23 +37,27 @@ class BatchLine:
 
     custom_id: str
     url: str
-    request: JobRequest  # at `batch` priority, without the batch's metadata keys yet
+    # at `batch` priority, without the batch's metadata keys yet; None: read back, it does not validate now
+    request: JobRequest | None
     model: str | None = None
+    stored_request: dict[str, Any] | None = None  # the request as stored, where `request` is None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "custom_id": self.custom_id,
-                "url": self.url,
-                "model": self.model,
-                "request": self.request.model_dump(mode="json", exclude_none=True),
-            }
-        )
+        stored = self.request.model_dump(mode="json", exclude_none=True) if self.request else self.stored_request
+        return json.dumps({"custom_id": self.custom_id, "url": self.url, "model": self.model, "request": stored})
 
     @classmethod
     def from_json(cls, raw: str) -> "BatchLine":
+        """A stored line. Its request validated when the batch was made; one that does not now (stored by another
+        version of specfleet, a bound tightened since, or changed in Redis) keeps its stored form: its job is
+        queued as stored, and the worker fails it naming the field (shared.schemas.stored_request), so the batch
+        still ends with a result for every line."""
         data = json.loads(raw)
-        return cls(data["custom_id"], data["url"], JobRequest.model_validate(data["request"]), data["model"])
+        try:
+            request = JobRequest.model_validate(data["request"])
+        except ValidationError:
+            return cls(data["custom_id"], data["url"], None, data["model"], stored_request=data["request"])
+        return cls(data["custom_id"], data["url"], request, data["model"])
 
 
 def _pydantic_message(exc: ValidationError) -> str:

@@ -7,10 +7,23 @@ import hashlib
 import json
 import random
 import uuid
+from dataclasses import dataclass
 
 from shared import keys, lua
-from shared.schemas import JobRequest
+from shared.schemas import JobRequest, Priority
 from shared.settings import ServiceSettings
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What SUBMIT takes beside the stored request: the request's fields it does not store."""
+
+    priority: Priority
+    ttl_s: float | None
+    metadata: dict[str, str]
+
+
+NOT_STORED = ("metadata", "priority", "ttl_s")  # a request's fields SUBMIT takes apart (Queued), not in `request`
 
 
 def submit_call(
@@ -23,27 +36,44 @@ def submit_call(
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of the SUBMIT script for one request (`owner`: the API key id the job belongs to), in the
     partition the job id names (`ctx`, when given, must be that partition's: lua.context)."""
-    ttl_s = min(request.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
-    stored = request.model_dump_json(exclude={"metadata", "priority", "ttl_s"})
+    stored = request.model_dump_json(exclude=set(NOT_STORED))
+    queued = Queued(request.priority, request.ttl_s, request.metadata)
+    body_hash = request_hash(request) if idempotency_key else ""  # read only with an Idempotency-Key
+    return stored_submit_call(stored, queued, job_id, idempotency_key, settings, ctx, owner, body_hash)
+
+
+def stored_submit_call(
+    stored: str,
+    queued: Queued,
+    job_id: str,
+    idempotency_key: str | None,
+    settings: ServiceSettings,
+    ctx: str | None = None,
+    owner: str = "",
+    body_hash: str = "",
+) -> tuple[list[str], list[str | int]]:
+    """submit_call of a request in its stored form (JSON without NOT_STORED): a batch line that does not validate
+    any more is queued as it was stored, and the worker fails its job naming the field."""
+    ttl_s = min(queued.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
     partition = keys.partition_of(job_id)
     return (
         [
             keys.job_hash(job_id),
-            keys.queue_stream(request.priority, partition),
+            keys.queue_stream(queued.priority, partition),
             keys.idempotency(idempotency_key or "", partition),
         ],
         [
             ctx or lua.context(settings.events_maxlen, settings.result_ttl_s, partition),
             job_id,
-            request.priority.value,
+            queued.priority.value,
             repr(ttl_s),
             stored,
-            json.dumps(request.metadata),
-            settings.queue_limits.for_priority(request.priority),
+            json.dumps(queued.metadata),
+            settings.queue_limits.for_priority(queued.priority),
             settings.idempotency_ttl_s,
             "1" if idempotency_key else "0",
             owner,
-            request_hash(request) if idempotency_key else "",  # read only with an Idempotency-Key
+            body_hash,
         ],
     )
 

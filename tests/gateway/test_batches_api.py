@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,6 +94,30 @@ def test_a_200_line_batch_completes_with_one_result_per_custom_id(
             assert body["status"] == "succeeded" and body["metadata"]["custom_id"] == f"req-{i}"
     job = http.get(f"/v1/jobs/{lines[0]['response']['request_id']}").json()
     assert job["priority"] == "batch" and job["metadata"]["batch_id"] == created["id"]
+
+
+def test_a_line_whose_stored_request_does_not_validate_fails_alone(
+    http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, engine_worker: EngineThread,
+    tmp_path: Path,
+) -> None:
+    """A line stored before a bound tightened (or changed in Redis): reading it raised in the expansion task,
+    and the batch expanded no further until its window ended. Its job is queued as stored and fails naming the
+    field; the batch completes with it counted failed."""
+    created = post_jsonl(http, jsonl([request_line(i, "/v1/completions") for i in range(3)])).json()
+    stored = json.loads(rclient.lindex(keys.batch_lines(created["id"]), 1))
+    changed = {**stored, "request": {**stored["request"], "max_tokens": 0}}
+    rclient.lset(keys.batch_lines(created["id"]), 1, json.dumps(changed))  # before any Celery worker expands it
+    celery = CeleryWorker(hook_settings, tmp_path / "celery.log").start()
+    try:
+        batch = wait_status(http, created["id"], ("completed", "failed", "expired", "cancelled"))
+    finally:
+        celery.stop()
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    lines = results(http, created["id"])
+    assert [line["custom_id"] for line in lines] == ["req-0", "req-1", "req-2"]
+    assert lines[1]["response"] is None and lines[1]["error"]["code"] == "invalid_request"
+    assert "stored request does not validate here (max_tokens" in lines[1]["error"]["message"]
 
 
 def test_bad_lines_are_all_named_and_nothing_is_created(http: httpx.Client) -> None:

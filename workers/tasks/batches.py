@@ -10,6 +10,7 @@ Shared tasks (bound to the app that includes this module), registered with worke
 the outbox bridge: importing this module neither reads settings nor builds the Celery app.
 """
 
+import hashlib
 import json
 import logging
 import time
@@ -22,8 +23,9 @@ from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY, Bat
 from shared.batch_schemas import batch_from_fields
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, WebhookEvent
-from shared.submit import new_job_id, submit_call
+from shared.schemas import ErrorEvent, ErrorInfo, Priority, WebhookEvent
+from shared.settings import ServiceSettings
+from shared.submit import NOT_STORED, Queued, new_job_id, stored_submit_call, submit_call
 from workers.tasks import registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
@@ -41,14 +43,23 @@ def _transition(batch_id: str, to: BatchStatus) -> str:
     )
 
 
-def _job_request(line: BatchLine, batch_id: str, index: int, ttl_s: float) -> JobRequest:
-    metadata = {
-        **line.request.metadata,
-        BATCH_ID_KEY: batch_id,
-        BATCH_LINE_KEY: str(index),
-        CUSTOM_ID_KEY: line.custom_id,
-    }
-    return line.request.model_copy(update={"metadata": metadata, "ttl_s": ttl_s})
+def _line_call(
+    line: BatchLine, batch_id: str, index: int, ttl_s: float, settings: ServiceSettings, ctx: str, owner: str
+) -> tuple[list[str], list[str | int]]:
+    """The SUBMIT call of a batch line's job: at `batch` priority, with the batch's metadata keys and its window
+    as the job's TTL; Idempotency-Key per line (a redelivered task finds the same job). A line whose stored
+    request does not validate now is queued as stored: the worker fails its job naming the field."""
+    partition = keys.partition_of(batch_id)  # the batch's lines are jobs of its partition (its owner's)
+    own = line.request.metadata if line.request is not None else (line.stored_request or {}).get("metadata") or {}
+    metadata = {**own, BATCH_ID_KEY: batch_id, BATCH_LINE_KEY: str(index), CUSTOM_ID_KEY: line.custom_id}
+    idempotency_key = keys.batch_line_idempotency(batch_id, index)
+    if line.request is not None:
+        request = line.request.model_copy(update={"metadata": metadata, "ttl_s": ttl_s})
+        return submit_call(request, new_job_id(partition), idempotency_key, settings, ctx, owner)
+    stored = json.dumps({k: v for k, v in (line.stored_request or {}).items() if k not in NOT_STORED})
+    body_hash = hashlib.sha256(stored.encode()).hexdigest()[:32]
+    queued = Queued(Priority.BATCH, ttl_s, metadata)
+    return stored_submit_call(stored, queued, new_job_id(partition), idempotency_key, settings, ctx, owner, body_hash)
 
 
 @shared_task(name="specfleet.batches.expand", bind=True, acks_late=True, max_retries=None)
@@ -81,17 +92,9 @@ def expand(self: object, batch_id: str) -> str:
     partition = keys.partition_of(batch_id)  # the batch's lines are jobs of its partition (its owner's)
     ctx = lua.context(settings.events_maxlen, settings.result_ttl_s, partition)
     pipe = redis_urls.pipeline(r, transaction=False, partition=partition)
+    owner = fields.get(keys.OWNER_FIELD, "")  # the batch's owner owns its lines' jobs
     for offset, raw in enumerate(raw_lines):
-        index = start + offset
-        request = _job_request(BatchLine.from_json(raw), batch_id, index, ttl_s)
-        keys_, args = submit_call(
-            request,
-            new_job_id(partition),
-            keys.batch_line_idempotency(batch_id, index),
-            settings,
-            ctx,
-            owner=fields.get(keys.OWNER_FIELD, ""),  # the batch's owner owns its lines' jobs
-        )
+        keys_, args = _line_call(BatchLine.from_json(raw), batch_id, start + offset, ttl_s, settings, ctx, owner)
         submit(keys=keys_, args=args, client=pipe)
     pairs: list[str] = []
     is_full = False
