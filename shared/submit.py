@@ -13,21 +13,28 @@ from shared import keys, lua
 from shared.schemas import JobRequest, Priority
 from shared.settings import ServiceSettings
 
+NOT_STORED = ("metadata", "priority", "ttl_s")  # a request's fields SUBMIT takes apart, not in its `request`
+
 
 @dataclass(frozen=True)
-class Queued:
-    """What SUBMIT takes beside the stored request: the request's fields it does not store."""
+class StoredForm:
+    """A request as SUBMIT stores it: its JSON without NOT_STORED, and those fields apart."""
 
+    json: str
     priority: Priority
     ttl_s: float | None
     metadata: dict[str, str]
+    body_hash: str = ""  # what an Idempotency-Key remembers of the request ("" without a key: not read)
 
-
-NOT_STORED = ("metadata", "priority", "ttl_s")  # a request's fields SUBMIT takes apart (Queued), not in `request`
+    @classmethod
+    def of(cls, request: JobRequest, with_hash: bool) -> "StoredForm":
+        body_hash = request_hash(request) if with_hash else ""
+        return cls(request.model_dump_json(exclude=set(NOT_STORED)), request.priority, request.ttl_s,
+                   request.metadata, body_hash)  # fmt: skip
 
 
 def submit_call(
-    request: JobRequest,
+    request: JobRequest | StoredForm,
     job_id: str,
     idempotency_key: str | None,
     settings: ServiceSettings,
@@ -35,45 +42,30 @@ def submit_call(
     owner: str = "",
 ) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of the SUBMIT script for one request (`owner`: the API key id the job belongs to), in the
-    partition the job id names (`ctx`, when given, must be that partition's: lua.context)."""
-    stored = request.model_dump_json(exclude=set(NOT_STORED))
-    queued = Queued(request.priority, request.ttl_s, request.metadata)
-    body_hash = request_hash(request) if idempotency_key else ""  # read only with an Idempotency-Key
-    return stored_submit_call(stored, queued, job_id, idempotency_key, settings, ctx, owner, body_hash)
-
-
-def stored_submit_call(
-    stored: str,
-    queued: Queued,
-    job_id: str,
-    idempotency_key: str | None,
-    settings: ServiceSettings,
-    ctx: str | None = None,
-    owner: str = "",
-    body_hash: str = "",
-) -> tuple[list[str], list[str | int]]:
-    """submit_call of a request in its stored form (JSON without NOT_STORED): a batch line that does not validate
-    any more is queued as it was stored, and the worker fails its job naming the field."""
-    ttl_s = min(queued.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
+    partition the job id names (`ctx`, when given, must be that partition's: lua.context). A StoredForm is a
+    request queued as it was stored (a batch line that does not validate any more: the worker fails its job
+    naming the field)."""
+    form = request if isinstance(request, StoredForm) else StoredForm.of(request, with_hash=bool(idempotency_key))
+    ttl_s = min(form.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
     partition = keys.partition_of(job_id)
     return (
         [
             keys.job_hash(job_id),
-            keys.queue_stream(queued.priority, partition),
+            keys.queue_stream(form.priority, partition),
             keys.idempotency(idempotency_key or "", partition),
         ],
         [
             ctx or lua.context(settings.events_maxlen, settings.result_ttl_s, partition),
             job_id,
-            queued.priority.value,
+            form.priority.value,
             repr(ttl_s),
-            stored,
-            json.dumps(queued.metadata),
-            settings.queue_limits.for_priority(queued.priority),
+            form.json,
+            json.dumps(form.metadata),
+            settings.queue_limits.for_priority(form.priority),
             settings.idempotency_ttl_s,
             "1" if idempotency_key else "0",
             owner,
-            body_hash,
+            form.body_hash,  # read only with an Idempotency-Key
         ],
     )
 

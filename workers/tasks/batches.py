@@ -25,7 +25,7 @@ from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, Priority, WebhookEvent
 from shared.settings import ServiceSettings
-from shared.submit import NOT_STORED, Queued, new_job_id, stored_submit_call, submit_call
+from shared.submit import NOT_STORED, StoredForm, new_job_id, submit_call
 from workers.tasks import registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
@@ -57,9 +57,8 @@ def _line_call(
         request = line.request.model_copy(update={"metadata": metadata, "ttl_s": ttl_s})
         return submit_call(request, new_job_id(partition), idempotency_key, settings, ctx, owner)
     stored = json.dumps({k: v for k, v in (line.stored_request or {}).items() if k not in NOT_STORED})
-    body_hash = hashlib.sha256(stored.encode()).hexdigest()[:32]
-    queued = Queued(Priority.BATCH, ttl_s, metadata)
-    return stored_submit_call(stored, queued, new_job_id(partition), idempotency_key, settings, ctx, owner, body_hash)
+    form = StoredForm(stored, Priority.BATCH, ttl_s, metadata, hashlib.sha256(stored.encode()).hexdigest()[:32])
+    return submit_call(form, new_job_id(partition), idempotency_key, settings, ctx, owner)
 
 
 @shared_task(name="specfleet.batches.expand", bind=True, acks_late=True, max_retries=None)
