@@ -117,8 +117,8 @@ class DeadLetters:
 
     def reopen_batch_line(self, job_id: str) -> tuple[str, str] | None:
         """After a retry: un-count the job's batch line -> (batch id, REOPEN_LINE's answer), None if no batch's."""
-        raw = self.redis.hget(keys.job_hash(job_id), "request")
-        metadata = (json.loads(str(raw)).get("metadata") or {}) if raw else {}
+        raw = self.redis.hget(keys.job_hash(job_id), "metadata")  # SUBMIT keeps it apart from the request
+        metadata = json.loads(str(raw)) if raw else {}
         batch_id, line = metadata.get(BATCH_ID_KEY), metadata.get(BATCH_LINE_KEY)
         if not batch_id or line is None:
             return None

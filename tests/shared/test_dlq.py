@@ -32,9 +32,10 @@ def dlq_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, env={**env, "REDIS_URL": redis_url})
 
 
-def dead_letter(rclient: redis.Redis, settings: ServiceSettings, count: int) -> list[str]:
+def dead_letter(rclient: redis.Redis, settings: ServiceSettings, count: int, **request: object) -> list[str]:
     """`count` jobs that each ran once (writing PARTIAL) on a worker that then died: past max_deliveries 1."""
-    job_ids = [submit_job(rclient, settings, max_tokens=12, temperature=0, ignore_eos=True) for _ in range(count)]
+    request = {"max_tokens": 12, "temperature": 0, "ignore_eos": True, **request}
+    job_ids = [submit_job(rclient, settings, **request) for _ in range(count)]
     dying = PlayedWorker(rclient, settings, "dying")
     for _ in job_ids:
         dying.emit(dying.take(), PARTIAL, "abc")
@@ -90,10 +91,9 @@ def test_retried_batch_line_counts_its_new_result_not_its_failure(
     success is what the batch counts (through the outbox handler's real LINE_DONE path)."""
     settings.max_deliveries = 1
     batch_id = "batch_dlq"
-    job_id = dead_letter(rclient, settings, 1)[0]
-    request = json.loads(rclient.hget(keys.job_hash(job_id), "request"))
-    request["metadata"] = {BATCH_ID_KEY: batch_id, BATCH_LINE_KEY: "0", CUSTOM_ID_KEY: "a"}
-    rclient.hset(keys.job_hash(job_id), "request", json.dumps(request))
+    # a batch line's job, as the expansion task submits it (SUBMIT keeps the metadata apart from the request)
+    job_id = dead_letter(rclient, settings, 1, metadata={BATCH_ID_KEY: batch_id, BATCH_LINE_KEY: "0",
+                                                         CUSTOM_ID_KEY: "a"})[0]  # fmt: skip
     line = {"custom_id": "a", "url": "/v1/jobs", "model": "tiny", "request": {"prompt": "hello", "max_tokens": 12}}
     rclient.rpush(keys.batch_lines(batch_id), json.dumps(line), json.dumps({**line, "custom_id": "b"}))
     rclient.hset(keys.batch_hash(batch_id), mapping={"id": batch_id, "status": "in_progress", "total": 2,
@@ -124,10 +124,8 @@ def test_retry_of_a_line_of_a_finished_batch_says_the_batch_keeps_the_failure(
     settings: ServiceSettings, rclient: redis.Redis, redis_url: str
 ) -> None:
     settings.max_deliveries = 1
-    job_id = dead_letter(rclient, settings, 1)[0]
-    request = json.loads(rclient.hget(keys.job_hash(job_id), "request"))
-    request["metadata"] = {BATCH_ID_KEY: "batch_done", BATCH_LINE_KEY: "0", CUSTOM_ID_KEY: "a"}
-    rclient.hset(keys.job_hash(job_id), "request", json.dumps(request))
+    job_id = dead_letter(rclient, settings, 1, metadata={BATCH_ID_KEY: "batch_done", BATCH_LINE_KEY: "0",
+                                                         CUSTOM_ID_KEY: "a"})[0]  # fmt: skip
     rclient.hset(keys.batch_hash("batch_done"), mapping={"id": "batch_done", "status": "completed", "failed": 1})
     rclient.hset(keys.batch_results("batch_done"), "0", "{}")
     retried = dlq_cli(redis_url, "retry", job_id)
