@@ -28,9 +28,11 @@ class StoredForm:
 
     @classmethod
     def of(cls, request: JobRequest, with_hash: bool) -> "StoredForm":
+        """The fields left unset (None) are not stored: a worker of an older version, whose JobRequest lacks a field
+        added since, reads every job that does not use it (it refused the whole request for a `"field": null`)."""
         body_hash = request_hash(request) if with_hash else ""
-        return cls(request.model_dump_json(exclude=set(NOT_STORED)), request.priority, request.ttl_s,
-                   request.metadata, body_hash)  # fmt: skip
+        return cls(request.model_dump_json(exclude=set(NOT_STORED), exclude_none=True), request.priority,
+                   request.ttl_s, request.metadata, body_hash)  # fmt: skip
 
 
 def submit_call(

@@ -1,7 +1,6 @@
 """Execution deadlines at the gateway: `timeout_s` in the job body, the `Cancel-After` header (jobs and OpenAI
 routes), OpenAI's `timeout_s` extension field; bad values are a 4xx naming the field (real HTTP, real Redis)."""
 
-import json
 
 import httpx
 import pytest
@@ -9,6 +8,7 @@ import redis
 
 from gateway.cancel_after import parse_duration_s
 from shared import keys
+from shared.schemas import stored_request
 from tests.helpers.gateway import ThreadedGateway
 
 
@@ -19,7 +19,8 @@ def http(gateway: ThreadedGateway) -> httpx.Client:
 
 
 def _stored_timeout_s(rclient: redis.Redis, job_id: str) -> float | None:
-    return json.loads(str(rclient.hget(keys.job_hash(job_id), "request")))["timeout_s"]
+    """The deadline the worker reads from the stored request (an unset one is not stored: None)."""
+    return stored_request(str(rclient.hget(keys.job_hash(job_id), "request"))).timeout_s
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30", 30.0), ("30s", 30.0), ("1m", 60.0), ("1h30m", 5400.0),
