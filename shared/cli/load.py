@@ -16,7 +16,11 @@ def load(
     url: UrlOpt = None,
     rate: Annotated[float, typer.Option(min=0.01, help="Mean arrivals per second (Poisson)")] = 2.0,
     duration: Annotated[float, typer.Option(min=0.1, help="Seconds of arrivals")] = 10.0,
-    prompts: Annotated[Path | None, typer.Option(help="Prompts, one a line (or a JSONL of {\"prompt\": ...})")] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, readable=True,
+                     help="Prompts, one a line (or a JSONL of {\"prompt\": ...})"),  # fmt: skip
+    ] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request")] = 32,
     stream_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of streaming clients")] = 0.5,
     slo_ttft_ms: Annotated[float, typer.Option(help="Goodput: TTFT at most this")] = 1000.0,
@@ -49,10 +53,17 @@ def load(
 def read_prompts(path: Path) -> tuple[str, ...]:
     """One prompt a line; lines that are JSON objects give their `prompt`."""
     prompts = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        prompts.append(str(json.loads(line)["prompt"]) if line.lstrip().startswith("{") else line)
+        if not line.lstrip().startswith("{"):
+            prompts.append(line)
+            continue
+        try:  # a JSONL line: its `prompt`, named by its line where it has none (it was a traceback)
+            prompts.append(str(json.loads(line)["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise typer.BadParameter(f"{path} line {number}: a JSON line needs a \"prompt\" ({exc!r})",
+                                     param_hint="--prompts") from exc  # fmt: skip
     if not prompts:
         raise typer.BadParameter(f"{path} holds no prompt", param_hint="--prompts")
     return tuple(prompts)
