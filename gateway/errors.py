@@ -9,6 +9,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shared import schemas
 from shared.job_state import ErrorCode
 from shared.schemas import ErrorInfo, ErrorResponse
 
@@ -49,17 +50,15 @@ def _field_of(loc: tuple[int | str, ...]) -> str:
 
 
 def first_error(exc: RequestValidationError) -> tuple[tuple[int | str, ...], str]:
-    """The first error's location and reason, in the validator's own words. A body that is not JSON is named as
-    the body, with where and why parsing stopped (pydantic puts the character's offset in its location)."""
+    """The first error's location and reason (shared.schemas.first_error). A body that is not JSON is named as the
+    body, with where and why parsing stopped (pydantic puts the character's offset in its location)."""
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    loc = tuple(first.get("loc", ("body",)))
-    if first.get("type") == "json_invalid":
-        ctx = first.get("ctx")
+    if errors and errors[0].get("type") == "json_invalid":
+        loc, ctx = tuple(errors[0].get("loc", ())), errors[0].get("ctx")
         why = (ctx.get("error") if isinstance(ctx, dict) else None) or "JSON decode error"
         where = f" at character {loc[1]}" if len(loc) > 1 else ""
         return ("body",), f"not valid JSON ({why}{where})"
-    return loc, str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
+    return schemas.first_error(errors)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

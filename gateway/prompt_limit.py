@@ -49,11 +49,11 @@ class PromptLimit:
 
     def _check_token_ids(self, request: JobRequest, token_ids: list[int]) -> None:
         """A tokenized prompt: each id in the vocabulary (422), and its length the engine's rule (413)."""
-        if self._vocab_size is not None and max(token_ids) >= self._vocab_size:
+        if self._vocab_size is not None and (largest := max(token_ids)) >= self._vocab_size:
             raise ApiError(
                 422,
                 ErrorCode.INVALID_REQUEST,
-                f"prompt_token_ids: token id {max(token_ids)} is not in the model's vocabulary of {self._vocab_size}",
+                f"prompt_token_ids: token id {largest} is not in the model's vocabulary of {self._vocab_size}",
                 field="prompt_token_ids",
             )
         if self._max_model_len is not None and len(token_ids) + request.max_tokens > self._max_model_len:

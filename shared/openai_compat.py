@@ -210,7 +210,7 @@ class CompletionRequest(_Common):
         return self.prompt if isinstance(self.prompt, str) else None
 
     def prompt_token_ids(self) -> list[int] | None:
-        return [int(t) for t in self.prompt] if isinstance(self.prompt, list) else None  # type: ignore[arg-type]
+        return list(self.prompt) if isinstance(self.prompt, list) else None  # type: ignore[arg-type]
 
 
 class TextPart(BaseModel):

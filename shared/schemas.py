@@ -1,5 +1,6 @@
 """The API and job schemas: what clients send, what they get back, and the events of a job's stream."""
 
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -172,14 +173,19 @@ class StoredRequestError(ValueError):
         self.message = message
 
 
+def first_error(errors: Sequence[Mapping[str, Any]]) -> tuple[tuple[int | str, ...], str]:
+    """The first of pydantic's errors: its location, and its reason in the validator's own words."""
+    first = errors[0] if errors else {}
+    return tuple(first.get("loc", ())), str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
 def stored_request(raw: str | bytes) -> JobRequest:
     """A job's stored request (its hash's `request`), validated as the gateway validated it: StoredRequestError."""
     try:
         return JobRequest.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
-        field = ".".join(str(part) for part in first.get("loc", ())) or None
-        reason = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        loc, reason = first_error(exc.errors())
+        field = ".".join(str(part) for part in loc) or None
         raise StoredRequestError(
             field,
             f"the job's stored request does not validate here ({field or 'request'}: {reason}): it was written by "

@@ -87,4 +87,9 @@ def partition_for(idempotency_key: str | None, settings: ServiceSettings) -> int
 
 def request_hash(request: JobRequest) -> str:
     """What an Idempotency-Key remembers of its request: a replay must send the same one."""
-    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:32]
+    return body_digest(request.model_dump_json())
+
+
+def body_digest(text: str) -> str:
+    """The digest an Idempotency-Key keeps of a request's JSON (request_hash; a StoredForm's `body_hash`)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -10,7 +10,6 @@ Shared tasks (bound to the app that includes this module), registered with worke
 the outbox bridge: importing this module neither reads settings nor builds the Celery app.
 """
 
-import hashlib
 import json
 import logging
 import time
@@ -25,7 +24,7 @@ from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, Priority, WebhookEvent
 from shared.settings import ServiceSettings
-from shared.submit import NOT_STORED, StoredForm, new_job_id, submit_call
+from shared.submit import NOT_STORED, StoredForm, body_digest, new_job_id, submit_call
 from workers.tasks import registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
@@ -57,7 +56,7 @@ def _line_call(
         request = line.request.model_copy(update={"metadata": metadata, "ttl_s": ttl_s})
         return submit_call(request, new_job_id(partition), idempotency_key, settings, ctx, owner)
     stored = json.dumps({k: v for k, v in (line.stored_request or {}).items() if k not in NOT_STORED})
-    form = StoredForm(stored, Priority.BATCH, ttl_s, metadata, hashlib.sha256(stored.encode()).hexdigest()[:32])
+    form = StoredForm(stored, Priority.BATCH, ttl_s, metadata, body_digest(stored))
     return submit_call(form, new_job_id(partition), idempotency_key, settings, ctx, owner)
 
 

@@ -29,7 +29,7 @@ import redis
 
 from shared import keys, logs
 from shared.job_state import ErrorCode
-from shared.schemas import Priority
+from shared.schemas import Priority, StoredRequestError
 from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
@@ -380,10 +380,9 @@ class Worker:
         request = lease.request
         with self._leases_lock:
             self.leases[lease.job_id] = lease
-        if request is None:  # its stored request does not validate here: the job fails, the worker goes on
-            assert lease.refused is not None
-            log.warning("job %s: %s", lease.job_id, lease.refused.message)
-            self._fail(lease, ErrorCode.INVALID_REQUEST, lease.refused.message, lease.refused.field)
+        if isinstance(request, StoredRequestError):  # it does not validate here: the job fails, the worker goes on
+            log.warning("job %s: %s", lease.job_id, request.message)
+            self._fail(lease, ErrorCode.INVALID_REQUEST, request.message, request.field)
             return
         if self.metrics is not None and lease.attempt == 1 and lease.clock is not None:
             self.metrics.priorities.job_started(lease.priority, lease.clock.started_at - lease.clock.created_at)
@@ -438,7 +437,7 @@ class Worker:
     def _job_logprobs(self, lease: Lease, num_prompt_tokens: int) -> JobLogprobs | None:
         """The job's logprobs keeper, when its request asks for any (workers/worker/logprobs.py)."""
         request = lease.request
-        if request is None or (request.logprobs is None and request.prompt_logprobs is None):
+        if isinstance(request, StoredRequestError) or (request.logprobs is None and request.prompt_logprobs is None):
             return None
         return JobLogprobs(self.token_texts, num_prompt_tokens, bool(lease.resumed_token_ids))
 

@@ -39,11 +39,10 @@ class Lease:
     entry_id: str
     priority: Priority
     attempt: int
-    request: JobRequest | None  # None: its stored request does not validate (`refused` says why; the job fails)
+    request: JobRequest | StoredRequestError  # the error: its stored request does not validate (the job fails)
     resumed_text: str = ""  # produced by earlier attempts (this one continues after it)
     resumed_token_ids: list[int] = field(default_factory=list)
     clock: JobClock | None = None  # created / first started / retried (unix s): the execution deadline's base
-    refused: StoredRequestError | None = None
 
     @property
     def partition(self) -> int:
@@ -252,11 +251,11 @@ class QueueReader:
     @staticmethod
     def _lease(order: list[Priority], row: list[Any]) -> Lease:
         job_id, entry_id, stream_index, attempt, raw_request, text, token_ids, *times = row
-        request, refused = None, None
+        request: JobRequest | StoredRequestError
         try:
             request = stored_request(raw_request)
         except StoredRequestError as exc:  # the worker fails this job and goes on (never a crash on a pull)
-            refused = exc
+            request = exc
         return Lease(
             job_id=job_id,
             entry_id=entry_id,
@@ -266,7 +265,6 @@ class QueueReader:
             resumed_text=text,
             resumed_token_ids=parse_token_ids(token_ids),
             clock=JobClock.of(*times),
-            refused=refused,
         )
 
     def wait_and_pull(self, block_ms: int, max_jobs: int) -> list[Lease] | None:
