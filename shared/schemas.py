@@ -228,6 +228,11 @@ class JobMetrics(BaseModel):
     num_draft_tokens: int | None = None  # draft tokens the target verified (0: the engine decoded plainly)
     # of the draft tokens the target judged (each path up to its first rejection), the share it rejected: 1 - alpha
     draft_rejection_rate: float | None = None
+    # the counts behind the rates, so that a fleet's rates are pooled over jobs (shared/validation.py): target
+    # passes that verified drafts, draft tokens accepted, and draft tokens rejected (at most one a path)
+    num_spec_steps: int | None = None
+    num_accepted_tokens: int | None = None
+    num_rejected_tokens: int | None = None
     compute_s: float | None = None  # this job's share of engine time (each step split by scheduled tokens)
     cost: float | None = None  # compute_s priced at settings.price_per_worker_hour (its currency)
 

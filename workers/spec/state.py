@@ -148,6 +148,7 @@ class SpecState:
             "num_spec_steps": float(self.counts.num_steps),
             "num_draft_tokens": float(self.counts.num_drafted),
             "num_accepted_tokens": float(self.counts.num_accepted),
+            "num_rejected_tokens": float(self.counts.num_rejected),
             "spec_fallback": float(self.fallback_reason is not None),
         }
 

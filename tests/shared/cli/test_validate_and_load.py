@@ -15,6 +15,7 @@ import pytest
 from shared.bleu import corpus_bleu
 from shared.cli.validate import NUM_DEMO_PROMPTS, default_prompts
 from shared.load import DEFAULT_PROMPTS, arrival_times_s, percentile
+from shared.validation import pooled_speculation
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
 from tests.helpers.up_process import UpProcess, running_up
 
@@ -40,6 +41,19 @@ def test_bleu_and_percentiles() -> None:
     assert 900 < len(times) < 1100 and times == sorted(times) and times[-1] < 100.0
 
 
+def test_rejection_rate_is_pooled_over_tokens() -> None:
+    """A job that drafted once and lost its token weighs one judged token, not half of the figure."""
+    once = {"num_draft_tokens": 4, "num_spec_steps": 1, "num_accepted_tokens": 0, "num_rejected_tokens": 1}
+    # 100 passes of 4 drafts: 300 accepted; 20 passes ended on a rejection (80 passes accepted all 4)
+    long = {"num_draft_tokens": 400, "num_spec_steps": 100, "num_accepted_tokens": 300, "num_rejected_tokens": 20}
+    plain = {"num_draft_tokens": 0, "num_spec_steps": 0, "num_accepted_tokens": 0, "num_rejected_tokens": 0}
+    figures = pooled_speculation([once, long, plain, {}])  # {}: a job that failed before its first step
+    assert figures["rejection_rate"] == round(21 / 321, 4)  # the per-job mean was (1 + 20/320) / 2 = 0.53
+    assert figures["tau"] == round((300 + 101) / 101, 3) and figures["drafted_discarded"] == round(1 - 300 / 404, 4)
+    assert figures["jobs_that_drafted"] == 2 and figures["tokens_judged"] == 321
+    assert pooled_speculation([plain])["rejection_rate"] is None  # nothing judged: no rate, the check fails
+
+
 def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None:
     args = ["--target", str(tiny_target), "--draft", str(tiny_target), "--model-version", "tiny@1"]
     # a target drafting for itself: its draft costs what it does, so lengths from measured costs would draft
@@ -54,6 +68,7 @@ def test_validate_and_load_against_up(tiny_target: Path, tmp_path: Path) -> None
         assert {"sd_greedy_token_match", "sd_bleu", "seeded_sample_reproduces", "rejection_rate", "ttft_p99_ms",
                 "unauthorized_401", "oversized_413", "cancel", "webhook_signed", "model_version"} <= checks.keys()
         assert checks["rejection_rate"]["value"]["tau"] > 1  # the drafts were accepted
+        assert checks["rejection_rate"]["value"]["tokens_judged"] > 0  # the jobs report the counts it pools
 
         assert default_prompts(up.url, up.api_key) == DEFAULT_PROMPTS  # a fleet not serving the demo pair
 
