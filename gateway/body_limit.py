@@ -1,6 +1,10 @@
 """Request bodies larger than settings.max_request_bytes (batch files: batch_max_bytes) get 413 before the app
 reads them: a declared Content-Length is checked first, a chunked body is counted as it arrives (not for GET
-and HEAD, whose routes read no body: a held SSE stream keeps no counting wrappers alive)."""
+and HEAD, whose routes read no body: a held SSE stream keeps no counting wrappers alive).
+
+A body with a Content-Encoding (gzip, ...) gets 415 with `Accept-Encoding: identity` (RFC 7694): the gateway
+decodes none, and read as it is a compressed body failed as "There was an error parsing the body" (400, no
+reason) or was counted against the limit in its compressed size."""
 
 from collections.abc import Callable
 
@@ -52,6 +56,10 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > limit:
             await self._refuse(scope, receive, send, path, limit)
             return
+        encoding = dict(scope["headers"]).get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"identity", b"") and scope["method"] not in BODILESS_METHODS:
+            await self._refuse_encoding(scope, receive, send, path, encoding.decode("latin-1"))
+            return
         if scope["method"] in BODILESS_METHODS:  # nothing to count, and no wrappers kept alive by a held stream
             await self.app(scope, receive, send)
             return
@@ -77,6 +85,18 @@ class BodyLimit:
         except BodyTooLarge:
             if not response_started:
                 await self._refuse(scope, receive, send, path, limit)
+
+    @staticmethod
+    async def _refuse_encoding(scope: Scope, receive: Receive, send: Send, path: str, encoding: str) -> None:
+        message = f"the body is sent with Content-Encoding `{encoding}`; the gateway reads bodies without one"
+        headers = {"Accept-Encoding": "identity"}
+        response: Callable[[Scope, Receive, Send], object]
+        if path.startswith(OPENAI_PATHS):
+            response = openai_error(415, message, "unsupported_media_type", None, headers)
+        else:
+            info = ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=message, field="Content-Encoding")
+            response = error_response(415, info, headers)
+        await response(scope, receive, send)  # type: ignore[misc]
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, path: str, limit: int) -> None:

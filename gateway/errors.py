@@ -38,7 +38,7 @@ def error_response(status_code: int, info: ErrorInfo, headers: dict[str, str] | 
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 415, 422, 429, 503)
 }
 
 
@@ -61,6 +61,25 @@ def first_error(exc: RequestValidationError) -> tuple[tuple[int | str, ...], str
     return schemas.first_error(errors)
 
 
+def unreadable_body(request: Request, exc: RequestValidationError) -> str | None:
+    """Why the body is not read as JSON at all, when its Content-Type says so (curl's `-d` sends a form type;
+    FastAPI then validates the raw bytes and said only "Input should be a valid dictionary"): the 415 a client
+    can act on. None: the body's own content is at fault. (A Content-Encoding is refused before: body_limit.py.)"""
+    errors = exc.errors()
+    if not errors or tuple(errors[0].get("loc", ())) != ("body",):
+        return None
+    content_type = request.headers.get("content-type")
+    if content_type is None or is_json_type(content_type):
+        return None
+    return f"the body must be JSON, sent with Content-Type `application/json` (this request's: `{content_type}`)"
+
+
+def is_json_type(content_type: str) -> bool:
+    """application/json, or a JSON-based type (application/*+json), as FastAPI reads them."""
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return error_response(exc.status_code, exc.info, exc.headers)
@@ -68,6 +87,9 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    unreadable = unreadable_body(request, exc)
+    if unreadable is not None:
+        return error_response(415, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=unreadable, field="body"))
     loc, reason = first_error(exc)
     field = _field_of(loc)
     message = f"{field}: {reason}"

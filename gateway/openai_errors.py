@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.auth import KeyFirstRoute
-from gateway.errors import ApiError, first_error
+from gateway.errors import ApiError, first_error, unreadable_body
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class OpenAIError(BaseModel):
 
 
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": OpenAIError} for code in (400, 401, 404, 409, 413, 429, 500, 503, 504)
+    code: {"model": OpenAIError} for code in (400, 401, 404, 409, 413, 415, 429, 500, 503, 504)
 }
 
 
@@ -56,7 +56,10 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-def validation_error(exc: RequestValidationError) -> JSONResponse:
+def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    unreadable = unreadable_body(request, exc)
+    if unreadable is not None:
+        return openai_error(415, unreadable, "unsupported_media_type")
     loc, message = first_error(exc)
     param = _param_of(loc)
     return openai_error(400, f"{param}: {message}" if param else message, "invalid_request", param)
@@ -73,7 +76,7 @@ class OpenAIRoute(KeyFirstRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                return validation_error(exc)
+                return validation_error(request, exc)
             except ApiError as exc:  # OpenAI answers 400 where specfleet's own routes answer 422
                 return openai_error(
                     400 if exc.status_code == 422 else exc.status_code,

@@ -1,6 +1,8 @@
 """The jobs API over real HTTP (uvicorn) against a real Redis; the test plays the worker where needed."""
 
 import asyncio
+import gzip
+import json
 import threading
 import time
 
@@ -79,6 +81,36 @@ def test_malformed_json_is_422_naming_the_body_and_where_it_broke(http: httpx.Cl
     error = response.json()["error"]
     assert error["field"] == "body"  # not the parser's offset, as pydantic's location has it
     assert error["message"].startswith("body: not valid JSON (") and error["message"].endswith("at character 1)")
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"content-type": "application/x-www-form-urlencoded"},  # curl -d without -H
+         "the body must be JSON, sent with Content-Type `application/json` (this request's: "
+         "`application/x-www-form-urlencoded`)"),
+        ({"content-type": "application/json", "content-encoding": "gzip"},
+         "the body is sent with Content-Encoding `gzip`; the gateway reads bodies without one"),
+    ],
+)
+def test_a_body_its_headers_make_unreadable_is_415_saying_which(
+    http: httpx.Client, rclient: redis.Redis, headers: dict[str, str], reason: str
+) -> None:
+    """The body was refused as "Input should be a valid dictionary" (a form type) or "There was an error parsing
+    the body" (400, gzip): the fault is in a header, and the answer names it."""
+    body = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    raw = gzip.compress(body) if headers.get("content-encoding") == "gzip" else body
+    response = http.post("/v1/jobs", content=raw, headers=headers)
+    assert response.status_code == 415
+    field = "Content-Encoding" if "content-encoding" in headers else "body"
+    assert response.json()["error"] == {"code": "invalid_request", "message": reason, "field": field}
+    if field == "Content-Encoding":
+        assert response.headers["accept-encoding"] == "identity"  # RFC 7694: what it takes instead
+    assert all(rclient.xlen(keys.queue_stream(p.value)) == 0 for p in Priority)
+    for valid in ({"content-type": "application/vnd.specfleet+json"}, {"content-type": "application/json",
+                                                                        "content-encoding": "identity"}):
+        assert http.post("/v1/jobs", content=body, headers=valid).status_code == 202  # JSON types stay read
+    assert http.post("/v1/jobs", content=b"[]", headers={"content-type": "application/json"}).status_code == 422
 
 
 @pytest.mark.parametrize(

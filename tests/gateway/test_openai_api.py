@@ -1,6 +1,7 @@
 """The OpenAI-compatible API with the real `openai` client over HTTP: a real gateway (uvicorn), Redis and worker
 (tiny random model pair), every call going through the queue."""
 
+import gzip
 from collections.abc import Iterator
 
 import httpx
@@ -158,6 +159,20 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
     }
     assert malformed.json()["error"]["message"].startswith("not valid JSON (")
     assert malformed.json()["error"]["param"] is None  # the body, not the parser's offset
+    form = httpx.post(  # curl -d without -H: a form type
+        f"{served.url}/v1/completions",
+        content=b'{"prompt": "x", "max_tokens": 4}',
+        headers={"Authorization": f"Bearer {client.api_key}", "content-type": "application/x-www-form-urlencoded"},
+    )
+    assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"
+    assert "Content-Type `application/json`" in form.json()["error"]["message"]
+    compressed = httpx.post(
+        f"{served.url}/v1/completions",
+        content=gzip.compress(b'{"prompt": "x", "max_tokens": 4}'),
+        headers={"Authorization": f"Bearer {client.api_key}", "content-type": "application/json",
+                 "content-encoding": "gzip"},
+    )
+    assert compressed.status_code == 415 and compressed.json()["error"]["code"] == "unsupported_media_type"
     not_finite = httpx.post(
         f"{served.url}/v1/completions",
         content=b'{"prompt": "x", "max_tokens": 4, "temperature": NaN}',
