@@ -195,12 +195,22 @@ class CompletionRequest(_Common):
             raise ValueError(f"token ids are integers in [0, {MAX_TOKEN_ID}]")
         return value
 
+    @field_validator("best_of")
+    @classmethod
+    def _one_best_of(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only 1 is supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("a suffix is not supported (only an empty one)")
+        return value
+
     @model_validator(mode="after")
     def _neutral_extras(self) -> "CompletionRequest":
-        if self.best_of not in (None, 1):
-            raise ValueError("best_of: only 1 is supported")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
         if self.echo and not isinstance(self.prompt, str):
             raise ValueError("echo needs the prompt as text (the answer starts with it)")
         return self
@@ -229,6 +239,17 @@ class ChatMessage(BaseModel):
     name: str | None = Field(None, max_length=256)
     tool_calls: list[ToolCall] | None = Field(None, max_length=128)  # assistant: the calls it made
     tool_call_id: str | None = Field(None, max_length=256)  # tool: the call this result answers
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """A part that is not text is named (pydantic's message named the union's first branch: `content.str`)."""
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" and isinstance(kind, str):
+                    raise ValueError(f"part {i} is of type `{kind}`: only text parts are supported (the models read text)")
+        return value
 
     @field_validator("content")
     @classmethod

@@ -187,6 +187,18 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
             headers={"Authorization": f"Bearer {client.api_key}"},
         )
         assert too_large.status_code == 400 and too_large.json()["error"]["param"] == field
+    for extra, param in (({"best_of": 2}, "best_of"), ({"suffix": "}"}, "suffix")):  # params named (were null)
+        with pytest.raises(openai.BadRequestError) as unsupported:
+            client.completions.create(prompt="x", extra_body=extra, **GREEDY)
+        assert unsupported.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as image:  # it said `messages.0.content.str: ... a valid string`
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": [{"type": "text", "text": "x"},
+                                                   {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}],
+            **GREEDY,
+        )
+    assert image.value.body["param"] == "messages.0.content"  # type: ignore[index]
+    assert "part 1 is of type `image_url`: only text parts" in image.value.body["message"]  # type: ignore[index]
 
 
 def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
