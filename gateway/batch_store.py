@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
+from gateway.listing import ids_after, remember, unknown_cursor
 from shared import batch_lua, batch_quota, keys
 from shared.batch_state import BatchStatus
 from shared.outbox import BatchEvent, NoticeKind, notice_fields
@@ -102,24 +103,26 @@ class BatchStore:
         self, limit: int, after: str | None, index: str = keys.BATCHES_ZSET
     ) -> tuple[list[dict[str, str]], bool]:
         """Up to `limit` batches of `index` (all, or one key's: keys.batches_of), newest first, after batch
-        `after` -> (batches, has_more)."""
-        start = 0
-        if after is not None:
-            rank: int | None = await self.redis.zrevrank(index, after)  # type: ignore[assignment]
-            start = 0 if rank is None else rank + 1
+        `after` -> (batches, has_more); 400 for an `after` it does not know."""
         found: list[dict[str, str]] = []
         while len(found) <= limit:
-            ids: list[str] = await self.redis.zrevrange(index, start, start + limit)  # type: ignore[assignment]
+            try:
+                ids = await ids_after(self.redis, index, after, limit + 1)
+            except LookupError:
+                raise unknown_cursor(str(after), "batch") from None
             if not ids:
                 break
-            start += len(ids)
+            after = ids[-1]
             pipe = self.redis.pipeline(transaction=False)
             for batch_id in ids:
+                pipe.zscore(index, batch_id)
                 pipe.hgetall(keys.batch_hash(batch_id))
-            for batch_id, fields in zip(ids, await pipe.execute(), strict=True):
+            replies = await pipe.execute()
+            for batch_id, score, fields in zip(ids, replies[::2], replies[1::2], strict=True):
                 if fields:
                     found.append(fields)
-                else:  # expired after its result TTL
+                else:  # expired after its result TTL: out of this listing, its place kept for a page ending on it
+                    await remember(self.redis, batch_id, score)
                     await self.redis.zrem(index, batch_id)
         return found[:limit], len(found) > limit
 

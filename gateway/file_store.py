@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis
 
 from gateway.batch_store import BatchStore
+from gateway.listing import ids_after, remember, unknown_cursor
 from shared import keys
 from shared.file_schemas import (
     FileObject,
@@ -72,20 +73,21 @@ class FileStore:
 
     async def delete(self, file_id: str, owner: str) -> bool:
         pipe = self.redis.pipeline(transaction=True)
+        pipe.zscore(keys.files_of(owner), file_id)
         pipe.delete(keys.file_hash(file_id), keys.file_content(file_id))
         pipe.zrem(keys.files_of(owner), file_id)
-        deleted, *_ = await pipe.execute()
+        score, deleted, _ = await pipe.execute()
         await self.redis.zrem(keys.FILES_ZSET, file_id)  # global (another slot); page() skips a deleted file
+        await remember(self.redis, file_id, score)  # a page that ended on it continues (gateway/listing.py)
         return bool(deleted)
 
     async def page(self, limit: int, after: str | None, index: str) -> tuple[list[dict[str, str]], bool]:
         """Up to `limit` files of `index` (keys.files_of(owner) or keys.FILES_ZSET), newest first, after file
-        `after` -> (records, has_more)."""
-        start = 0
-        if after is not None:
-            rank: int | None = await self.redis.zrevrank(index, after)  # type: ignore[assignment]
-            start = 0 if rank is None else rank + 1
-        ids: list[str] = await self.redis.zrevrange(index, start, start + limit)  # type: ignore[assignment]
+        `after` -> (records, has_more); 400 for an `after` it does not know."""
+        try:
+            ids = await ids_after(self.redis, index, after, limit + 1)
+        except LookupError:
+            raise unknown_cursor(str(after), "file") from None
         pipe = self.redis.pipeline(transaction=False)
         for file_id in ids:
             pipe.hgetall(keys.file_hash(file_id))

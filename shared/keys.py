@@ -254,3 +254,12 @@ def file_content(file_id: str) -> str:
 def files_of(key_id: str) -> str:
     """Sorted set: the key's file ids -> created_at (GET /v1/files of a tenant, newest first)."""
     return f"{prefix(partition_of(key_id))}files:of:{key_id}"
+
+
+def unlisted(object_id: str) -> str:
+    """String: the listing score (created_at) of a file or batch taken out of its listings, kept
+    UNLISTED_TTL_S, so that a page that ended on it still continues (gateway/listing.py)."""
+    return f"{prefix(partition_of(object_id))}unlisted:{object_id}"
+
+
+UNLISTED_TTL_S = 24 * 3600  # a client paging through a listing resumes after a removed id for a day

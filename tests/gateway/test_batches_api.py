@@ -216,12 +216,18 @@ def test_cancel_mid_batch_keeps_finished_results_and_cancels_the_rest(
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
-def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client) -> None:
+def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client, rclient: redis.Redis) -> None:
     ids = [post_jsonl(http, jsonl([request_line(i)])).json()["id"] for i in range(3)]
     first = http.get("/v1/batches", params={"limit": 2}).json()
     assert [b["id"] for b in first["data"]] == ids[::-1][:2] and first["has_more"]
     second = http.get("/v1/batches", params={"limit": 2, "after": first["last_id"]}).json()
     assert [b["id"] for b in second["data"]] == [ids[0]] and not second["has_more"]
+    rclient.delete(keys.batch_hash(first["last_id"]))  # that batch's record expired (its result TTL) ...
+    assert [b["id"] for b in http.get("/v1/batches").json()["data"]] == [ids[2], ids[0]]  # ... and left the list
+    resumed = http.get("/v1/batches", params={"limit": 2, "after": first["last_id"]}).json()
+    assert [b["id"] for b in resumed["data"]] == [ids[0]]  # it restarted from the newest: ids[2] again
+    unknown = http.get("/v1/batches", params={"after": "batch_nope"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "after"
     for method, path in [
         ("GET", "/v1/batches/batch_nope"),
         ("GET", "/v1/batches/batch_nope/results"),

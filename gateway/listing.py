@@ -1,0 +1,47 @@
+"""Newest-first pages of a listing (a sorted set: id -> created_at), continued after the id that ended the previous
+page (`after`, as OpenAI's lists take it), even when that id has left the listing since.
+
+A page resumes at a position (created_at, then id: ZREVRANGE's order of equal scores), not at the id's rank:
+a file deleted, or a batch expired, between two pages has no rank, and the listing restarted from the top
+(a client deleting files as it paged listed its first pages again). An id taken out of a listing leaves its
+score under keys.unlisted for keys.UNLISTED_TTL_S; an `after` known neither way is a 400 naming it."""
+
+from redis.asyncio import Redis
+
+from gateway.errors import ApiError
+from shared import keys
+from shared.job_state import ErrorCode
+
+
+def unknown_cursor(after: str, kind: str) -> ApiError:
+    return ApiError(
+        400,
+        ErrorCode.INVALID_REQUEST,
+        f"no {kind} `{after}` in this list (never in it, or removed over a day ago): list from the start",
+        field="after",
+    )
+
+
+async def ids_after(redis: Redis, index: str, after: str | None, count: int) -> list[str]:
+    """Up to `count` ids of `index`, newest first, after `after` (None: from the newest). LookupError: `after` is
+    neither in the listing nor left by one taken out of it."""
+    if after is None:
+        ids: list[str] = await redis.zrevrange(index, 0, count - 1)  # type: ignore[assignment]
+        return ids
+    score: float | None = await redis.zscore(index, after)
+    if score is None:
+        left: str | None = await redis.get(keys.unlisted(after))  # type: ignore[assignment]
+        if left is None:
+            raise LookupError(after)
+        score = float(left)
+    num_equal = int(await redis.zcount(index, score, score))  # at `after`'s own score: those after it come first
+    rows: list[tuple[str, float]] = await redis.zrange(  # type: ignore[assignment]
+        index, score, "-inf", desc=True, byscore=True, offset=0, num=count + num_equal, withscores=True
+    )
+    return [member for member, s in rows if s < score or member < after][:count]
+
+
+async def remember(redis: Redis, object_id: str, score: float | None) -> None:
+    """`object_id` left its listings (deleted, expired): keep its score for the pages that ended on it."""
+    if score is not None:
+        await redis.set(keys.unlisted(object_id), repr(score), ex=keys.UNLISTED_TTL_S)
