@@ -82,9 +82,11 @@ async def list_files(
 ) -> FileList:
     """The key's uploaded files, newest first (an admin key: every tenant's); `after` = the last id of the
     previous page."""
+    if purpose not in (None, *PURPOSES):  # every listed file is an upload of one of PURPOSES: none of this one
+        return FileList(data=[], first_id=None, last_id=None, has_more=False)
     index = keys.FILES_ZSET if key.is_admin else keys.files_of(key.id)
     rows, has_more = await store.page(limit, after, index)
-    data = [file_from_fields(fields) for fields in rows if purpose in (None, fields["purpose"])]
+    data = [file_from_fields(fields) for fields in rows]
     return FileList(
         data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
     )

@@ -101,6 +101,10 @@ def test_files_are_per_tenant(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
     theirs = bob.files.create(file=("b.jsonl", jsonl([chat_line(1)])), purpose="batch")
     assert [f.id for f in alice.files.list().data] == [mine.id]
     assert [f.id for f in bob.files.list().data] == [theirs.id]
+    second = alice.files.create(file=("c.jsonl", jsonl([chat_line(2)])), purpose="batch")
+    assert [f.id for f in alice.files.list(purpose="batch")] == [second.id, mine.id]
+    other = alice.files.list(purpose="fine-tune", limit=1)  # it said has_more with no data, and no last_id to go on
+    assert other.data == [] and not other.has_more
     for call in (
         lambda: bob.files.retrieve(mine.id),
         lambda: bob.files.content(mine.id),
