@@ -87,7 +87,7 @@ class BatchOptions(BaseModel):
 
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
-    completion_window_s: float | None = Field(None, gt=0)
+    completion_window_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class FileBatchRequest(BaseModel):

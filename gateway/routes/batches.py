@@ -37,6 +37,7 @@ from shared.batch_schemas import (
 )
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode
+from shared.schemas import first_error
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
 
@@ -66,15 +67,21 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _options(webhook: str | None, metadata: str | None, window_s: str | float | None) -> BatchOptions:
+    """The options as given (query parameters or form fields): 422 naming the one that is wrong."""
+    try:
+        parsed_metadata = json.loads(metadata) if metadata else {}
+    except ValueError as exc:
+        raise ApiError(422, ErrorCode.INVALID_REQUEST, f"metadata: not valid JSON ({exc})", field="metadata") from exc
     try:
         return BatchOptions(
             webhook=webhook or None,
-            metadata=json.loads(metadata) if metadata else {},
-            completion_window_s=float(window_s) if window_s not in (None, "") else None,
+            metadata=parsed_metadata,
+            completion_window_s=window_s if window_s not in (None, "") else None,  # type: ignore[arg-type]
         )
-    except (ValueError, ValidationError) as exc:
-        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        raise ApiError(422, ErrorCode.INVALID_REQUEST, f"batch options: {message}", field="metadata") from exc
+    except ValidationError as exc:
+        loc, reason = first_error(exc.errors())
+        field_name = ".".join(str(part) for part in loc) or "metadata"
+        raise ApiError(422, ErrorCode.INVALID_REQUEST, f"{field_name}: {reason}", field=field_name) from exc
 
 
 @dataclass
@@ -199,6 +206,9 @@ async def create_batch(
     await check_webhook(options.webhook, settings)
     await _check_quota(store, key.id, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
     window_s = options.completion_window_s or settings.batch_completion_window_s
+    if window_s > settings.max_ttl_s:  # a line's job waits at most max_ttl_s (shared/submit.py): so would the batch
+        name = "completion_window" if given.fields else "completion_window_s"
+        raise _bad_request(f"{name}: at most {settings.max_ttl_s:g} s (max_ttl_s: no job waits longer)", name)
     fields = given.fields or {"completion_window": f"{window_s:g}s"}
     batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields)
     batch = await _load(store, batch_id, base)

@@ -216,6 +216,26 @@ def test_cancel_mid_batch_keeps_finished_results_and_cancels_the_rest(
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"completion_window_s": "inf"}, "completion_window_s"),  # taken: expires_at null, the batch never expired
+        ({"completion_window_s": "1e308"}, "completion_window_s"),  # past max_ttl_s, which bounds its jobs
+        ({"completion_window_s": "-1"}, "completion_window_s"),  # was named `metadata`
+        ({"metadata": "{not json"}, "metadata"),
+        ({"metadata": '{"k": 1}'}, "metadata.k"),
+    ],
+)
+def test_bad_batch_options_name_the_option(
+    http: httpx.Client, rclient: redis.Redis, params: dict[str, str], field: str
+) -> None:
+    response = post_jsonl(http, jsonl([request_line(0)]), **params)
+    assert response.status_code in (400, 422)
+    error = response.json()["error"]
+    assert error["field"] == field and error["message"].startswith(f"{field}: "), error
+    assert rclient.zcard(keys.BATCHES_ZSET) == 0  # nothing stored
+
+
 def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client, rclient: redis.Redis) -> None:
     ids = [post_jsonl(http, jsonl([request_line(i)])).json()["id"] for i in range(3)]
     first = http.get("/v1/batches", params={"limit": 2}).json()

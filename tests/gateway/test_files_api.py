@@ -161,6 +161,9 @@ def test_bad_uploads_and_batch_bodies_get_clear_4xx(
     good = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         alice.batches.create(input_file_id=good.id, endpoint=CHAT, completion_window="soon")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError) as too_long:  # 99999h was taken: expires_at in 2038, its jobs' at 7 d
+        alice.batches.create(input_file_id=good.id, endpoint=CHAT, completion_window="99999h")  # type: ignore[arg-type]
+    assert too_long.value.body["field"] == "completion_window" and "max_ttl_s" in too_long.value.body["message"]  # type: ignore[index]
     response = httpx.post(
         f"{served.url}/v1/batches",
         json={"input_file_id": good.id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
