@@ -119,10 +119,11 @@ def parse_line(number: int, text: str) -> tuple[BatchLine | None, BatchLineError
 
 
 def parse_batch(
-    data: bytes, max_lines: int, endpoint: str | None = None
+    data: bytes, max_lines: int, endpoint: str | None = None, served_model: str | None = None
 ) -> tuple[list[BatchLine], list[BatchLineError]]:
     """Every valid line and every bad one (a duplicate custom_id is bad; with `endpoint`, so is a line calling
-    another url); raises BatchTooLarge."""
+    another url; with `served_model`, a line naming another model, as the OpenAI routes answer it 404);
+    raises BatchTooLarge."""
     lines: list[BatchLine] = []
     errors: list[BatchLineError] = []
     first_seen: dict[str, int] = {}
@@ -144,6 +145,10 @@ def parse_batch(
         if endpoint is not None and line.url != endpoint:
             message = f"url must be {endpoint}, the batch's endpoint"
             errors.append(BatchLineError(line=number, code="invalid_url", message=message))
+            continue
+        if served_model is not None and line.model not in (None, served_model):
+            message = f"the model `{line.model}` does not exist; this fleet serves `{served_model}`"
+            errors.append(BatchLineError(line=number, code="model_not_found", message=message))
             continue
         if line.custom_id in first_seen:
             message = f"custom_id {line.custom_id!r} already used on line {first_seen[line.custom_id]}"

@@ -22,6 +22,7 @@ from gateway.cancel_after import parse_duration_s
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.file_store import FileStore
+from gateway.openai_api import SERVED_MODEL
 from gateway.webhook_guard import check_webhook
 from shared import keys
 from shared.api_keys import ApiKey
@@ -169,10 +170,10 @@ async def _file_input(gw: GatewayDep, raw: bytes, key: ApiKey) -> BatchInput | N
 
 
 def _parse(
-    data: bytes, max_lines: int, endpoint: str | None
+    data: bytes, max_lines: int, endpoint: str | None, served_model: str | None
 ) -> tuple[list[BatchLine], list[BatchLineError], list[str]]:
     """Validate and encode the lines (CPU work: run off the event loop)."""
-    lines, errors = parse_batch(data, max_lines, endpoint)
+    lines, errors = parse_batch(data, max_lines, endpoint, served_model)
     return lines, errors, [] if errors else [line.to_json() for line in lines]
 
 
@@ -192,7 +193,10 @@ async def create_batch(
     if len(data) > settings.batch_max_bytes:
         raise _too_large(f"the batch file is larger than {settings.batch_max_bytes} bytes")
     try:
-        lines, errors, encoded = await asyncio.to_thread(_parse, data, settings.batch_max_lines, given.endpoint)
+        served_model = await SERVED_MODEL.name(gw)  # None until a worker said what it serves: any model then
+        lines, errors, encoded = await asyncio.to_thread(
+            _parse, data, settings.batch_max_lines, given.endpoint, served_model
+        )
     except BatchTooLarge as exc:
         raise _too_large(str(exc)) from exc
     if errors:

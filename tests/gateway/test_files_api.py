@@ -68,6 +68,15 @@ def test_the_openai_batch_workflow_runs_unchanged(
     assert created.input_file_id == uploaded.id and created.endpoint == CHAT
     assert created.completion_window == "24h" and created.metadata == {"run": "files"}
     assert created.output_file_id is None  # not before it ends
+    wait_until(lambda: [m.id for m in alice.models.list()] == ["tiny"], 30, 0.1, "the worker to say its model")
+    other_model = alice.files.create(file=("m.jsonl", jsonl([chat_line(0), {**chat_line(1), "body": {
+        **chat_line(1)["body"], "model": "gpt-4"}}])), purpose="batch")
+    with pytest.raises(openai.UnprocessableEntityError) as unserved:  # it ran on tiny, its result saying gpt-4
+        alice.batches.create(input_file_id=other_model.id, endpoint=CHAT, completion_window="24h")
+    assert unserved.value.body["data"] == [  # type: ignore[index]
+        {"line": 2, "code": "model_not_found", "message": "the model `gpt-4` does not exist; this fleet serves `tiny`"}
+    ]
+    alice.files.delete(other_model.id)
 
     def ended() -> openai.types.Batch | None:
         batch = alice.batches.retrieve(created.id)

@@ -76,6 +76,17 @@ def test_every_bad_line_is_reported() -> None:
     assert "body.n" in errors[3].message and "line 1" in errors[4].message
 
 
+def test_a_line_naming_a_model_the_fleet_does_not_serve_is_bad() -> None:
+    """It ran on the served model, and its result said `"model": "gpt-4"`; the OpenAI routes answer it 404."""
+    data = "\n".join([line("a", prompt="p", model="gpt-4"), line("b", prompt="p", model="demo"), line("c"),
+                      line("d", "/v1/jobs", prompt="p")])
+    lines, errors = parse_batch(data.encode(), 100, served_model="demo")
+    assert [(e.line, e.code) for e in errors] == [(1, "model_not_found")]
+    assert errors[0].message == "the model `gpt-4` does not exist; this fleet serves `demo`"
+    assert [x.custom_id for x in lines] == ["b", "c", "d"]
+    assert not parse_batch(data.encode(), 100)[1]  # no worker has said what it serves yet: any model
+
+
 def test_limits_and_empty_file() -> None:
     with pytest.raises(BatchTooLarge):
         parse_batch("\n".join(line(str(i)) for i in range(4)).encode(), 3)
