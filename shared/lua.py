@@ -268,7 +268,10 @@ local function start(i, queue, entry_id, job_id)
     finish(ctx, job_id, S_EXPIRED, nil, {'error', ARGV[6]}, 'error', ARGV[7])
     return
   end
-  local pinned = cjson.decode(redis.call('HGET', job, 'request')).model_version
+  -- a request that is not a JSON object (changed in Redis) is started all the same, and the worker fails it
+  -- naming why (shared.schemas.stored_request): an error here would fail every pull that meets this entry
+  local is_json, stored = pcall(cjson.decode, redis.call('HGET', job, 'request') or '')
+  local pinned = is_json and type(stored) == 'table' and stored.model_version or nil
   if type(pinned) == 'string' and pinned ~= ARGV[12] then  -- model versions: not ours, back to the tail
     drop_entry(ctx, queue, entry_id)
     redis.call('HSET', job, 'entry', redis.call('XADD', queue, '*', 'id', job_id))

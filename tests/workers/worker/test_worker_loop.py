@@ -383,21 +383,38 @@ def test_a_webhook_output_notice_finds_the_tokens_a_stream_interval_held_written
     assert job_record(rclient, job_id)["status"] == "succeeded"
 
 
+@pytest.mark.parametrize(
+    ("corrupt", "field"),
+    [
+        (lambda stored: json.dumps({**stored, "max_tokens": 0}), "max_tokens"),
+        (lambda stored: json.dumps(stored)[:20], None),  # not JSON: the PULL script's own read of it raised
+        (lambda stored: "[]", None),  # JSON, not an object: indexing it in the script raised
+        (None, None),  # no request at all
+    ],
+)
 def test_a_job_whose_stored_request_does_not_validate_fails_alone(
-    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+    rclient: redis.Redis,
+    settings: ServiceSettings,
+    tiny_target: Path,
+    corrupt: Callable[[dict], str] | None,
+    field: str | None,
 ) -> None:
     """A request stored by another version of specfleet (a bound tightened since, as top_k's was) or changed in
-    Redis, here to a max_tokens of 0: reading it in the pull raised, and the worker process exited with the jobs
-    it held. Now that job fails `invalid_request`, naming the field, and the others run."""
+    Redis: reading it in the pull raised, and the worker process exited with the jobs it held (here a max_tokens
+    of 0); one that was no JSON object failed the PULL script itself, at every pull that met it. Now that job
+    fails `invalid_request`, naming the field where there is one, and the others run."""
     bad = submit_job(rclient, settings, max_tokens=4, **JOB)
     stored = json.loads(rclient.hget(keys.job_hash(bad), "request"))
-    rclient.hset(keys.job_hash(bad), "request", json.dumps({**stored, "max_tokens": 0}))
+    if corrupt is None:
+        rclient.hdel(keys.job_hash(bad), "request")
+    else:
+        rclient.hset(keys.job_hash(bad), "request", corrupt(stored))
     good = submit_job(rclient, settings, max_tokens=4, **JOB)
     _run_until_idle(_started(_worker(rclient, settings, tiny_target, max_num_seqs=4)))
     failed = job_record(rclient, bad)
     assert failed["status"] == JobStatus.FAILED.value
     error = json.loads(failed["error"])
-    assert error["code"] == "invalid_request" and error["field"] == "max_tokens"
+    assert error["code"] == "invalid_request" and error.get("field") == field
     assert "stored request does not validate" in error["message"]
     assert job_record(rclient, good)["status"] == JobStatus.SUCCEEDED.value
     assert rclient.xpending(keys.queue_stream("default"), keys.CONSUMER_GROUP)["pending"] == 0  # both acked
