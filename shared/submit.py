@@ -35,6 +35,11 @@ class StoredForm:
                    request.ttl_s, request.metadata, body_hash)  # fmt: skip
 
 
+def queue_ttl_s(ttl_s: float | None, settings: ServiceSettings) -> float:
+    """How long a job may wait to start: its `ttl_s`, else default_ttl_s; at most max_ttl_s."""
+    return min(ttl_s or settings.default_ttl_s, settings.max_ttl_s)
+
+
 def submit_call(
     request: JobRequest | StoredForm,
     job_id: str,
@@ -48,7 +53,7 @@ def submit_call(
     request queued as it was stored (a batch line that does not validate any more: the worker fails its job
     naming the field)."""
     form = request if isinstance(request, StoredForm) else StoredForm.of(request, with_hash=bool(idempotency_key))
-    ttl_s = min(form.ttl_s or settings.default_ttl_s, settings.max_ttl_s)
+    ttl_s = queue_ttl_s(form.ttl_s, settings)
     partition = keys.partition_of(job_id)
     return (
         [

@@ -28,6 +28,7 @@ from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
 from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import Job, JobRequest
+from shared.submit import queue_ttl_s
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 # the submit: its key is read by the submit's own script call (gateway/auth.py), not by the router's dependency;
@@ -121,11 +122,13 @@ async def create_job(
         await _wait_until_final(gw.hub, submitted.job_id, wait_s)
     if submitted.is_new and wait_s == 0:
         SUBMIT_SECONDS.observe(time.perf_counter() - started)
+        created_at = submitted.created_at or time.time()
         job = Job(
             id=submitted.job_id,
             status=JobStatus.QUEUED,
             priority=body.priority,
-            created_at=submitted.created_at or time.time(),
+            created_at=created_at,
+            expires_at=created_at + queue_ttl_s(body.ttl_s, settings),  # as SUBMIT stored it
             metadata=body.metadata,
             urls=job_urls(base, submitted.job_id),
         )

@@ -38,6 +38,10 @@ def test_submit_then_get(http: httpx.Client) -> None:
     got = http.get(f"/v1/jobs/{job['id']}").json()
     assert got["status"] == "queued" and got["metadata"] == {"run": "1"}
     assert got["created_at"] == pytest.approx(job["created_at"])
+    assert job["expires_at"] == pytest.approx(got["expires_at"])  # the submit's answer said null
+    assert got["expires_at"] == pytest.approx(got["created_at"] + ServiceSettings().default_ttl_s)
+    clamped = http.post("/v1/jobs", json={"prompt": "x", "ttl_s": 1e12}).json()  # at most max_ttl_s, as queued
+    assert clamped["expires_at"] == pytest.approx(clamped["created_at"] + ServiceSettings().max_ttl_s)
 
 
 @pytest.mark.parametrize(
