@@ -323,14 +323,19 @@ class EventHub:
                 await feed.catch_up(self.reads, job_id, force=check_finished, batch=self.read_batch)
                 position = feed.position_after(after_key, position)
                 new = feed.events[position:]
-                if not new and check_finished and (feed.is_complete or await self._is_finished(job_id)):
+                # nothing after the cursor in a feed that holds the final event (a resume past it: no Redis read),
+                # or in a job that ended by its status, read on a first pass and after each tick
+                if not new and (feed.is_complete or (check_finished and await self._is_finished(job_id))):
                     if not feed.is_complete:  # the job may have ended after the events were read: read them again
                         await feed.catch_up(self.reads, job_id, force=True, batch=self.read_batch)
                         position = feed.position_after(after_key, position)
                         new = feed.events[position:]
                     if not new:
                         return
-                check_finished = False
+                # a wake-up that brings this follower nothing (its position is past what the feed reads: a resume
+                # past the job's events) has the next pass read the job's status; a feed held from the job's start
+                # will hold its final event
+                check_finished = not new and not feed.is_from_start
                 for event in new:
                     after_key = wake.after_key = event.key
                     position += 1

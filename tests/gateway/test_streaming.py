@@ -119,6 +119,29 @@ def test_resume_with_last_event_id_mid_generation(
         assert list(client.stream(job_id, last_event_id=everything[-1].id)) == []  # resumed after the end
 
 
+def test_a_stream_resumed_past_a_running_jobs_events_ends_with_the_job(
+    settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """A Last-Event-ID past every event the job will have (another job's id: they are times) yields nothing, and
+    ends when the job does; it ended only at the next keepalive tick after that (sse_keepalive_s, 15 s by
+    default: here 600, longer than this test waits)."""
+    with ThreadedGateway(settings.model_copy(update={"sse_keepalive_s": 600.0})).start() as server:
+        with FleetClient(server.url) as client:
+            job_id = client.submit({"prompt": "x"})["id"]
+            worker = PlayedWorker(rclient, settings)
+            worker.take()
+            worker.emit(job_id, [1], "<0>")  # running
+            streamed: list[SseEvent] = []
+            follower = threading.Thread(
+                target=lambda: streamed.extend(client.stream(job_id, last_event_id="99999999999999-0")), daemon=True
+            )
+            follower.start()
+            wait_until(lambda: _hub(server).num_followers == 1, what="the stream's follower", timeout_s=5)
+            _produce(worker, job_id, num_steps=3)
+            follower.join(timeout=60)
+            assert not follower.is_alive() and streamed == []
+
+
 def test_bad_last_event_id_is_422(
     gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
 ) -> None:
