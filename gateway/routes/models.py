@@ -1,15 +1,18 @@
-"""GET /v1/models: the model this fleet serves (OpenAI's list shape)."""
+"""GET /v1/models: the model this fleet serves (OpenAI's list shape); GET /v1/models/{model}: that model, or 404
+in OpenAI's error shape (the openai client's `models.retrieve`)."""
 
 import time
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
+from gateway.errors import ApiError
 from gateway.model_versions import served_versions
 from gateway.openai_api import SERVED_MODEL
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
+from shared.job_state import ErrorCode
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
 
@@ -35,3 +38,15 @@ async def list_models(gw: GatewayDep, key: ApiKeyDep) -> ModelList:
     name = await SERVED_MODEL.name(gw)
     versions = await served_versions(gw.redis, gw.settings.worker_ttl_s)
     return ModelList(data=[Model(id=name, created=STARTED_AT, versions=versions)] if name else [])
+
+
+@router.get("/models/{model:path}", response_model=Model)
+async def retrieve_model(
+    gw: GatewayDep, key: ApiKeyDep, model: str = Path(min_length=1, max_length=256)
+) -> Model:
+    """The served model by its id (a path: ids such as `org/name` have a slash); 404 for any other."""
+    name = await SERVED_MODEL.name(gw)
+    if name is None or model != name:
+        serving = f"this fleet serves `{name}`" if name else "no worker has said what it serves yet"
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"the model `{model}` does not exist; {serving}", field="model")
+    return Model(id=name, created=STARTED_AT, versions=await served_versions(gw.redis, gw.settings.worker_ttl_s))

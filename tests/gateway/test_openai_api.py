@@ -49,6 +49,11 @@ def _job(served: ThreadedGateway, secret: str, job_id: str) -> dict:
 
 def test_models_lists_the_served_target(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL  # it was a 404 "Not Found" in specfleet's error shape
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("org/gpt-4")
+    assert unknown.value.body["param"] == "model"  # type: ignore[index]
+    assert unknown.value.body["message"] == f"the model `org/gpt-4` does not exist; this fleet serves `{MODEL}`"  # type: ignore[index]
 
 
 def test_completion_is_a_job_and_matches_its_stream(
