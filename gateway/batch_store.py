@@ -5,8 +5,10 @@ does the rest (workers/tasks/batches.py)."""
 import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from gateway.listing import ids_after, remember, unknown_cursor
 from shared import batch_lua, batch_quota, keys
@@ -15,6 +17,21 @@ from shared.outbox import BatchEvent, NoticeKind, notice_fields
 
 LINES_PER_PUSH = 1000
 RESULTS_PER_READ = 1000
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """A batch's Idempotency-Key: where it is kept, the digest of the input it was used with, and for how long."""
+
+    key: str  # keys.batch_idempotency(owner, header value)
+    digest: str  # shared.submit.body_digest of the input and options
+    ttl_s: int
+
+
+class IdempotencyConflict(Exception):
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        super().__init__(f"this Idempotency-Key was already used for a different batch input (batch {batch_id})")
 
 
 class BatchStore:
@@ -29,12 +46,23 @@ class BatchStore:
         window_s: float,
         owner: str = "",  # the API key id the batch (and every job of its lines) belongs to
         fields: dict[str, str] | None = None,  # more hash fields: input_file_id, endpoint, completion_window
-    ) -> str:
+        idempotency: Idempotency | None = None,  # the owner's Idempotency-Key: a retry answers the same batch
+    ) -> tuple[str, bool]:
+        """-> (the batch id, whether it is new: False when `idempotency` names a batch made before; raises
+        IdempotencyConflict when that batch was made from another input)."""
         partition = keys.partition_of(owner)  # the tenant's (its key id names it); no owner: partition 0
         batch_id = keys.mark(f"batch_{uuid.uuid4().hex}", partition)
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
         created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
+        if idempotency is not None:  # WATCHed: two retries racing make one batch, the other answers it
+            await pipe.watch(idempotency.key)
+            made = self._made(await pipe.get(idempotency.key), idempotency)  # type: ignore[arg-type]  # decoded
+            if made is not None:
+                await pipe.reset()
+                return made, False
+            pipe.multi()
+            pipe.set(idempotency.key, f"{batch_id}:{idempotency.digest}", ex=idempotency.ttl_s)
         pipe.hset(
             keys.batch_hash(batch_id),
             mapping={
@@ -67,10 +95,26 @@ class BatchStore:
             maxlen=keys.OUTBOX_MAXLEN,
             approximate=True,
         )
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except WatchError:  # another request with the same key made its batch first
+            return await self.create(lines, webhook, metadata, window_s, owner, fields, idempotency)
         # the admin listing is global (partition 0: another slot), so a second step after the batch exists; a
         # crash between leaves the batch out of the admin's listing only (page() skips an entry without a batch)
         await self.redis.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
+        return batch_id, True
+
+    async def made_by(self, idempotency: Idempotency) -> str | None:
+        """The batch this Idempotency-Key made (IdempotencyConflict: from another input), None: none yet."""
+        return self._made(await self.redis.get(idempotency.key), idempotency)  # type: ignore[arg-type]  # decoded
+
+    @staticmethod
+    def _made(value: str | None, idempotency: Idempotency) -> str | None:
+        if value is None:
+            return None
+        batch_id, _, digest = value.partition(":")
+        if digest != idempotency.digest:
+            raise IdempotencyConflict(batch_id)
         return batch_id
 
     async def num_pending_lines(self, owner: str) -> int:

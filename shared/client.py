@@ -3,6 +3,8 @@ batches (`specfleet batch ...`). It speaks HTTP only: imports httpx, never gatew
 
 import json
 import os
+import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,9 @@ class FleetApiError(Exception):
         self.status_code = status_code
         self.code = error.get("code")
         self.body = body
+
+
+BATCH_SUBMIT_TRIES = 3  # a batch submit whose connection failed is sent again, with its Idempotency-Key
 
 
 class FleetClient:
@@ -115,15 +120,24 @@ class FleetClient:
     def submit_batch(
         self, path: Path, webhook: str | None = None, metadata: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        """Upload a JSONL file (multipart) -> the batch."""
+        """Upload a JSONL file (multipart) -> the batch. Sent with an Idempotency-Key, and sent again with it when
+        the connection fails (BATCH_SUBMIT_TRIES in all): a lost answer makes one batch, not two."""
         data: dict[str, str] = {}
         if webhook:
             data["webhook"] = webhook
         if metadata:
             data["metadata"] = json.dumps(metadata)
-        with path.open("rb") as f:
-            files = {"file": (path.name, f, "application/jsonl")}
-            return self._json(self.http.post("/v1/batches", files=files, data=data))
+        headers = {"Idempotency-Key": f"specfleet-batch-{uuid.uuid4().hex}"}
+        for attempt in range(1, BATCH_SUBMIT_TRIES + 1):
+            try:
+                with path.open("rb") as f:
+                    files = {"file": (path.name, f, "application/jsonl")}
+                    return self._json(self.http.post("/v1/batches", files=files, data=data, headers=headers))
+            except httpx.TransportError:
+                if attempt == BATCH_SUBMIT_TRIES:
+                    raise
+                time.sleep(attempt)  # 1 s, then 2 s
+        raise AssertionError("unreachable")
 
     def get_batch(self, batch_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/batches/{batch_id}"))

@@ -227,6 +227,12 @@ def inflight_jobs(key_id: str) -> str:
     return inflight_prefix(partition_of(key_id)) + key_id
 
 
+def batch_idempotency(key_id: str, idempotency_key: str) -> str:
+    """String: the batch an API key's Idempotency-Key created, `<batch id>:<digest of its input>` (in the key's
+    partition: the slot of the batches it creates)."""
+    return f"{prefix(partition_of(key_id))}idem:batch:{key_id}:{idempotency_key}"
+
+
 def batches_of(key_id: str) -> str:
     """Sorted set: the key's batch ids -> created_at (GET /v1/batches of a tenant, newest first)."""
     return f"{prefix(partition_of(key_id))}batches:of:{key_id}"

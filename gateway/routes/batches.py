@@ -7,17 +7,18 @@ named, 422) and queued by the same store call.
 """
 
 import asyncio
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from gateway.auth import may_access
-from gateway.batch_store import BatchStore
+from gateway.batch_store import BatchStore, Idempotency, IdempotencyConflict
 from gateway.cancel_after import parse_duration_s
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
@@ -39,6 +40,7 @@ from shared.batch_schemas import (
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode
 from shared.schemas import first_error
+from shared.submit import body_digest
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
 
@@ -184,9 +186,15 @@ def _parse(
     responses={422: {"model": BatchErrorResponse, "description": "bad lines: every one in error.data"}},
 )
 async def create_batch(
-    request: Request, response: Response, store: StoreDep, gw: GatewayDep, key: ApiKeyDep
+    request: Request,
+    response: Response,
+    store: StoreDep,
+    gw: GatewayDep,
+    key: ApiKeyDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> Batch | JSONResponse:
-    """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs."""
+    """Validate a batch file (every bad line reported) and queue its lines as `batch`-priority jobs. With an
+    `Idempotency-Key` (per API key, kept idempotency_ttl_s), a retry answers the batch the first request made."""
     settings, base = gw.settings, gw.base_url(request)
     given = await _input(request, gw, key)
     data, options = given.data, given.options
@@ -208,16 +216,42 @@ async def create_batch(
         )
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
+    idempotency = _idempotency(idempotency_key, key.id, data, options, given, settings.idempotency_ttl_s)
+    try:
+        made = await store.made_by(idempotency) if idempotency else None  # a retry: no quota taken twice
+    except IdempotencyConflict as exc:
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
+    if made is not None:
+        return await _answer(store, made, base, response)
     await _check_quota(store, key.id, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
     window_s = options.completion_window_s or settings.batch_completion_window_s
     if window_s > settings.max_ttl_s:  # a line's job waits at most max_ttl_s (shared/submit.py): so would the batch
         name = "completion_window" if given.fields else "completion_window_s"
         raise _bad_request(f"{name}: at most {settings.max_ttl_s:g} s (max_ttl_s: no job waits longer)", name)
     fields = given.fields or {"completion_window": f"{window_s:g}s"}
-    batch_id = await store.create(encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields)
+    try:
+        batch_id, _ = await store.create(
+            encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields, idempotency=idempotency
+        )
+    except IdempotencyConflict as exc:  # another input made a batch with this key meanwhile
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
+    return await _answer(store, batch_id, base, response)
+
+
+async def _answer(store: BatchStore, batch_id: str, base: str, response: Response) -> Batch:
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch
+
+
+def _idempotency(
+    header: str | None, owner: str, data: bytes, options: BatchOptions, given: BatchInput, ttl_s: int
+) -> Idempotency | None:
+    """The key's Idempotency-Key with the digest of everything that makes the batch (lines, options, endpoint)."""
+    if header is None:
+        return None
+    made_of = [hashlib.sha256(data).hexdigest(), options.model_dump(mode="json"), given.endpoint, given.fields]
+    return Idempotency(keys.batch_idempotency(owner, header), body_digest(json.dumps(made_of, sort_keys=True)), ttl_s)
 
 
 async def _check_quota(store: BatchStore, owner: str, num_lines: int, limit: int, retry_after_s: int) -> None:

@@ -1,6 +1,7 @@
 """/v1/batches end to end: gateway (HTTP) -> Celery expansion -> engine worker (tiny model) -> results."""
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -234,6 +235,37 @@ def test_bad_batch_options_name_the_option(
     error = response.json()["error"]
     assert error["field"] == field and error["message"].startswith(f"{field}: "), error
     assert rclient.zcard(keys.BATCHES_ZSET) == 0  # nothing stored
+
+
+def test_an_idempotency_key_makes_one_batch_however_often_it_is_sent(http: httpx.Client, rclient: redis.Redis) -> None:
+    """A client that lost the answer and retries (the CLI, a script) made a second batch of the same lines: every
+    line ran twice. Now the key's first batch answers every retry, racing ones too; another input under the same
+    key is a 422 conflict naming the batch."""
+    data = jsonl([request_line(i) for i in range(3)])
+    first = post_jsonl_with_key(http, data, "nightly-1")
+    assert first.status_code == 202
+    answers: list[httpx.Response] = []
+    racers = [threading.Thread(target=lambda: answers.append(post_jsonl_with_key(http, data, "nightly-2")))
+              for _ in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    again = post_jsonl_with_key(http, data, "nightly-1")
+    assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+    assert {a.status_code for a in answers} == {202} and len({a.json()["id"] for a in answers}) == 1
+    assert rclient.zcard(keys.BATCHES_ZSET) == 2  # one per key
+    other = post_jsonl_with_key(http, jsonl([request_line(9)]), "nightly-1")
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "conflict" and other.json()["error"]["field"] == "Idempotency-Key"
+    assert first.json()["id"] in other.json()["error"]["message"]
+    assert post_jsonl_with_key(http, data, "nightly-1", completion_window_s="60").status_code == 422  # options too
+    assert post_jsonl(http, data).json()["id"] != first.json()["id"]  # without a key: a new batch
+
+
+def post_jsonl_with_key(http: httpx.Client, data: bytes, key: str, **params: str) -> httpx.Response:
+    return http.post("/v1/batches", content=data, params=params,
+                     headers={"content-type": "application/jsonl", "Idempotency-Key": key})
 
 
 def test_list_is_paginated_newest_first_and_unknown_is_404(http: httpx.Client, rclient: redis.Redis) -> None:

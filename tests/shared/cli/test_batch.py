@@ -1,9 +1,12 @@
 """`specfleet batch ...` as a user runs it: a real process against the real gateway, Celery and engine."""
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -89,6 +92,65 @@ def test_bad_file_names_every_bad_line(
     done = cli(hook_settings, "submit", str(source), "--url", gateway.url)
     assert done.returncode == 1
     assert "line 1: invalid_method" in done.stderr and "line 2: invalid_json" in done.stderr
+
+
+class AnswerDroppingProxy:
+    """A TCP proxy to the gateway that forwards the first connection's request and closes it when the answer
+    starts, without passing it on (the client sees the connection fail after the gateway acted); later connections
+    pass through."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.num_connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.num_connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            drop = self.num_connections == 1
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, drop), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, drop: bool) -> None:
+        try:
+            while chunk := source.recv(65536):
+                if drop:
+                    break
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_submit_whose_answer_was_lost_makes_one_batch(
+    hook_settings: ServiceSettings, gateway: ThreadedGateway, tmp_path: Path
+) -> None:
+    """The gateway made the batch, the answer never came: the CLI sends the file again with the same
+    Idempotency-Key and prints the batch the first request made (it made a second one: every line ran twice)."""
+    source = write_input(tmp_path / "in.jsonl", ["a", "b"])
+    proxy = AnswerDroppingProxy(int(gateway.url.rsplit(":", 1)[1]))
+    try:
+        done = cli(hook_settings, "submit", str(source), "--url", f"http://127.0.0.1:{proxy.port}")
+    finally:
+        proxy.close()
+    assert done.returncode == 0, done.stderr
+    assert proxy.num_connections == 2  # the answer of the first was dropped
+    listed = httpx.get(f"{gateway.url}/v1/batches").json()["data"]
+    assert [b["id"] for b in listed] == [done.stdout.strip()]
 
 
 def test_ctrl_c_leaves_the_batch_running(
