@@ -5,11 +5,11 @@ does the rest (workers/tasks/batches.py)."""
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from gateway.idempotency import Idempotency, claim
 from gateway.listing import ids_after, remember, unknown_cursor
 from shared import batch_lua, batch_quota, keys
 from shared.batch_state import BatchStatus
@@ -17,21 +17,6 @@ from shared.outbox import BatchEvent, NoticeKind, notice_fields
 
 LINES_PER_PUSH = 1000
 RESULTS_PER_READ = 1000
-
-
-@dataclass(frozen=True)
-class Idempotency:
-    """A batch's Idempotency-Key: where it is kept, the digest of the input it was used with, and for how long."""
-
-    key: str  # keys.batch_idempotency(owner, header value)
-    digest: str  # shared.submit.body_digest of the input and options
-    ttl_s: int
-
-
-class IdempotencyConflict(Exception):
-    def __init__(self, batch_id: str) -> None:
-        self.batch_id = batch_id
-        super().__init__(f"this Idempotency-Key was already used for a different batch input (batch {batch_id})")
 
 
 class BatchStore:
@@ -55,14 +40,8 @@ class BatchStore:
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
         created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
-        if idempotency is not None:  # WATCHed: two retries racing make one batch, the other answers it
-            await pipe.watch(idempotency.key)
-            made = self._made(await pipe.get(idempotency.key), idempotency)  # type: ignore[arg-type]  # decoded
-            if made is not None:
-                await pipe.reset()
-                return made, False
-            pipe.multi()
-            pipe.set(idempotency.key, f"{batch_id}:{idempotency.digest}", ex=idempotency.ttl_s)
+        if idempotency is not None and (made := await claim(pipe, idempotency, batch_id)) is not None:
+            return made, False
         pipe.hset(
             keys.batch_hash(batch_id),
             mapping={
@@ -103,19 +82,6 @@ class BatchStore:
         # crash between leaves the batch out of the admin's listing only (page() skips an entry without a batch)
         await self.redis.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
         return batch_id, True
-
-    async def made_by(self, idempotency: Idempotency) -> str | None:
-        """The batch this Idempotency-Key made (IdempotencyConflict: from another input), None: none yet."""
-        return self._made(await self.redis.get(idempotency.key), idempotency)  # type: ignore[arg-type]  # decoded
-
-    @staticmethod
-    def _made(value: str | None, idempotency: Idempotency) -> str | None:
-        if value is None:
-            return None
-        batch_id, _, digest = value.partition(":")
-        if digest != idempotency.digest:
-            raise IdempotencyConflict(batch_id)
-        return batch_id
 
     async def num_pending_lines(self, owner: str) -> int:
         """Lines of the key's unfinished batches not finished yet (shared/batch_quota.py)."""

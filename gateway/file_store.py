@@ -10,8 +10,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from gateway.batch_store import BatchStore
+from gateway.idempotency import Idempotency, IdempotencyConflict, claim
 from gateway.listing import ids_after, remember, unknown_cursor
 from shared import keys
 from shared.file_schemas import (
@@ -42,8 +44,17 @@ class FileStore:
     async def num_files(self, owner: str) -> int:
         return int(await self.redis.zcard(keys.files_of(owner)))
 
-    async def create(self, text: str, num_bytes: int, filename: str, purpose: str, owner: str) -> FileObject:
+    async def create(
+        self, text: str, num_bytes: int, filename: str, purpose: str, owner: str,
+        idempotency: Idempotency | None = None,  # the owner's Idempotency-Key: a retry answers the same file
+    ) -> FileObject:
         file_id = keys.mark(f"file-{uuid.uuid4().hex}", keys.partition_of(owner))  # the tenant's partition
+        pipe = self.redis.pipeline(transaction=True)
+        if idempotency is not None and (made := await claim(pipe, idempotency, file_id)) is not None:
+            record = await self.record(made)
+            if record is None:  # deleted since: the key made it, a retry does not make another
+                raise IdempotencyConflict(made, "made a file that was deleted since")
+            return file_from_fields(record)
         seconds, micros = await self.redis.time()
         created_s = seconds + micros / 1e6
         fields: dict[str, str] = {
@@ -54,11 +65,13 @@ class FileStore:
             "purpose": purpose,
             keys.OWNER_FIELD: owner,
         }
-        pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.file_hash(file_id), mapping=fields)  # type: ignore[arg-type]
         pipe.set(keys.file_content(file_id), text)
         pipe.zadd(keys.files_of(owner), {file_id: created_s})
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except WatchError:  # another request with the same key made its file first
+            return await self.create(text, num_bytes, filename, purpose, owner, idempotency)
         await self.redis.zadd(keys.FILES_ZSET, {file_id: created_s})  # global (another slot): a second step
         return file_from_fields(fields)
 

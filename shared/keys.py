@@ -227,10 +227,10 @@ def inflight_jobs(key_id: str) -> str:
     return inflight_prefix(partition_of(key_id)) + key_id
 
 
-def batch_idempotency(key_id: str, idempotency_key: str) -> str:
-    """String: the batch an API key's Idempotency-Key created, `<batch id>:<digest of its input>` (in the key's
-    partition: the slot of the batches it creates)."""
-    return f"{prefix(partition_of(key_id))}idem:batch:{key_id}:{idempotency_key}"
+def created_by(kind: str, key_id: str, idempotency_key: str) -> str:
+    """String: the `kind` (batch, file) an API key's Idempotency-Key made, `<id>:<digest of its input>` (in the key's
+    partition: the slot of what it creates; gateway/idempotency.py)."""
+    return f"{prefix(partition_of(key_id))}idem:{kind}:{key_id}:{idempotency_key}"
 
 
 def batches_of(key_id: str) -> str:

@@ -7,7 +7,6 @@ named, 422) and queued by the same store call.
 """
 
 import asyncio
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -18,11 +17,12 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from gateway.auth import may_access
-from gateway.batch_store import BatchStore, Idempotency, IdempotencyConflict
+from gateway.batch_store import BatchStore
 from gateway.cancel_after import parse_duration_s
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.file_store import FileStore
+from gateway.idempotency import Idempotency, IdempotencyConflict, made_by
 from gateway.openai_api import SERVED_MODEL
 from gateway.webhook_guard import check_webhook
 from shared import keys
@@ -40,7 +40,6 @@ from shared.batch_schemas import (
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode
 from shared.schemas import first_error
-from shared.submit import body_digest
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
 
@@ -216,9 +215,10 @@ async def create_batch(
         )
         return JSONResponse(BatchErrorResponse(error=info).model_dump(exclude_none=True), status_code=422)
     await check_webhook(options.webhook, settings)
-    idempotency = _idempotency(idempotency_key, key.id, data, options, given, settings.idempotency_ttl_s)
+    made_of = [data, options.model_dump(mode="json"), given.endpoint, given.fields]  # lines, options, endpoint
+    idempotency = Idempotency.of(idempotency_key, "batch", key.id, made_of, settings.idempotency_ttl_s)
     try:
-        made = await store.made_by(idempotency) if idempotency else None  # a retry: no quota taken twice
+        made = await made_by(store.redis, idempotency) if idempotency else None  # a retry: no quota taken twice
     except IdempotencyConflict as exc:
         raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
     if made is not None:
@@ -242,16 +242,6 @@ async def _answer(store: BatchStore, batch_id: str, base: str, response: Respons
     batch = await _load(store, batch_id, base)
     response.headers["Location"] = batch.urls.get
     return batch
-
-
-def _idempotency(
-    header: str | None, owner: str, data: bytes, options: BatchOptions, given: BatchInput, ttl_s: int
-) -> Idempotency | None:
-    """The key's Idempotency-Key with the digest of everything that makes the batch (lines, options, endpoint)."""
-    if header is None:
-        return None
-    made_of = [hashlib.sha256(data).hexdigest(), options.model_dump(mode="json"), given.endpoint, given.fields]
-    return Idempotency(keys.batch_idempotency(owner, header), body_digest(json.dumps(made_of, sort_keys=True)), ttl_s)
 
 
 async def _check_quota(store: BatchStore, owner: str, num_lines: int, limit: int, retry_after_s: int) -> None:

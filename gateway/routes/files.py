@@ -6,7 +6,7 @@ they go with their batch)."""
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
@@ -14,6 +14,7 @@ from gateway.auth import may_access
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.file_store import FileStore, file_from_fields
+from gateway.idempotency import Idempotency, IdempotencyConflict, made_by
 from shared import keys
 from shared.api_keys import ApiKey
 from shared.file_schemas import FILE_ID_PATTERN, PURPOSES, FileDeleted, FileList, FileObject, check_jsonl
@@ -51,8 +52,15 @@ async def _read_upload(upload: UploadFile, max_bytes: int) -> bytes:
 
 
 @router.post("", response_model=FileObject)
-async def create_file(request: Request, store: StoreDep, gw: GatewayDep, key: ApiKeyDep) -> FileObject:
-    """Upload a file (multipart: `file`, `purpose`); only `purpose=batch`, a JSONL file of request lines."""
+async def create_file(
+    request: Request,
+    store: StoreDep,
+    gw: GatewayDep,
+    key: ApiKeyDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
+) -> FileObject:
+    """Upload a file (multipart: `file`, `purpose`); only `purpose=batch`, a JSONL file of request lines. With an
+    `Idempotency-Key` (per API key, kept idempotency_ttl_s), a retry answers the file the first request made."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise _bad("upload the file as multipart/form-data with `file` and `purpose` parts", "file")
     async with request.form(max_files=1, max_fields=4) as form:
@@ -65,11 +73,17 @@ async def create_file(request: Request, store: StoreDep, gw: GatewayDep, key: Ap
         filename = (upload.filename or "upload.jsonl")[:MAX_FILENAME_CHARS]
     if problem := await asyncio.to_thread(check_jsonl, data):
         raise _bad(f"a batch file is JSONL: {problem}", "file")
-    if await store.num_files(key.id) >= gw.settings.file_max_per_key:
-        raise ApiError(
-            409, ErrorCode.CONFLICT, f"this key has {gw.settings.file_max_per_key} files: delete some first"
-        )
-    return await store.create(data.decode("utf-8-sig"), len(data), filename, purpose, key.id)
+    made_of = [data, filename, purpose]
+    idempotency = Idempotency.of(idempotency_key, "file", key.id, made_of, gw.settings.idempotency_ttl_s)
+    try:
+        made = await made_by(store.redis, idempotency) if idempotency else None  # a retry: not a second file
+        if made is None and await store.num_files(key.id) >= gw.settings.file_max_per_key:
+            raise ApiError(
+                409, ErrorCode.CONFLICT, f"this key has {gw.settings.file_max_per_key} files: delete some first"
+            )
+        return await store.create(data.decode("utf-8-sig"), len(data), filename, purpose, key.id, idempotency)
+    except IdempotencyConflict as exc:
+        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
 
 
 @router.get("", response_model=FileList)

@@ -143,6 +143,20 @@ def test_a_listing_continues_after_a_file_deleted_between_its_pages(
     assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "after"  # it listed from the start
 
 
+def test_an_upload_with_an_idempotency_key_makes_one_file(alice: openai.OpenAI) -> None:
+    """The openai client's retries (and any client's) of an upload whose answer was lost made a second file."""
+    once = {"Idempotency-Key": "upload-1"}
+    first = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch", extra_headers=once)
+    again = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch", extra_headers=once)
+    assert again.id == first.id and [f.id for f in alice.files.list()] == [first.id]
+    with pytest.raises(openai.UnprocessableEntityError) as other:  # another file under the same key
+        alice.files.create(file=("b.jsonl", jsonl([chat_line(1)])), purpose="batch", extra_headers=once)
+    assert other.value.body["field"] == "Idempotency-Key" and first.id in other.value.body["message"]  # type: ignore[index]
+    alice.files.delete(first.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="deleted since"):
+        alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch", extra_headers=once)
+
+
 def test_bad_uploads_and_batch_bodies_get_clear_4xx(
     alice: openai.OpenAI, served: ThreadedGateway, hook_settings: ServiceSettings
 ) -> None:
