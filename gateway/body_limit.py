@@ -12,12 +12,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response
-from gateway.openai_errors import openai_error
+from gateway.openai_errors import OPENAI_PATHS, openai_error
 from shared.job_state import ErrorCode
 from shared.schemas import ErrorInfo
 from shared.settings import ServiceSettings
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 BATCH_PATH = "/v1/batches"
 FILES_PATH = "/v1/files"
 MULTIPART_OVERHEAD_BYTES = 65536  # form fields and boundaries around an uploaded file

@@ -98,6 +98,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    from gateway.openai_errors import OPENAI_PATHS, http_error  # imports this module
+
+    if request.url.path.startswith(OPENAI_PATHS):  # no route matched (/v1/models/<a newline>): OpenAI's shape
+        return http_error(exc)
     code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
     return error_response(
         exc.status_code, ErrorInfo(code=code, message=str(exc.detail)), dict(exc.headers or {})

@@ -51,6 +51,13 @@ def openai_error(
     return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
 
 
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")  # whose every error is in OpenAI's shape
+
+
+def http_error(exc: StarletteHTTPException) -> JSONResponse:
+    return openai_error(exc.status_code, str(exc.detail), _HTTP_CODES.get(exc.status_code), None, dict(exc.headers or {}))
+
+
 def _param_of(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc[1:]] if loc and loc[0] == "body" else [str(p) for p in loc]
     return ".".join(parts) or None
@@ -86,13 +93,7 @@ class OpenAIRoute(KeyFirstRoute):
                     exc.headers,
                 )
             except StarletteHTTPException as exc:
-                return openai_error(
-                    exc.status_code,
-                    str(exc.detail),
-                    _HTTP_CODES.get(exc.status_code),
-                    None,
-                    dict(exc.headers or {}),
-                )
+                return http_error(exc)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("redis unavailable: %s", exc)
                 return openai_error(

@@ -42,7 +42,9 @@ async def list_models(gw: GatewayDep, key: ApiKeyDep) -> ModelList:
 
 @router.get("/models/{model:path}", response_model=Model)
 async def retrieve_model(
-    gw: GatewayDep, key: ApiKeyDep, model: str = Path(min_length=1, max_length=256)
+    gw: GatewayDep,
+    key: ApiKeyDep,
+    model: str = Path(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),  # the route's path matches no newline
 ) -> Model:
     """The served model by its id (a path: ids such as `org/name` have a slash); 404 for any other."""
     name = await SERVED_MODEL.name(gw)

@@ -47,13 +47,17 @@ def _job(served: ThreadedGateway, secret: str, job_id: str) -> dict:
     return response.json()
 
 
-def test_models_lists_the_served_target(client: openai.OpenAI) -> None:
+def test_models_lists_the_served_target(client: openai.OpenAI, served: ThreadedGateway) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL  # it was a 404 "Not Found" in specfleet's error shape
     with pytest.raises(openai.NotFoundError) as unknown:
         client.models.retrieve("org/gpt-4")
     assert unknown.value.body["param"] == "model"  # type: ignore[index]
     assert unknown.value.body["message"] == f"the model `org/gpt-4` does not exist; this fleet serves `{MODEL}`"  # type: ignore[index]
+    auth = {"Authorization": f"Bearer {client.api_key}"}
+    for method, path, status in (("GET", "/v1/models/a%0Ab", 404), ("GET", "/v1/completions", 405)):
+        unmatched = httpx.request(method, f"{served.url}{path}", headers=auth)  # no route: Starlette's answer
+        assert unmatched.status_code == status and set(unmatched.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_completion_is_a_job_and_matches_its_stream(
