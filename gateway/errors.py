@@ -96,12 +96,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, ErrorInfo(code=ErrorCode.INVALID_REQUEST, message=message, field=field))
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+async def http_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's HTTP errors (no route matched, a 405, a body too large) in this shape (the OpenAI paths' in
+    theirs: gateway/openai_errors.py installs the handler that chooses)."""
     assert isinstance(exc, StarletteHTTPException)
-    from gateway.openai_errors import OPENAI_PATHS, http_error  # imports this module
-
-    if request.url.path.startswith(OPENAI_PATHS):  # no route matched (/v1/models/<a newline>): OpenAI's shape
-        return http_error(exc)
     code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
     return error_response(
         exc.status_code, ErrorInfo(code=code, message=str(exc.detail)), dict(exc.headers or {})
@@ -122,7 +120,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(StarletteHTTPException, http_error_response)
     app.add_exception_handler(RedisConnectionError, _redis_down)
     app.add_exception_handler(RedisTimeoutError, _redis_down)
     app.add_exception_handler(Exception, _unexpected)

@@ -10,12 +10,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.telemetry import TelemetryConfig
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.auth import num_active_keys, owned_resources
 from gateway.body_limit import BodyLimit
 from gateway.deps import Gateway
 from gateway.errors import install_error_handlers
 from gateway.metrics import GC, process_exiting
+from gateway.openai_errors import shaped_http_error
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
 from gateway.redis_wire import WireConnection
@@ -110,6 +112,7 @@ def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = Fal
     telemetry: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(title="specfleet", version="0.1.0", lifespan=lifespan, telemetry=telemetry)
     install_error_handlers(app)
+    app.add_exception_handler(StarletteHTTPException, shaped_http_error)  # OpenAI's shape under its paths
     # every route but health needs a key; a job or batch id in the path must be the key's own (else 404)
     tenant = [Depends(owned_resources)]
     app.include_router(jobs.submit_router)  # its key is read by the submit's own script call (gateway/auth.py)

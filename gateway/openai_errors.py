@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.auth import KeyFirstRoute
-from gateway.errors import ApiError, first_error, unreadable_body
+from gateway.errors import ApiError, first_error, http_error_response, unreadable_body
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,15 @@ OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")  # whos
 
 def http_error(exc: StarletteHTTPException) -> JSONResponse:
     return openai_error(exc.status_code, str(exc.detail), _HTTP_CODES.get(exc.status_code), None, dict(exc.headers or {}))
+
+
+async def shaped_http_error(request: Request, exc: Exception) -> JSONResponse:
+    """The app's handler of Starlette's HTTP errors: under the OpenAI paths (a path no route matches there: a 405,
+    a model id with a newline) in OpenAI's shape, elsewhere in specfleet's (gateway/errors.py)."""
+    assert isinstance(exc, StarletteHTTPException)
+    if request.url.path.startswith(OPENAI_PATHS):
+        return http_error(exc)
+    return await http_error_response(request, exc)
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:
