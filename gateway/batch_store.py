@@ -32,16 +32,16 @@ class BatchStore:
         owner: str = "",  # the API key id the batch (and every job of its lines) belongs to
         fields: dict[str, str] | None = None,  # more hash fields: input_file_id, endpoint, completion_window
         idempotency: Idempotency | None = None,  # the owner's Idempotency-Key: a retry answers the same batch
-    ) -> tuple[str, bool]:
-        """-> (the batch id, whether it is new: False when `idempotency` names a batch made before; raises
-        IdempotencyConflict when that batch was made from another input)."""
+    ) -> str:
+        """-> the batch id: the one `idempotency` made before, if it did (IdempotencyConflict: from another
+        input)."""
         partition = keys.partition_of(owner)  # the tenant's (its key id names it); no owner: partition 0
         batch_id = keys.mark(f"batch_{uuid.uuid4().hex}", partition)
         seconds, micros = await self.redis.time()  # the clock every `*_at` of the batch is stamped with
         created_s = seconds + micros / 1e6
         pipe = self.redis.pipeline(transaction=True)
         if idempotency is not None and (made := await claim(pipe, idempotency, batch_id)) is not None:
-            return made, False
+            return made
         pipe.hset(
             keys.batch_hash(batch_id),
             mapping={
@@ -81,7 +81,7 @@ class BatchStore:
         # the admin listing is global (partition 0: another slot), so a second step after the batch exists; a
         # crash between leaves the batch out of the admin's listing only (page() skips an entry without a batch)
         await self.redis.zadd(keys.BATCHES_ZSET, {batch_id: created_s})
-        return batch_id, True
+        return batch_id
 
     async def num_pending_lines(self, owner: str) -> int:
         """Lines of the key's unfinished batches not finished yet (shared/batch_quota.py)."""
@@ -117,18 +117,16 @@ class BatchStore:
         found: list[dict[str, str]] = []
         while len(found) <= limit:
             try:
-                ids = await ids_after(self.redis, index, after, limit + 1)
+                rows = await ids_after(self.redis, index, after, limit + 1)
             except LookupError:
                 raise unknown_cursor(str(after), "batch") from None
-            if not ids:
+            if not rows:
                 break
-            after = ids[-1]
+            after = rows[-1][0]
             pipe = self.redis.pipeline(transaction=False)
-            for batch_id in ids:
-                pipe.zscore(index, batch_id)
+            for batch_id, _ in rows:
                 pipe.hgetall(keys.batch_hash(batch_id))
-            replies = await pipe.execute()
-            for batch_id, score, fields in zip(ids, replies[::2], replies[1::2], strict=True):
+            for (batch_id, score), fields in zip(rows, await pipe.execute(), strict=True):
                 if fields:
                     found.append(fields)
                 else:  # expired after its result TTL: out of this listing, its place kept for a page ending on it

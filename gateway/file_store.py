@@ -98,11 +98,11 @@ class FileStore:
         """Up to `limit` files of `index` (keys.files_of(owner) or keys.FILES_ZSET), newest first, after file
         `after` -> (records, has_more); 400 for an `after` it does not know."""
         try:
-            ids = await ids_after(self.redis, index, after, limit + 1)
+            rows = await ids_after(self.redis, index, after, limit + 1)
         except LookupError:
             raise unknown_cursor(str(after), "file") from None
         pipe = self.redis.pipeline(transaction=False)
-        for file_id in ids:
+        for file_id, _ in rows:
             pipe.hgetall(keys.file_hash(file_id))
         found = [fields for fields in await pipe.execute() if fields]
         return found[:limit], len(found) > limit

@@ -22,12 +22,12 @@ def unknown_cursor(after: str, kind: str) -> ApiError:
     )
 
 
-async def ids_after(redis: Redis, index: str, after: str | None, count: int) -> list[str]:
-    """Up to `count` ids of `index`, newest first, after `after` (None: from the newest). LookupError: `after` is
-    neither in the listing nor left by one taken out of it."""
+async def ids_after(redis: Redis, index: str, after: str | None, count: int) -> list[tuple[str, float]]:
+    """Up to `count` (id, score) of `index`, newest first, after `after` (None: from the newest). LookupError:
+    `after` is neither in the listing nor left by one taken out of it."""
     if after is None:
-        ids: list[str] = await redis.zrevrange(index, 0, count - 1)  # type: ignore[assignment]
-        return ids
+        newest: list[tuple[str, float]] = await redis.zrevrange(index, 0, count - 1, withscores=True)  # type: ignore[assignment]
+        return newest
     score: float | None = await redis.zscore(index, after)
     if score is None:
         left: str | None = await redis.get(keys.unlisted(after))  # type: ignore[assignment]
@@ -38,7 +38,7 @@ async def ids_after(redis: Redis, index: str, after: str | None, count: int) -> 
     rows: list[tuple[str, float]] = await redis.zrange(  # type: ignore[assignment]
         index, score, "-inf", desc=True, byscore=True, offset=0, num=count + num_equal, withscores=True
     )
-    return [member for member, s in rows if s < score or member < after][:count]
+    return [(member, s) for member, s in rows if s < score or member < after][:count]
 
 
 async def remember(redis: Redis, object_id: str, score: float | None) -> None:

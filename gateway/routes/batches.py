@@ -40,6 +40,7 @@ from shared.batch_schemas import (
 from shared.batch_state import BatchStatus
 from shared.job_state import ErrorCode
 from shared.schemas import first_error
+from shared.settings import ServiceSettings
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=ERROR_RESPONSES)
 
@@ -219,29 +220,34 @@ async def create_batch(
     idempotency = Idempotency.of(idempotency_key, "batch", key.id, made_of, settings.idempotency_ttl_s)
     try:
         made = await made_by(store.redis, idempotency) if idempotency else None  # a retry: no quota taken twice
-    except IdempotencyConflict as exc:
+        if made is None:
+            made = await _make(store, encoded, options, given, key.id, idempotency, settings)
+    except IdempotencyConflict as exc:  # made from another input (before, or by a request racing this one)
         raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
-    if made is not None:
-        return await _answer(store, made, base, response)
-    await _check_quota(store, key.id, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
+    batch = await _load(store, made, base)
+    response.headers["Location"] = batch.urls.get
+    return batch
+
+
+async def _make(
+    store: BatchStore,
+    encoded: list[str],
+    options: BatchOptions,
+    given: BatchInput,
+    owner: str,
+    idempotency: Idempotency | None,
+    settings: ServiceSettings,
+) -> str:
+    """Store a new batch of the validated lines -> its id (the key's quota and the window checked first)."""
+    await _check_quota(store, owner, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
     window_s = options.completion_window_s or settings.batch_completion_window_s
     if window_s > settings.max_ttl_s:  # a line's job waits at most max_ttl_s (shared/submit.py): so would the batch
         name = "completion_window" if given.fields else "completion_window_s"
         raise _bad_request(f"{name}: at most {settings.max_ttl_s:g} s (max_ttl_s: no job waits longer)", name)
     fields = given.fields or {"completion_window": f"{window_s:g}s"}
-    try:
-        batch_id, _ = await store.create(
-            encoded, options.webhook, options.metadata, window_s, owner=key.id, fields=fields, idempotency=idempotency
-        )
-    except IdempotencyConflict as exc:  # another input made a batch with this key meanwhile
-        raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
-    return await _answer(store, batch_id, base, response)
-
-
-async def _answer(store: BatchStore, batch_id: str, base: str, response: Response) -> Batch:
-    batch = await _load(store, batch_id, base)
-    response.headers["Location"] = batch.urls.get
-    return batch
+    return await store.create(
+        encoded, options.webhook, options.metadata, window_s, owner=owner, fields=fields, idempotency=idempotency
+    )
 
 
 async def _check_quota(store: BatchStore, owner: str, num_lines: int, limit: int, retry_after_s: int) -> None:
