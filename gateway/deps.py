@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from gateway.auth import Caller, api_key, owned_resources, require_admin, submit_caller
 from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
+from gateway.served_model import ServedModel
 from gateway.store import JobStore
 from gateway.streaming import EventHub
 from shared.api_keys import ApiKey
@@ -32,6 +33,7 @@ class Gateway:
     hub: EventHub
     prompt_limit: PromptLimit
     limiter: RateLimiter
+    served_model: ServedModel
 
     _base_urls: dict[tuple[object, ...], str] = field(default_factory=dict, repr=False)
 

@@ -23,6 +23,7 @@ from gateway.rate_limit import RateLimiter
 from gateway.redis_wire import WireConnection
 from gateway.request_metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
+from gateway.served_model import ServedModel
 from gateway.store import JobStore
 from gateway.stream_route import StreamShortPath
 from gateway.streaming import EventHub
@@ -82,6 +83,7 @@ def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = Fal
             hub=EventHub(redis, redis_url, settings.sse_keepalive_s, wire=wire),
             prompt_limit=PromptLimit(redis, settings.model_info_refresh_s),
             limiter=RateLimiter(settings),
+            served_model=ServedModel(redis, settings.served_model_name, settings.model_info_refresh_s),
         )
         if settings.env != "dev":
             try:

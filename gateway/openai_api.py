@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from pathlib import Path
 
 import anyio
 from fastapi import Request, Response
@@ -32,7 +31,6 @@ from gateway.event_stream import EventStreamResponse
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from gateway.openai_stream_logprobs import StreamLogprobs
 from gateway.streaming import Wake
-from shared import keys
 from shared import openai_compat as oa
 from shared.job_record import job_from_fields
 from shared.job_state import ErrorCode, JobStatus
@@ -43,40 +41,6 @@ log = logging.getLogger(__name__)
 
 JOB_ID_HEADER = "x-specfleet-job-id"
 DONE_FRAME = b"data: [DONE]\n\n"
-
-
-# -- the served model ------------------------------------------------------------------------------------------
-class ServedModel:
-    """The model name clients see (settings.served_model_name, else the workers' model dir name), refreshed from
-    keys.MODEL_INFO every model_info_refresh_s; None while no worker has said what it serves."""
-
-    def __init__(self) -> None:
-        self._name: str | None = None
-        self._fetched_at = -float("inf")
-
-    async def name(self, gw: Gateway) -> str | None:
-        if gw.settings.served_model_name:
-            return gw.settings.served_model_name
-        if time.monotonic() - self._fetched_at >= gw.settings.model_info_refresh_s:
-            self._fetched_at = time.monotonic()
-            model: str | None = await gw.redis.hget(keys.MODEL_INFO, "model")  # type: ignore[misc,assignment]
-            self._name = (Path(model).name or model) if model else None
-        return self._name
-
-    async def check(self, gw: Gateway, requested: str | None) -> str:
-        """The model to answer with; 404 when the request names another one."""
-        served = await self.name(gw)
-        if requested and served and requested != served:
-            raise ApiError(
-                404,
-                ErrorCode.NOT_FOUND,
-                f"the model `{requested}` does not exist; this fleet serves `{served}`",
-                field="model",
-            )
-        return served or requested or "specfleet"
-
-
-SERVED_MODEL = ServedModel()
 
 
 # -- one call ------------------------------------------------------------------------------------------------------
@@ -126,7 +90,7 @@ class Call:
         self.is_finished = False
 
     async def run(self, caller: Caller, idempotency_key: str | None) -> Response | BaseModel:
-        self.model = await SERVED_MODEL.check(self.gw, self.body.model)
+        self.model = await self.gw.served_model.check(self.body.model)
         job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
         job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
         admitted = await admission.submit(self.gw, caller, job_request, idempotency_key)

@@ -20,6 +20,7 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 """
 
 import json
+from pathlib import PurePath
 from typing import Any, Literal
 
 from pydantic import (
@@ -384,6 +385,12 @@ def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priorit
     if isinstance(req, CompletionRequest) and req.echo:
         raise ValueError("echo is not supported in batch lines")
     return to_job_request(req.model_copy(update={"priority": None}), priority)
+
+
+def served_name(published: str) -> str:
+    """The model name clients see for the model a worker published (keys.MODEL_INFO `model`: a demo name or a
+    model directory): the directory's name."""
+    return PurePath(published).name or published
 
 
 def model_of(body: dict[str, Any]) -> str | None:

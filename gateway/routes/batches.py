@@ -23,7 +23,6 @@ from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.file_store import FileStore
 from gateway.idempotency import Idempotency, IdempotencyConflict, made_by
-from gateway.openai_api import SERVED_MODEL
 from gateway.webhook_guard import check_webhook
 from shared import keys
 from shared.api_keys import ApiKey
@@ -201,7 +200,7 @@ async def create_batch(
     if len(data) > settings.batch_max_bytes:
         raise _too_large(f"the batch file is larger than {settings.batch_max_bytes} bytes")
     try:
-        served_model = await SERVED_MODEL.name(gw)  # None until a worker said what it serves: any model then
+        served_model = await gw.served_model.name()  # None until a worker said what it serves: any model then
         lines, errors, encoded = await asyncio.to_thread(
             _parse, data, settings.batch_max_lines, given.endpoint, served_model
         )

@@ -10,7 +10,6 @@ from pydantic import BaseModel
 from gateway.deps import ApiKeyDep, GatewayDep
 from gateway.errors import ApiError
 from gateway.model_versions import served_versions
-from gateway.openai_api import SERVED_MODEL
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from shared.job_state import ErrorCode
 
@@ -35,7 +34,7 @@ class ModelList(BaseModel):
 @router.get("/models", response_model=ModelList)
 async def list_models(gw: GatewayDep, key: ApiKeyDep) -> ModelList:
     """The served target model (empty until a worker has announced it), with the versions being served."""
-    name = await SERVED_MODEL.name(gw)
+    name = await gw.served_model.name()
     versions = await served_versions(gw.redis, gw.settings.worker_ttl_s)
     return ModelList(data=[Model(id=name, created=STARTED_AT, versions=versions)] if name else [])
 
@@ -47,7 +46,7 @@ async def retrieve_model(
     model: str = Path(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),  # the route's path matches no newline
 ) -> Model:
     """The served model by its id (a path: ids such as `org/name` have a slash); 404 for any other."""
-    name = await SERVED_MODEL.name(gw)
+    name = await gw.served_model.name()
     if name is None or model != name:
         serving = f"this fleet serves `{name}`" if name else "no worker has said what it serves yet"
         raise ApiError(404, ErrorCode.NOT_FOUND, f"the model `{model}` does not exist; {serving}", field="model")
