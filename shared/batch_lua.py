@@ -1,8 +1,9 @@
 """The atomic steps of a batch, as Lua scripts (one round trip each); key names come from shared.keys.
 
 Batch hash fields: id status created_at expires_at <status>_at total completed failed num_expired expanded
-(lines submitted so far) expansion (running|done|stopped) webhook metadata compute_s cost (sums over the
-finished lines' jobs: workers/worker/cost.py).
+(lines submitted so far) expansion (running|done|stopped) webhook metadata compute_s cost input_tokens
+output_tokens (sums over the finished lines' jobs: workers/worker/cost.py, the jobs' usage) model (the served
+model's name: set when the batch is made, else by its first finished line).
 
 A batch is ready to finalize when it is in_progress or cancelling, its expansion has ended (done, or
 stopped by a cancel) and every submitted line has a result: whoever makes that true (the last line's
@@ -64,7 +65,8 @@ return res
 )
 
 # One line's job finished. KEYS: batch hash, results hash. ARGV: line outcome(completed|failed) result_json
-# expired(1|0) [compute_s cost: the job's, added to the batch's totals] -> 'missing' | 'dup' (already counted:
+# expired(1|0) [compute_s cost [input_tokens output_tokens [model]]: the job's, added to the batch's totals; the
+# model its result names, the batch's `model` if it has none yet] -> 'missing' | 'dup' (already counted:
 # at-least-once notices) | 'wait' | 'finalize'
 LINE_DONE = (
     BATCH_PRELUDE
@@ -77,6 +79,11 @@ if ARGV[5] then
   redis.call('HINCRBYFLOAT', KEYS[1], 'compute_s', ARGV[5])
   redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[6])
 end
+if ARGV[7] then
+  redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[7])
+  redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[8])
+end
+if ARGV[9] then redis.call('HSETNX', KEYS[1], 'model', ARGV[9]) end
 return ready(KEYS[1])
 """
 )

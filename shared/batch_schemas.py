@@ -18,10 +18,26 @@ class BatchRequestCounts(BaseModel):
 
 
 class BatchUsage(BaseModel):
-    """Totals over the lines whose job finished (workers/worker/cost.py)."""
+    """Totals over the lines whose job finished, failed ones included (workers/worker/cost.py; each job's usage):
+    OpenAI's token counts, and the engine time and its price."""
 
+    input_tokens: int = 0  # prompt tokens
+    output_tokens: int = 0  # generated tokens
+    total_tokens: int = 0
     compute_s: float = 0.0  # engine seconds
     cost: float = 0.0  # at the workers' price_per_worker_hour
+
+    @classmethod
+    def of(cls, fields: dict[str, str]) -> "BatchUsage":
+        """From the batch hash's sums (shared/batch_lua.py LINE_DONE)."""
+        input_tokens, output_tokens = int(fields.get("input_tokens") or 0), int(fields.get("output_tokens") or 0)
+        return cls(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            total_tokens=input_tokens + output_tokens,
+            compute_s=float(fields.get("compute_s") or 0),
+            cost=float(fields.get("cost") or 0),
+        )
 
 
 class BatchUrls(BaseModel):
@@ -56,6 +72,7 @@ class Batch(BaseModel):
     completion_window: str | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    model: str | None = None  # the model that runs its lines (the fleet's, when the batch was made)
 
 
 class BatchList(BaseModel):
@@ -129,7 +146,7 @@ def batch_from_fields(fields: dict[str, str], base_url: str) -> Batch:
             completed=int(fields.get("completed") or 0),
             failed=int(fields.get("failed") or 0),
         ),
-        usage=BatchUsage(compute_s=float(fields.get("compute_s") or 0), cost=float(fields.get("cost") or 0)),
+        usage=BatchUsage.of(fields),
         metadata=json.loads(fields.get("metadata") or "{}"),
         webhook=fields.get("webhook") or None,
         webhook_status=webhook_status_from(fields),
@@ -139,4 +156,5 @@ def batch_from_fields(fields: dict[str, str], base_url: str) -> Batch:
         completion_window=fields.get("completion_window") or None,
         output_file_id=batch_file_ids(fields).get("output"),
         error_file_id=batch_file_ids(fields).get("errors"),
+        model=fields.get("model") or None,
     )

@@ -220,7 +220,7 @@ async def create_batch(
     try:
         made = await made_by(store.redis, idempotency) if idempotency else None  # a retry: no quota taken twice
         if made is None:
-            made = await _make(store, encoded, options, given, key.id, idempotency, settings)
+            made = await _make(store, encoded, options, given, key.id, idempotency, settings, served_model)
     except IdempotencyConflict as exc:  # made from another input (before, or by a request racing this one)
         raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc
     batch = await _load(store, made, base)
@@ -236,6 +236,7 @@ async def _make(
     owner: str,
     idempotency: Idempotency | None,
     settings: ServiceSettings,
+    served_model: str | None,  # OpenAI's Batch names the model that runs its lines
 ) -> str:
     """Store a new batch of the validated lines -> its id (the key's quota and the window checked first)."""
     await _check_quota(store, owner, len(encoded), settings.batch_max_pending_lines_per_key, settings.retry_after_s)
@@ -244,6 +245,8 @@ async def _make(
         name = "completion_window" if given.fields else "completion_window_s"
         raise _bad_request(f"{name}: at most {settings.max_ttl_s:g} s (max_ttl_s: no job waits longer)", name)
     fields = given.fields or {"completion_window": f"{window_s:g}s"}
+    if served_model:
+        fields = {**fields, "model": served_model}
     return await store.create(
         encoded, options.webhook, options.metadata, window_s, owner=owner, fields=fields, idempotency=idempotency
     )

@@ -93,8 +93,39 @@ def test_a_200_line_batch_completes_with_one_result_per_custom_id(
             assert body["object"] == shapes[URLS[i % 3]] and body["usage"]["completion_tokens"] == 2
         else:
             assert body["status"] == "succeeded" and body["metadata"]["custom_id"] == f"req-{i}"
+    # OpenAI's token totals: the lines' usage, summed
+    input_tokens = sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in lines)
+    output_tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
+    assert input_tokens > 0 and output_tokens == 2 * 200
+    assert {name: batch["usage"][name] for name in ("input_tokens", "output_tokens", "total_tokens")} == {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
+    assert batch["model"] == lines[1]["response"]["body"]["model"]  # the served model ran every line
     job = http.get(f"/v1/jobs/{lines[0]['response']['request_id']}").json()
     assert job["priority"] == "batch" and job["metadata"]["batch_id"] == created["id"]
+
+
+def test_a_batch_and_its_lines_name_the_model_as_the_openai_routes_do(
+    http: httpx.Client, hook_settings: ServiceSettings, celery_worker: CeleryWorker, tiny_target: Path
+) -> None:
+    """A worker publishes its model directory's path: the OpenAI routes call the model by the directory's name,
+    and so do the batch (OpenAI's `model`) and its lines' response bodies (they said the whole path)."""
+    worker = EngineThread(
+        hook_settings, tiny_target, worker_id="path-test", model_name=str(tiny_target), max_num_seqs=4
+    ).start()
+    try:
+        def served() -> list[str]:
+            return [model["id"] for model in http.get("/v1/models").json()["data"]]
+
+        wait_until(lambda: served() == [tiny_target.name], 30, 0.05, "the worker's model")
+        created = post_jsonl(http, jsonl([request_line(i, "/v1/chat/completions") for i in range(2)])).json()
+        batch = wait_status(http, created["id"], ("completed", "failed", "expired", "cancelled"))
+    finally:
+        worker.stop()
+    assert batch["status"] == "completed" and created["model"] == batch["model"] == tiny_target.name
+    assert [line["response"]["body"]["model"] for line in results(http, created["id"])] == [tiny_target.name] * 2
 
 
 def test_a_line_whose_stored_request_does_not_validate_fails_alone(

@@ -25,7 +25,7 @@ from celery import bootsteps
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from shared import batch_lua, keys, lua
+from shared import batch_lua, keys, lua, openai_compat
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_line
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
@@ -45,9 +45,10 @@ ERROR_PAUSE_S = 1.0
 class OutboxHandler:
     """What one notice does (no Celery worker needed to test it: it only enqueues tasks)."""
 
-    def __init__(self, client: redis.Redis, base_url: str) -> None:
+    def __init__(self, client: redis.Redis, base_url: str, served_model_name: str | None = None) -> None:
         self.redis = client
         self.base_url = base_url
+        self.served_model_name = served_model_name  # settings.served_model_name: what the gateway calls the model
         self._line_done = client.register_script(batch_lua.LINE_DONE)
         self._read_job_script = client.register_script(lua.READ_JOB)
 
@@ -93,10 +94,14 @@ class OutboxHandler:
         return True
 
     def _batch_line_done(self, batch_id: str, index: int, job: Job) -> None:
-        raw = self.redis.lindex(keys.batch_lines(batch_id), index)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lindex(keys.batch_lines(batch_id), index)
+        pipe.hget(keys.batch_hash(batch_id), "model")  # the served name: the gateway's at creation, or a line's
+        pipe.hget(keys.MODEL_INFO, "model")
+        raw, batch_model, published = pipe.execute()
         if raw is None:  # the batch was finalized (or expired) already
             return
-        model = str(self.redis.hget(keys.MODEL_INFO, "model") or "specfleet")
+        model = str(batch_model or self.served_model_name or openai_compat.served_name(published or "specfleet"))
         line = result_line(BatchLine.from_json(str(raw)), job, model)
         outcome = "completed" if job.status is JobStatus.SUCCEEDED else "failed"
         res = self._line_done(
@@ -108,6 +113,9 @@ class OutboxHandler:
                 int(job.status is JobStatus.EXPIRED),
                 repr(job.metrics.compute_s or 0.0),
                 repr(job.metrics.cost or 0.0),
+                job.usage.prompt_tokens or 0,
+                job.usage.completion_tokens,
+                model,
             ],
         )
         if res == "finalize":
@@ -218,7 +226,7 @@ class OutboxStep(bootsteps.StartStopStep):
 
         parent.app.loader.import_default_modules()  # the app's task modules, which fill the registry
         client = runtime.redis_client()
-        handler = OutboxHandler(client, runtime.base_url())
+        handler = OutboxHandler(client, runtime.base_url(), runtime.settings().served_model_name)
         for partition in range(runtime.settings().redis_partitions):
             bridge = OutboxBridge(client, handler, str(parent.hostname), partition)
             bridge.start()
