@@ -32,6 +32,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -85,6 +86,7 @@ def _valid_text(value: str) -> str:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool | None = None
+    include_obfuscation: StrictBool | None = None  # OpenAI's padding of chunks against length side channels: none here
 
 
 class _Common(BaseModel):
@@ -290,6 +292,17 @@ def _arguments(raw: str) -> Any:
         return raw
 
 
+UNSUPPORTED_CHAT_FIELDS = {  # OpenAI's chat fields that would change the answer, and why none is taken
+    "reasoning_effort": "the served models have no reasoning modes",
+    "verbosity": "the served models have no verbosity setting (max_completion_tokens bounds the answer)",
+    "audio": "only text output is supported",
+    "prediction": "predicted outputs are not supported (speculative decoding needs none)",
+    "web_search_options": "the models do not search the web",
+    "functions": "use `tools` (functions is deprecated)",
+    "function_call": "use `tool_choice` (function_call is deprecated)",
+}
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
@@ -297,10 +310,35 @@ class ChatCompletionRequest(_Common):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # accepted at their neutral values only
     parallel_tool_calls: StrictBool | None = None
+    modalities: list[str] | None = Field(None, max_length=8)  # ["text"]
+    # hints to OpenAI's caches and abuse checks: nothing here reads them
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    safety_identifier: str | None = Field(None, max_length=256)
+    # OpenAI's fields that would change the answer: null only; another value is refused with its reason
+    reasoning_effort: None = None
+    verbosity: None = None
+    audio: None = None
+    prediction: None = None
+    web_search_options: None = None
+    functions: None = None
+    function_call: None = None
     # structured output (shared/response_format.py): JSON-schema-constrained answers and function calls
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     response_format: ResponseFormat | None = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(modality != "text" for modality in value):
+            raise ValueError("only text output is supported ([\"text\"])")
+        return value
+
+    @field_validator(*UNSUPPORTED_CHAT_FIELDS, mode="before")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> None:
+        if value is not None:
+            raise ValueError(f"not supported: {UNSUPPORTED_CHAT_FIELDS[str(info.field_name)]}")
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "ChatCompletionRequest":

@@ -210,6 +210,36 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
     assert "part 1 is of type `image_url`: only text parts" in image.value.body["message"]  # type: ignore[index]
 
 
+def test_chat_fields_that_change_nothing_are_taken_and_the_others_refused_with_a_reason(
+    client: openai.OpenAI, served: ThreadedGateway
+) -> None:
+    """OpenAI's chat fields at values that change nothing here answer as without them (they were 400 "Extra
+    inputs are not permitted"); a field that would change the answer is refused, named, with its reason."""
+    messages = [{"role": "user", "content": "def f(x):"}]
+    plain = client.chat.completions.create(messages=messages, **GREEDY)  # type: ignore[arg-type]
+    neutral = {"modalities": ["text"], "prompt_cache_key": "tenant-7", "safety_identifier": "user-1"}
+    taken = client.chat.completions.create(messages=messages, extra_body=neutral, **GREEDY)  # type: ignore[arg-type]
+    assert taken.choices[0].message.content == plain.choices[0].message.content
+    chunks = client.chat.completions.create(
+        messages=messages, stream=True, stream_options={"include_usage": True, "include_obfuscation": False},  # type: ignore[arg-type,typeddict-unknown-key]
+        **GREEDY,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    refused = (
+        ({"modalities": ["text", "audio"]}, "modalities", "only text output"),
+        ({"reasoning_effort": "low"}, "reasoning_effort", "no reasoning modes"),
+        ({"verbosity": "low"}, "verbosity", "no verbosity setting"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "only text output"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction", "predicted outputs"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "use `tools`"),
+        ({"function_call": "auto"}, "function_call", "use `tool_choice`"),
+    )
+    for extra, param, reason in refused:
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(messages=messages, extra_body=extra, **GREEDY)  # type: ignore[arg-type]
+        assert bad.value.body["param"] == param and reason in bad.value.body["message"], extra  # type: ignore[index]
+
+
 def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
     client: openai.OpenAI, served: ThreadedGateway, engine_thread: EngineThread
 ) -> None:
