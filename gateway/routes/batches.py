@@ -112,10 +112,9 @@ async def _input(request: Request, gw: GatewayDep, key: ApiKey) -> BatchInput:
     if not is_multipart:
         q = request.query_params
         data = await _read_body(request, max_bytes)
-        if request.headers.get("content-type", "").startswith("application/json"):
-            from_file = await _file_input(gw, data, key)
-            if from_file is not None:
-                return from_file
+        from_file = await _file_input(gw, data, key)  # whatever its type: `curl -d` sends a form type
+        if from_file is not None:
+            return from_file
         return BatchInput(data, _options(q.get("webhook"), q.get("metadata"), q.get("completion_window_s")))
     async with request.form(max_files=1, max_fields=8) as form:
         upload = form.get("file")

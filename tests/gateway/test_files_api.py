@@ -125,6 +125,22 @@ def test_files_are_per_tenant(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
     assert alice.files.retrieve(mine.id).id == mine.id  # still there
 
 
+def test_a_batch_body_naming_a_file_is_read_as_such_whatever_its_content_type(
+    alice: openai.OpenAI, served: ThreadedGateway
+) -> None:
+    """`curl -d '{"input_file_id": ...}'` sends a form type: the body was read as a one-line JSONL batch
+    ("unknown fields: input_file_id")."""
+    uploaded = alice.files.create(file=("a.jsonl", jsonl([chat_line(0)])), purpose="batch")
+    body = {"input_file_id": uploaded.id, "endpoint": CHAT, "completion_window": "24h"}
+    created = httpx.post(
+        f"{served.url}/v1/batches",
+        content=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {alice.api_key}", "content-type": "application/x-www-form-urlencoded"},
+    )
+    assert created.status_code == 202, created.text
+    assert created.json()["input_file_id"] == uploaded.id and created.json()["request_counts"]["total"] == 1
+
+
 def test_a_listing_continues_after_a_file_deleted_between_its_pages(
     alice: openai.OpenAI, served: ThreadedGateway
 ) -> None:
