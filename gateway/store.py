@@ -2,12 +2,14 @@
 limit, hash, enqueue; its KEYS/ARGV from shared/submit.py; with the caller's key and its limits in front of it:
 AUTH_ADMIT_SUBMIT, one round trip), read, cancel."""
 
+import asyncio
 from dataclasses import dataclass
 from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from gateway.listing import ids_after, remember
 from gateway.redis_batch import CommandBatcher, ScriptBatcher
 from gateway.redis_wire import WireConnection
 from shared import keys, lua
@@ -52,7 +54,9 @@ class JobStore:
     def __init__(self, redis: Redis, settings: ServiceSettings, wire: WireConnection | None = None) -> None:
         self.redis = redis
         self.settings = settings
-        self._contexts = lua.contexts(settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions)
+        self._contexts = lua.contexts(
+            settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions, settings.jobs_listed_per_key
+        )
         # `wire`: the process's command connection (gateway/redis_wire.py), which the batchers send on
         self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT, wire=wire)  # concurrent submits: one write
         # concurrent requests' reads (keys, jobs, batches): one write a loop turn, not a pooled connection each
@@ -74,7 +78,8 @@ class JobStore:
         partitions: built on the spot)."""
         if partition < len(self._contexts):
             return self._contexts[partition]
-        return lua.context(self.settings.events_maxlen, self.settings.result_ttl_s, partition)
+        settings = self.settings
+        return lua.context(settings.events_maxlen, settings.result_ttl_s, partition, settings.jobs_listed_per_key)
 
     def tenant_partition(self, key_digest: str) -> int:
         """The partition of the tenant whose key has this digest: its record, limits and new jobs are there."""
@@ -122,6 +127,25 @@ class JobStore:
     async def get(self, job_id: str) -> dict[str, str] | None:
         fields = lua.fields_of(await self.read_jobs.run(lua.read_job_keys(job_id), []))
         return fields or None
+
+    async def page(self, owner: str, limit: int, after: str | None) -> tuple[list[dict[str, str]], bool]:
+        """Up to `limit` of the owner's jobs (keys.jobs_of), newest first, after job `after` -> (records, has_more).
+        A job whose record expired leaves the listing as the page meets it (its place remembered for a page that
+        ended on it: gateway/listing.py). LookupError: an `after` the listing does not know."""
+        index, cursor = keys.jobs_of(owner), after
+        found: list[dict[str, str]] = []
+        while True:
+            wanted = limit + 1 - len(found)
+            rows = await ids_after(self.redis, index, cursor, wanted)
+            records = await asyncio.gather(*(self.get(job_id) for job_id, _ in rows))
+            found += [fields for fields in records if fields is not None]
+            gone = [(job_id, score) for (job_id, score), fields in zip(rows, records, strict=True) if fields is None]
+            if gone:
+                await self.redis.zrem(index, *(job_id for job_id, _ in gone))
+                await asyncio.gather(*(remember(self.redis, job_id, score) for job_id, score in gone))
+            if len(rows) < wanted or len(found) > limit:
+                return found[:limit], len(found) > limit
+            cursor = rows[-1][0]
 
     async def cancel(self, job_id: str) -> str:
         """-> 'ok' | 'missing' | the job's (terminal) status."""

@@ -144,6 +144,7 @@ IDEMPOTENCY_TTL_S = 24 * 3600  # Idempotency-Key -> job id
 EVENTS_MAXLEN = 100_000  # approximate cap on one job's event stream
 WORKER_TTL_S = 15  # a worker whose heartbeat is older than this is not alive
 DEAD_LETTER_MAXLEN = 10_000
+JOBS_LISTED_PER_KEY = 10_000  # a key's listing (jobs_of) keeps its newest jobs, this many
 
 
 # -- webhooks and batches: the Celery side (workers/tasks/) ------------------------------------------------
@@ -231,6 +232,16 @@ def created_by(kind: str, key_id: str, idempotency_key: str) -> str:
     """String: the `kind` (batch, file) an API key's Idempotency-Key made, `<id>:<digest of its input>` (in the key's
     partition: the slot of what it creates; gateway/idempotency.py)."""
     return f"{prefix(partition_of(key_id))}idem:{kind}:{key_id}:{idempotency_key}"
+
+
+def jobs_of(key_id: str) -> str:
+    """Sorted set: the key's newest job ids -> created_at (GET /v1/jobs, newest first; the SUBMIT script adds each
+    job and keeps the newest settings.jobs_listed_per_key)."""
+    return jobs_of_prefix(partition_of(key_id)) + key_id
+
+
+def jobs_of_prefix(partition: int) -> str:
+    return f"{prefix(partition)}jobs:of:"
 
 
 def batches_of(key_id: str) -> str:

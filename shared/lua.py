@@ -148,9 +148,10 @@ def parse_event_wake(payload: str) -> EventWake | None:
     return EventWake(*parts)
 
 
-def context(maxlen: int, ttl_s: int, partition: int = 0) -> str:
+def context(maxlen: int, ttl_s: int, partition: int = 0, jobs_listed: int = keys.JOBS_LISTED_PER_KEY) -> str:
     """ARGV[1] of every script run on one partition's keys (shared/keys.py): its key prefixes, the global
-    channels, the event cap and the result TTL. A script touches one partition only: one hash tag, one slot."""
+    channels, the event cap, the result TTL and how many jobs a key's listing keeps. A script touches one
+    partition only: one hash tag, one slot."""
     return json.dumps(
         {
             "group": keys.CONSUMER_GROUP,
@@ -167,6 +168,9 @@ def context(maxlen: int, ttl_s: int, partition: int = 0) -> str:
             "idemprefix": keys.idempotency("", partition),
             "rlprefix": keys.rate_limit_prefix(partition),
             "inflightprefix": keys.inflight_prefix(partition),
+            "jobsofprefix": keys.jobs_of_prefix(partition),
+            "jobs_listed": str(jobs_listed),
+            "jobs_listed_ttl": str(keys.INFLIGHT_TTL_S + ttl_s),  # outlives the newest job's record
             "maxlen": str(maxlen),
             "wake_max_bytes": WAKE_MAX_BYTES,
             "ttl": str(ttl_s),
@@ -174,9 +178,9 @@ def context(maxlen: int, ttl_s: int, partition: int = 0) -> str:
     )
 
 
-def contexts(maxlen: int, ttl_s: int, num_partitions: int) -> list[str]:
+def contexts(maxlen: int, ttl_s: int, num_partitions: int, jobs_listed: int = keys.JOBS_LISTED_PER_KEY) -> list[str]:
     """context() of every partition, by partition."""
-    return [context(maxlen, ttl_s, p) for p in range(num_partitions)]
+    return [context(maxlen, ttl_s, p, jobs_listed) for p in range(num_partitions)]
 
 
 # Queue a job (and tell the busy workers on ctx.queued_channel: they pull only when told or due).
@@ -205,7 +209,16 @@ local function submit(job, queue, idem, job_id, priority, ttl_s, request, metada
   redis.call('HSET', job, 'id', job_id, 'status', S_QUEUED, 'priority', priority, 'created_at', created,
     'expires_at', string.format('%.6f', tonumber(created) + tonumber(ttl_s)), 'request', request,
     'metadata', metadata, 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
-  if owner and owner ~= '' then redis.call('HSET', job, 'owner', owner) end
+  if owner and owner ~= '' then
+    redis.call('HSET', job, 'owner', owner)
+    local listed = tonumber(ctx.jobs_listed or '0')
+    if ctx.jobsofprefix and listed > 0 then  -- the owner's listing (GET /v1/jobs): its newest `listed` jobs
+      local index = ctx.jobsofprefix .. owner
+      redis.call('ZADD', index, created, job_id)
+      redis.call('ZREMRANGEBYRANK', index, 0, -listed - 1)
+      redis.call('EXPIRE', index, ctx.jobs_listed_ttl)
+    end
+  end
   if use_idem == '1' then redis.call('SET', idem, job_id .. ':' .. request_hash, 'EX', idem_ttl) end
   if ctx.queued_channel then redis.call('PUBLISH', ctx.queued_channel, priority .. ' ' .. entry) end
   return {'ok', job_id, created}

@@ -261,6 +261,16 @@ class Job(BaseModel):
     webhook_status: dict[WebhookEvent, WebhookDelivery] | None = None  # event -> its latest delivery
 
 
+class JobList(BaseModel):
+    """GET /v1/jobs: a page of the key's jobs, newest first (OpenAI's list shape)."""
+
+    object: Literal["list"] = "list"
+    data: list[Job]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class TokenEvent(BaseModel):
     text: str
     token_ids: list[int]

@@ -105,6 +105,7 @@ class ServiceSettings(BaseSettings):
     max_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     result_ttl_s: int = Field(default=keys.RESULT_TTL_S, ge=1)
     idempotency_ttl_s: int = Field(default=keys.IDEMPOTENCY_TTL_S, ge=1)
+    jobs_listed_per_key: int = Field(default=keys.JOBS_LISTED_PER_KEY, ge=0)  # GET /v1/jobs: the newest this many
     events_maxlen: int = Field(default=keys.EVENTS_MAXLEN, ge=100)
     # execution deadline of a job without `timeout_s`, counted from its first start (workers/worker/deadlines.py)
     job_timeout_s: float = Field(default=300.0, gt=0)

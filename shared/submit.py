@@ -62,7 +62,7 @@ def submit_call(
             keys.idempotency(idempotency_key or "", partition),
         ],
         [
-            ctx or lua.context(settings.events_maxlen, settings.result_ttl_s, partition),
+            ctx or lua.context(settings.events_maxlen, settings.result_ttl_s, partition, settings.jobs_listed_per_key),
             job_id,
             form.priority.value,
             repr(ttl_s),

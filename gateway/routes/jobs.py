@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, read, stream (SSE), cancel."""
+"""/v1/jobs: submit, list, read, stream (SSE), cancel."""
 
 import asyncio
 import re
@@ -6,16 +6,17 @@ import time
 from contextlib import aclosing
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from gateway import admission
 from gateway.auth import resource_exists
 from gateway.cancel_after import with_cancel_after
-from gateway.deps import GatewayDep, SubmitCallerDep
+from gateway.deps import GatewayDep, OwnerDep, SubmitCallerDep
 from gateway.errors import ERROR_RESPONSES, ApiError
 from gateway.event_stream import JobEventStream
 from gateway.fast_submit import FastSubmitRoute
+from gateway.listing import unknown_cursor
 from gateway.metrics import (
     JOBS_CANCELLED,
     JOBS_SUBMITTED,
@@ -27,7 +28,7 @@ from gateway.streaming import EventHub
 from gateway.webhook_guard import check_webhook
 from shared.job_record import job_from_fields, job_urls
 from shared.job_state import ErrorCode, JobStatus
-from shared.schemas import Job, JobRequest
+from shared.schemas import Job, JobList, JobRequest
 from shared.submit import queue_ttl_s
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -142,6 +143,27 @@ def _json(job: Job, status_code: int, headers: dict[str, str]) -> Response:
     """The job as JSON, serialised once by pydantic-core: the hot path skips FastAPI's second validation of a
     model it built itself (the route keeps `response_model` for its schema)."""
     return Response(job.model_dump_json(), status_code=status_code, headers=headers, media_type="application/json")
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    request: Request,
+    gw: GatewayDep,
+    key: OwnerDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(pattern=f"^{JOB_ID_PATTERN}$")] = None,
+) -> JobList:
+    """The key's jobs, newest first, as GET /v1/jobs/{id} answers each (its newest `jobs_listed_per_key`, while
+    their records are kept: result_ttl_s after they end); `after` = the last id of the previous page."""
+    try:
+        rows, has_more = await gw.store.page(key.id, limit, after)
+    except LookupError:
+        raise unknown_cursor(str(after), "job") from None
+    base = gw.base_url(request)
+    data = [job_from_fields(fields, base) for fields in rows]
+    return JobList(
+        data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
+    )
 
 
 @router.get("/{job_id}", response_model=Job)

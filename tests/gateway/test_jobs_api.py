@@ -16,7 +16,7 @@ from shared.api_keys import digest
 from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.helpers.gateway import ThreadedGateway
-from tests.helpers.redis_fixtures import submit_job
+from tests.helpers.redis_fixtures import create_key, submit_job
 from tests.helpers.waiting import wait_until
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import QueueReader
@@ -319,3 +319,55 @@ def test_urls_follow_the_host_each_client_used(gateway: ThreadedGateway) -> None
         for host in ("a.example", "b.example:8080", "a.example"):
             job = http.post("/v1/jobs", json={"prompt": "def f(", "max_tokens": 2}, headers={"Host": host}).json()
             assert job["urls"]["get"] == f"http://{host}/v1/jobs/{job['id']}"
+
+
+def test_a_keys_jobs_are_listed_newest_first_page_by_page(
+    http: httpx.Client, rclient: redis.Redis, redis_url: str
+) -> None:
+    """GET /v1/jobs: the calling key's jobs (not another key's), newest first, as GET /v1/jobs/{id} answers each;
+    pages continue after the last id of the one before, also past a job whose record expired in between (it
+    leaves the listing as a page meets it); an `after` the listing never held is a 400 naming it."""
+    mine = [http.post("/v1/jobs", json={"prompt": f"p{i}", "max_tokens": 2}).json()["id"] for i in range(7)]
+    other_secret = create_key(redis_url, "other")[1]
+    theirs = http.post("/v1/jobs", json={"prompt": "q", "max_tokens": 2},
+                       headers={"Authorization": f"Bearer {other_secret}"}).json()["id"]  # fmt: skip
+    assert http.get("/v1/jobs", params={"limit": 1},
+                    headers={"Authorization": f"Bearer {other_secret}"}).json()["data"][0]["id"] == theirs  # fmt: skip
+    first = http.get("/v1/jobs", params={"limit": 3}).json()
+    assert [job["id"] for job in first["data"]] == mine[::-1][:3] and first["has_more"] is True
+    assert first["data"][0] == http.get(f"/v1/jobs/{mine[-1]}").json()
+    assert (first["object"], first["first_id"], first["last_id"]) == ("list", mine[-1], mine[-3])
+    rclient.delete(keys.job_hash(mine[-3]), keys.job_hash(mine[-4]))  # expired (result_ttl_s) since that page
+    second = http.get("/v1/jobs", params={"limit": 3, "after": first["last_id"]}).json()
+    assert [job["id"] for job in second["data"]] == [mine[2], mine[1], mine[0]] and second["has_more"] is False
+    whole = http.get("/v1/jobs", params={"limit": 100}).json()
+    assert [job["id"] for job in whole["data"]] == [mine[6], mine[5], mine[2], mine[1], mine[0]]
+    owner = rclient.hget(keys.job_hash(mine[0]), keys.OWNER_FIELD)
+    assert rclient.zrange(keys.jobs_of(owner), 0, -1) == mine[:3] + mine[5:]  # the expired two left it
+    unknown = http.get("/v1/jobs", params={"after": "nojob"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "after"
+    assert http.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_a_keys_listing_keeps_its_newest_jobs_only(settings: ServiceSettings, rclient: redis.Redis) -> None:
+    """The listing is bounded (jobs_listed_per_key, and a TTL past its newest job's record), whatever a key
+    submits; 0 keeps no listing at all."""
+    server = ThreadedGateway(settings.model_copy(update={"jobs_listed_per_key": 3})).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            ids = [client.post("/v1/jobs", json={"prompt": f"p{i}"}).json()["id"] for i in range(5)]
+            assert [job["id"] for job in client.get("/v1/jobs").json()["data"]] == ids[:1:-1]
+    finally:
+        server.stop()
+    index = keys.jobs_of(rclient.hget(keys.job_hash(ids[0]), keys.OWNER_FIELD))
+    assert rclient.zcard(index) == 3
+    assert settings.max_ttl_s + settings.result_ttl_s < rclient.ttl(index) <= keys.INFLIGHT_TTL_S + settings.result_ttl_s
+    server = ThreadedGateway(settings.model_copy(update={"jobs_listed_per_key": 0})).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            client.post("/v1/jobs", json={"prompt": "x"})
+            assert client.get("/v1/jobs").json() == {
+                "object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False
+            }  # fmt: skip
+    finally:
+        server.stop()

@@ -88,7 +88,7 @@ def expand(self: object, batch_id: str) -> str:
     ttl_s = max(0.001, float(fields["expires_at"]) - time.time())  # past the window: the job expires
     submit = r.register_script(lua.SUBMIT)
     partition = keys.partition_of(batch_id)  # the batch's lines are jobs of its partition (its owner's)
-    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s, partition)
+    ctx = lua.context(settings.events_maxlen, settings.result_ttl_s, partition, settings.jobs_listed_per_key)
     pipe = redis_urls.pipeline(r, transaction=False, partition=partition)
     owner = fields.get(keys.OWNER_FIELD, "")  # the batch's owner owns its lines' jobs
     for offset, raw in enumerate(raw_lines):
