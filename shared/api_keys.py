@@ -178,6 +178,12 @@ class KeyRegistry:
         return sum(1 for key in self.list() if key.is_active)
 
 
+def key_of_digest(client: redis.Redis, hashed: str, num_partitions: int = 1) -> ApiKey | None:
+    """The key whose secret has this digest (in its tenant's partition), or None."""
+    raw: dict[str, str] = client.hgetall(keys.api_key_record(hashed, keys.tenant_partition(hashed, num_partitions)))  # type: ignore[assignment]
+    return ApiKey.from_fields(raw) if raw else None
+
+
 def webhook_secret_of(client: redis.Redis, resource_key: str) -> str | None:
     """The webhook signing secret of the key that owns a job or batch (its hash key), if it has an owner."""
     owner = client.hget(resource_key, keys.OWNER_FIELD)

@@ -9,6 +9,7 @@ Celery worker (unfinished tasks stay in Redis: acks_late), then Redis: the launc
 """
 
 import errno
+import os
 import signal
 import socket
 import time
@@ -24,6 +25,7 @@ from shared.settings import ServiceSettings, get_settings
 WORKER_READY_TIMEOUT_S = 900.0  # a first demo-model build takes minutes
 GATEWAY_READY_TIMEOUT_S = 60.0
 SUPERVISE_POLL_S = 0.2
+DEV_KEY_FILE = "dev-key"  # under redis_dir: the dev admin key's secret, reused while its Redis holds it
 
 
 class Up:
@@ -109,11 +111,19 @@ class Up:
         return args
 
     def _dev_key(self, redis_url: str) -> str:
-        """Dev mode: a fresh admin key for this run (printed; stored hashed like any other)."""
-        from shared.api_keys import KeyRegistry
+        """Dev mode: the admin key of the last run when its Redis still holds it active (its secret kept beside
+        the Redis data, DEV_KEY_FILE, owner-only), else a new one (printed; stored hashed like any other). Each
+        run minted another, and the earlier ones stayed valid."""
+        from shared.api_keys import KeyRegistry, digest, key_of_digest
 
+        kept = self.settings.redis_dir / DEV_KEY_FILE
         client = redis_urls.client(redis_url, decode_responses=True)
         try:
+            if kept.exists():
+                secret = kept.read_text().strip()
+                key = key_of_digest(client, digest(secret), self.settings.redis_partitions)
+                if key is not None and key.is_active and key.is_admin:
+                    return secret
             _, secret = KeyRegistry(client, self.settings.redis_partitions).create(
                 "dev",
                 requests_per_min=self.settings.default_requests_per_min,
@@ -124,6 +134,10 @@ class Up:
             )
         finally:
             client.close()
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secret + "\n")
         return secret
 
     def _announce(self, url: str, redis_url: str, api_key: str | None) -> None:

@@ -19,7 +19,7 @@ from tests.helpers.up_process import children_of, running_up
 def test_up_serves_jobs_and_ctrl_c_leaves_no_process(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     with running_up(["--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])], tmp_path) as up:
         key_lines = [line for line in up.printed if line.startswith("specfleet: api key ")]
-        assert len(key_lines) == 1  # dev mode prints a fresh key, before the URL
+        assert len(key_lines) == 1  # dev mode prints a key, before the URL
         assert httpx.get(f"{up.url}/v1/models", timeout=10).status_code == 401  # every route needs a key
         children = children_of(up.process.pid)
         assert len(children) == 4  # redis-server, celery, worker, gateway
