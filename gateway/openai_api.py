@@ -1,5 +1,5 @@
-"""The OpenAI-compatible side of the gateway: the served model's name, and one call (submit a
-job through the queue, then answer when it finishes or stream its tokens as OpenAI chunks).
+"""The OpenAI-compatible side of the gateway: one call (submit a job a choice through the queue, then answer
+when they finish or stream their tokens as OpenAI chunks, each naming its choice).
 
 Errors on these routes are OpenAI's (gateway/openai_errors.py).
 A client that goes away before its job finished (a closed stream, or a dropped non-streaming call) cancels the
@@ -30,12 +30,12 @@ from gateway.errors import ApiError
 from gateway.event_stream import EventStreamResponse
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from gateway.openai_stream_logprobs import StreamLogprobs
-from gateway.streaming import Wake
+from gateway.streaming import Event, Wake
 from shared import openai_compat as oa
 from shared.job_record import job_from_fields
 from shared.job_state import ErrorCode, JobStatus
 from shared.openai_logprobs import ChatLogprobs, CompletionLogprobs
-from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, EventType, Job, TokenEvent
+from shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, EventType, Job, JobRequest, TokenEvent, Usage
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ChunkStream(EventStreamResponse):
 
 
 class Call:
-    """One OpenAI call: its job, and how the answer is written (a whole object, or chunks)."""
+    """One OpenAI call: its jobs (one a choice, `n`), and how the answer is written (a whole object, or chunks)."""
 
     def __init__(
         self,
@@ -85,38 +85,63 @@ class Call:
         self.request = request
         self.body = body
         self.is_chat = is_chat
-        self.job_id = ""
+        self.job_ids: list[str] = []  # by choice
+        self.unfinished: set[str] = set()  # jobs whose final event this call has not seen (cancelled if it leaves)
         self.model = ""
-        self.is_finished = False
+
+    @property
+    def job_id(self) -> str:
+        """The first choice's job: the answer's id."""
+        return self.job_ids[0]
 
     async def run(self, caller: Caller, idempotency_key: str | None) -> Response | BaseModel:
         self.model = await self.gw.served_model.check(self.body.model)
         job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
         job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
-        admitted = await admission.submit(self.gw, caller, job_request, idempotency_key)
-        self.job_id = admitted.submitted.job_id
-        headers = {**admitted.headers, JOB_ID_HEADER: self.job_id}
+        headers = await self._submit(caller, oa.choice_requests(job_request, self.body.num_choices), idempotency_key)
         if self.body.stream:
             return ChunkStream(self, headers)
-        job = await self._wait()
-        if job.status is not JobStatus.SUCCEEDED:
-            error = _job_failure(job)
-            error.headers = {**(error.headers or {}), JOB_ID_HEADER: self.job_id}
-            raise error
+        jobs = await self._wait()
+        for job in jobs:
+            if job.status is not JobStatus.SUCCEEDED:
+                error = _job_failure(job)
+                error.headers = {**(error.headers or {}), JOB_ID_HEADER: headers[JOB_ID_HEADER]}
+                raise error
         if isinstance(self.body, oa.ChatCompletionRequest):
-            answer: BaseModel = oa.chat_completion_of(job, self.model, self.body.tool_set())
+            tools = self.body.tool_set()
+            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, tools) for job in jobs])
         else:
-            answer = oa.completion_of(job, self.model, self.body.prompt_text() if self.body.echo else None)
+            echo = self.body.prompt_text() if self.body.echo else None
+            answer = oa.merged([oa.completion_of(job, self.model, echo) for job in jobs])
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
-    async def _wait(self) -> Job:
-        """Block until the job is final; a client that leaves meanwhile cancels it, as soon as its connection
-        closes (the server's disconnect message, not a poll)."""
+    async def _submit(self, caller: Caller, requests: list[JobRequest], idempotency_key: str | None) -> dict[str, str]:
+        """Queue a job a choice -> the answer's headers (the jobs' ids, comma-separated, in `x-specfleet-job-id`).
+        A choice refused (a limit, a full queue) refuses the call: the choices queued before it are cancelled.
+        With an Idempotency-Key, choice i > 0 takes `<key>:<i>`, so a retry finds every choice's job."""
+        headers: dict[str, str] = {}
+        for i, job_request in enumerate(requests):
+            key = f"{idempotency_key}:{i}" if i and idempotency_key is not None else idempotency_key
+            try:
+                admitted = await admission.submit(self.gw, caller, job_request, key)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel(self.job_ids, "another choice was refused")
+                raise
+            self.job_ids.append(admitted.submitted.job_id)
+            headers = admitted.headers  # the last admission's: its x-ratelimit-* are the newest
+        self.unfinished = set(self.job_ids)
+        return {**headers, JOB_ID_HEADER: ",".join(self.job_ids)}
 
-        async def final_event() -> None:
-            async with aclosing(self.gw.hub.follow(self.job_id)) as events:
+    async def _wait(self) -> list[Job]:
+        """Block until every choice's job is final; a client that leaves meanwhile cancels them, as soon as its
+        connection closes (the server's disconnect message, not a poll)."""
+
+        async def final_event(job_id: str) -> None:
+            async with aclosing(self.gw.hub.follow(job_id)) as events:
                 async for event in events:
                     if event is not None and event.type.is_final:
+                        self.unfinished.discard(job_id)
                         return
 
         async def client_left() -> None:
@@ -124,13 +149,15 @@ class Call:
             while (await self.request.receive())["type"] != "http.disconnect":
                 pass
 
-        follower = asyncio.create_task(final_event())
+        async def all_final() -> None:
+            await asyncio.gather(*(final_event(job_id) for job_id in self.job_ids))
+
+        follower = asyncio.create_task(all_final())
         watcher = asyncio.create_task(client_left())
         try:
             await asyncio.wait({follower, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if follower.done():
                 follower.result()
-                self.is_finished = True
             else:
                 if (error := watcher.exception()) is not None:
                     log.warning("job %s: lost track of its client (%r); taking it as gone", self.job_id, error)
@@ -143,52 +170,101 @@ class Call:
                         await task
                     except asyncio.CancelledError:
                         pass
-        fields = await self.gw.store.get(self.job_id)
-        if fields is None:
+        records = await asyncio.gather(*(self.gw.store.get(job_id) for job_id in self.job_ids))
+        if any(fields is None for fields in records):
             raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
-        return job_from_fields(fields, self.gw.base_url(self.request))
+        base = self.gw.base_url(self.request)
+        return [job_from_fields(fields, base) for fields in records if fields is not None]
 
     async def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
-        """The call's chunks as server-sent events; they end early once `wake` is closed (the client left)."""
-        extras = StreamLogprobs(self.body)  # logprobs and echo (gateway/openai_stream_logprobs.py)
+        """The call's chunks as server-sent events, each naming its choice; they end early once `wake` is closed
+        (the client left)."""
+        extras = [StreamLogprobs(self.body) for _ in self.job_ids]  # logprobs and echo (openai_stream_logprobs.py)
+        usages: list[Usage | None] = [None] * len(self.job_ids)
         try:
-            if self.is_chat:
-                yield self._chunk(oa.ChatDelta(role="assistant", content=""))
-            if (prompt := extras.opening_echo()) is not None:
-                yield self._chunk(prompt)
-            async with aclosing(self.gw.hub.follow(self.job_id, wake=wake)) as events:
-                async for event in events:
+            for choice, extra in enumerate(extras):
+                if self.is_chat:
+                    yield self._chunk(choice, oa.ChatDelta(role="assistant", content=""))
+                if (prompt := extra.opening_echo()) is not None:
+                    yield self._chunk(choice, prompt)
+            async with aclosing(self._events(wake)) as events:
+                async for choice, event in events:
                     if event is None:
                         yield b": keepalive\n\n"
                     elif event.type is EventType.TOKEN:
                         token = TokenEvent.model_validate_json(event.data)
-                        if (echoed := extras.echo_with_logprobs(token)) is not None:
-                            yield self._chunk(echoed[0], logprobs=echoed[1])
-                        logprobs = extras.of(token)
+                        if (echoed := extras[choice].echo_with_logprobs(token)) is not None:
+                            yield self._chunk(choice, echoed[0], logprobs=echoed[1])
+                        logprobs = extras[choice].of(token)
                         if token.text or logprobs is not None:
                             delta = oa.ChatDelta(content=token.text) if self.is_chat else token.text
-                            yield self._chunk(delta, logprobs=logprobs)
+                            yield self._chunk(choice, delta, logprobs=logprobs)
                     elif event.type is EventType.DONE:
                         done = DoneEvent.model_validate_json(event.data)
-                        self.is_finished = True
+                        self.unfinished.discard(self.job_ids[choice])
+                        usages[choice] = done.usage
                         yield self._chunk(
-                            oa.ChatDelta() if self.is_chat else "", oa.finish_reason(done.finish_reason)
+                            choice, oa.ChatDelta() if self.is_chat else "", oa.finish_reason(done.finish_reason)
                         )
-                        if self.body.include_usage:
-                            usage = oa.usage_of(done.usage.prompt_tokens, done.usage.completion_tokens)
-                            yield self._usage_chunk(usage)
                     elif event.type is EventType.ERROR:
                         failed = ErrorEvent.model_validate_json(event.data)
-                        self.is_finished = True
+                        self.unfinished.discard(self.job_ids[choice])
                         yield self._error_frame(failed)
+                        await self._cancel(sorted(self.unfinished), "another choice failed")  # the call failed
+                        self.unfinished = set()
+                        break
+            if self.body.include_usage and all(usage is not None for usage in usages):
+                done_usages = [usage for usage in usages if usage is not None]
+                yield self._usage_chunk(
+                    oa.usage_of(done_usages[0].prompt_tokens, sum(u.completion_tokens for u in done_usages))
+                )
             yield DONE_FRAME
         finally:
-            if not self.is_finished:
+            if self.unfinished:
                 with anyio.CancelScope(shield=True):
                     await self.cancel_if_abandoned()
 
+    async def _events(self, wake: Wake) -> AsyncGenerator[tuple[int, Event | None], None]:
+        """(choice, event) of every choice's job as they come, until each has its final event or `wake` is closed;
+        None is a keepalive tick. One choice: its follower alone (no task: the 2,000-stream path)."""
+        if len(self.job_ids) == 1:
+            async with aclosing(self.gw.hub.follow(self.job_id, wake=wake)) as events:
+                async for event in events:
+                    yield 0, event
+            return
+        wakes = [Wake() for _ in self.job_ids]
+        wake.linked = tuple(wakes)  # the client leaving closes every choice's follower
+        queue: asyncio.Queue[tuple[int, Event | None] | BaseException | None] = asyncio.Queue()
+
+        async def pump(choice: int) -> None:
+            try:
+                async with aclosing(self.gw.hub.follow(self.job_ids[choice], wake=wakes[choice])) as events:
+                    async for event in events:
+                        queue.put_nowait((choice, event))
+            except Exception as exc:  # the merged stream raises it
+                queue.put_nowait(exc)
+            finally:
+                queue.put_nowait(None)  # this choice's events ended
+
+        pumps = [asyncio.create_task(pump(choice)) for choice in range(len(self.job_ids))]
+        try:
+            num_open = len(pumps)
+            while num_open:
+                item = await queue.get()
+                if item is None:
+                    num_open -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
     def _chunk(
         self,
+        choice: int,
         delta: oa.ChatDelta | str,
         finish: oa.FinishReason | None = None,
         logprobs: CompletionLogprobs | ChatLogprobs | None = None,
@@ -202,7 +278,10 @@ class Call:
                 model=self.model,
                 choices=[
                     oa.ChatChunkChoice(
-                        delta=delta, finish_reason=finish, logprobs=logprobs if isinstance(logprobs, ChatLogprobs) else None
+                        index=choice,
+                        delta=delta,
+                        finish_reason=finish,
+                        logprobs=logprobs if isinstance(logprobs, ChatLogprobs) else None,
                     )
                 ],
             )
@@ -213,6 +292,7 @@ class Call:
                 model=self.model,
                 choices=[
                     oa.CompletionChoice(
+                        index=choice,
                         text=delta,
                         finish_reason=finish,
                         logprobs=logprobs if isinstance(logprobs, CompletionLogprobs) else None,
@@ -252,13 +332,17 @@ class Call:
         return b"data: " + body.model_dump_json().encode() + b"\n\n"
 
     async def cancel_if_abandoned(self) -> None:
-        """The client left before the job finished: cancel it (once), when settings say so."""
-        if self.is_finished or not self.gw.settings.cancel_on_disconnect:
+        """The client left before its jobs finished: cancel them (once), when settings say so."""
+        if not self.unfinished or not self.gw.settings.cancel_on_disconnect:
             return
-        self.is_finished = True
-        try:
-            result = await self.gw.store.cancel(self.job_id)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            log.warning("could not cancel abandoned job %s: %s", self.job_id, exc)
-            return
-        log.info("client left: job %s cancelled (%s)", self.job_id, result)
+        abandoned, self.unfinished = sorted(self.unfinished), set()
+        await self._cancel(abandoned, "client left")
+
+    async def _cancel(self, job_ids: list[str], why: str) -> None:
+        for job_id in job_ids:
+            try:
+                result = await self.gw.store.cancel(job_id)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("could not cancel job %s (%s): %s", job_id, why, exc)
+                continue
+            log.info("%s: job %s cancelled (%s)", why, job_id, result)

@@ -69,6 +69,8 @@ class Wake(asyncio.Event):
     it has waited keepalive_s (one timer for every follower, not one per wait), and by `close` (its client left:
     the follower ends at its next wake-up)."""
 
+    linked: "tuple[Wake, ...]" = ()  # closed with this one: the wake-ups of a client's other followers (`n` choices)
+
     def __init__(self) -> None:
         super().__init__()
         self.ticked = False
@@ -79,6 +81,8 @@ class Wake(asyncio.Event):
     def close(self) -> None:
         self.is_closed = True
         self.set()
+        for other in self.linked:
+            other.close()
 
 
 @dataclass

@@ -21,7 +21,7 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 
 import json
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -89,6 +89,9 @@ class StreamOptions(BaseModel):
     include_obfuscation: StrictBool | None = None  # OpenAI's padding of chunks against length side channels: none here
 
 
+MAX_CHOICES = 16  # `n`: each choice is a job of its own (choice_requests)
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN, Infinity: "should be a finite number"
 
@@ -118,10 +121,14 @@ class _Common(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: StrictInt | None) -> int | None:
-        if value is not None and value != 1:
-            raise ValueError("only n=1 is supported")
+    def _choices(cls, value: StrictInt | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_CHOICES:
+            raise ValueError(f"n is 1 to {MAX_CHOICES} choices (each one a job)")
         return value
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
 
     @field_validator("stop")
     @classmethod
@@ -422,7 +429,38 @@ def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priorit
         raise ValueError("a batch line cannot stream (stream must be false)")
     if isinstance(req, CompletionRequest) and req.echo:
         raise ValueError("echo is not supported in batch lines")
+    if req.num_choices > 1:
+        raise ValueError("body.n: one choice a line in a batch (a line is one job: send a line a choice)")
     return to_job_request(req.model_copy(update={"priority": None}), priority)
+
+
+AnswerT = TypeVar("AnswerT", "Completion", "ChatCompletion")
+
+
+def choice_requests(request: JobRequest, num_choices: int) -> list[JobRequest]:
+    """The jobs of `n` choices: the request once a choice; with a seed, choice i samples with seed + i (wrapped
+    into the seeds' range), so the choices differ and the call is reproducible."""
+    if num_choices == 1:
+        return [request]
+    if request.seed is None:
+        return [request] * num_choices
+    span = MAX_SEED - MIN_SEED + 1
+    return [
+        request.model_copy(update={"seed": (request.seed - MIN_SEED + i) % span + MIN_SEED})
+        for i in range(num_choices)
+    ]
+
+
+def merged(answers: list[AnswerT]) -> AnswerT:
+    """One answer of the choices' answers (one job each, in choice order): its id and time the first's, choice i
+    the i-th answer's, and the usage as OpenAI counts it: the prompt once, every choice's completion tokens."""
+    first = answers[0]
+    if len(answers) == 1:
+        return first
+    choices = [answer.choices[0].model_copy(update={"index": i}) for i, answer in enumerate(answers)]
+    prompt_tokens = first.usage.prompt_tokens if first.usage is not None else 0
+    completion_tokens = sum(answer.usage.completion_tokens for answer in answers if answer.usage is not None)
+    return first.model_copy(update={"choices": choices, "usage": usage_of(prompt_tokens, completion_tokens)})
 
 
 def served_name(published: str) -> str:

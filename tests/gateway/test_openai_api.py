@@ -127,8 +127,8 @@ def test_chat_sync_and_stream(client: openai.OpenAI) -> None:
 
 def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) -> None:
     with pytest.raises(openai.BadRequestError) as bad_n:
-        client.completions.create(prompt="x", n=2, **GREEDY)
-    assert bad_n.value.body["param"] == "n" and "n=1" in bad_n.value.body["message"]  # type: ignore[index]
+        client.completions.create(prompt="x", n=17, **GREEDY)
+    assert bad_n.value.body["param"] == "n" and "1 to 16 choices" in bad_n.value.body["message"]  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as empty:
         client.completions.create(prompt="", **GREEDY)
     assert empty.value.body["param"] == "prompt" and "empty" in empty.value.body["message"]  # type: ignore[index]
@@ -261,6 +261,58 @@ def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
     }  # fmt: skip
     with pytest.raises(openai.BadRequestError, match="echo needs the prompt as text"):
         client.completions.create(prompt=ids, echo=True, **GREEDY)
+
+
+def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str
+) -> None:
+    """`n` (it was refused past 1): a job a choice, choice i sampled with seed + i; one answer with n choices, the
+    prompt's tokens counted once; streamed, each chunk names its choice and the usage chunk sums them."""
+    sampled = {"model": MODEL, "temperature": 1.0, "max_tokens": 8, "seed": 7}
+    raw = client.completions.with_raw_response.create(prompt="def f(x):", n=3, **sampled)  # type: ignore[call-overload]
+    job_ids = raw.headers["x-specfleet-job-id"].split(",")
+    three = raw.parse()
+    assert len(job_ids) == 3 and [c.index for c in three.choices] == [0, 1, 2]
+    assert three.id == f"cmpl-{job_ids[0]}"
+    jobs = [_job(served, secret, job_id) for job_id in job_ids]
+    assert [c.text for c in three.choices] == [job["output"]["text"] for job in jobs]
+    assert len({c.text for c in three.choices}) > 1  # seeds of their own: the choices differ
+    assert three.usage.prompt_tokens == jobs[0]["usage"]["prompt_tokens"]  # type: ignore[union-attr]
+    assert three.usage.completion_tokens == sum(job["usage"]["completion_tokens"] for job in jobs)  # type: ignore[union-attr]
+    one = client.completions.create(prompt="def f(x):", **sampled)  # type: ignore[call-overload]
+    assert one.choices[0].text == three.choices[0].text  # choice 0 is the call with n=1
+    again = client.completions.create(prompt="def f(x):", n=3, **sampled)  # type: ignore[call-overload]
+    assert [c.text for c in again.choices] == [c.text for c in three.choices]  # reproducible
+
+    messages = [{"role": "user", "content": "def f(x):"}]
+    chat = client.chat.completions.create(messages=messages, n=2, **sampled)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(
+        messages=messages, n=2, stream=True, stream_options={"include_usage": True}, **sampled,  # type: ignore[call-overload]
+    ))  # fmt: skip
+    for i, choice in enumerate(chat.choices):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == choice.finish_reason
+        assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+    assert chunks[-1].usage == chat.usage and len({c.id for c in chunks}) == 1
+
+
+def test_closing_a_stream_of_n_choices_cancels_every_job(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str
+) -> None:
+    raw = client.completions.with_raw_response.create(  # type: ignore[call-overload]
+        prompt="def f(x):", stream=True, n=2, model=MODEL, temperature=0, max_tokens=480,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    job_ids = raw.headers["x-specfleet-job-id"].split(",")
+    stream = raw.parse()
+    next(iter(stream))
+    stream.close()  # the client goes away mid-generation
+    for job_id in job_ids:
+        job = wait_until(
+            lambda: (j := _job(served, secret, job_id))["status"] not in ("queued", "running") and j,  # noqa: B023
+            what="the job to stop",
+        )
+        assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
 
 
 def test_closing_a_stream_cancels_its_job(
