@@ -296,6 +296,18 @@ def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
     assert chunks[-1].usage == chat.usage and len({c.id for c in chunks}) == 1
 
 
+def test_a_choice_refused_by_the_keys_limits_cancels_the_ones_queued(
+    served: ThreadedGateway, settings: ServiceSettings
+) -> None:
+    assert settings.redis_url is not None
+    limited = create_key(settings.redis_url, "two at a time", max_concurrent_jobs=2)[1]
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key=limited, max_retries=0, timeout=60) as oai:
+        with pytest.raises(openai.RateLimitError):
+            oai.completions.create(prompt="def f(x):", n=3, model=MODEL, max_tokens=480, extra_body={"ignore_eos": True})
+    listed = httpx.get(f"{served.url}/v1/jobs", headers={"Authorization": f"Bearer {limited}"}).json()["data"]
+    assert [job["status"] for job in listed] == ["cancelled", "cancelled"]  # the two queued before the refusal
+
+
 def test_closing_a_stream_of_n_choices_cancels_every_job(
     client: openai.OpenAI, served: ThreadedGateway, secret: str
 ) -> None:
