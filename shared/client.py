@@ -145,6 +145,13 @@ class FleetClient:
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         return self._json(self.http.post(f"/v1/batches/{batch_id}/cancel"))
 
+    def list_jobs(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        """A page of the key's jobs, newest first (GET /v1/jobs)."""
+        params: dict[str, str | int] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return self._json(self.http.get("/v1/jobs", params=params))
+
     def list_batches(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
         params: dict[str, str | int] = {"limit": limit}
         if after:

@@ -1,8 +1,9 @@
-"""`specfleet submit|status|stream|cancel`: one job over the gateway's HTTP API (shared/client.py)."""
+"""`specfleet submit|status|stream|cancel`: one job over the gateway's HTTP API (shared/client.py); `jobs`: yours."""
 
 import json
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -77,6 +78,23 @@ def cancel(job_id: str, url: UrlOpt = None) -> None:
         typer.echo(call(lambda: client.cancel(job_id))["status"])
 
 
+def jobs(
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    after: Annotated[str | None, typer.Option(help="Last id of the previous page")] = None,
+    url: UrlOpt = None,
+) -> None:
+    """List your jobs, newest first: id, status, tokens generated, when created (UTC)."""
+    from shared.client import FleetClient
+
+    with FleetClient(gateway_url(url)) as client:
+        page = call(lambda: client.list_jobs(limit, after))
+    for job in page["data"]:
+        created = datetime.fromtimestamp(job["created_at"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        typer.echo(f"{job['id']}  {job['status']:<9} {job['usage']['completion_tokens']:>6} tokens  {created}")
+    if page["has_more"]:
+        typer.echo(f"(more: --after {page['last_id']})", err=True)
+
+
 def _print_events(events: Callable[[], Iterator["SseEvent"]]) -> None:
     def run() -> None:
         for event in events():
@@ -98,5 +116,5 @@ def _print_events(events: Callable[[], Iterator["SseEvent"]]) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
-    for command in (submit, status, stream, cancel):
+    for command in (submit, status, stream, cancel, jobs):
         app.command()(command)

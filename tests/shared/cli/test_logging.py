@@ -34,6 +34,16 @@ def test_submit_prints_only_the_job_id(gateway: ThreadedGateway) -> None:
     assert HTTPX_LINE not in proc.stderr and proc.stderr.strip() == ""
 
 
+def test_jobs_lists_the_keys_jobs_newest_first_page_by_page(gateway: ThreadedGateway) -> None:
+    submitted = [run_cli("submit", f"p{i}", "--max-tokens", "2", "--url", gateway.url).stdout.strip() for i in range(3)]
+    first = run_cli("jobs", "--limit", "2", "--url", gateway.url)
+    assert first.returncode == 0, first.stderr
+    assert [line.split()[0] for line in first.stdout.splitlines()] == submitted[:0:-1]
+    assert first.stderr.strip() == f"(more: --after {submitted[1]})"
+    rest = run_cli("jobs", "--after", submitted[1], "--url", gateway.url)
+    assert [line.split()[:2] for line in rest.stdout.splitlines()] == [[submitted[0], "queued"]] and not rest.stderr
+
+
 def test_verbose_brings_the_request_lines_back(gateway: ThreadedGateway) -> None:
     proc = run_cli("--verbose", "submit", "def f(x):", "--max-tokens", "2", "--url", gateway.url)
     assert proc.returncode == 0, proc.stderr
