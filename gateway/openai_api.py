@@ -85,7 +85,9 @@ class Call:
         self.request = request
         self.body = body
         self.is_chat = is_chat
-        self.job_ids: list[str] = []  # by choice
+        self.job_ids: list[str] = []  # by choice: prompt by prompt, `n` each
+        # by choice, the request of its prompt (completions: one a prompt; its echo is that prompt)
+        self.bodies: list[oa.CompletionRequest | oa.ChatCompletionRequest] = []
         self.unfinished: set[str] = set()  # jobs whose final event this call has not seen (cancelled if it leaves)
         self.model = ""
 
@@ -96,9 +98,7 @@ class Call:
 
     async def run(self, caller: Caller, idempotency_key: str | None) -> Response | BaseModel:
         self.model = await self.gw.served_model.check(self.body.model)
-        job_request = oa.to_job_request(self.body, self.gw.settings.openai_priority)
-        job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
-        headers = await self._submit(caller, oa.choice_requests(job_request, self.body.num_choices), idempotency_key)
+        headers = await self._submit(caller, self._job_requests(), idempotency_key)
         if self.body.stream:
             return ChunkStream(self, headers)
         jobs = await self._wait()
@@ -107,13 +107,29 @@ class Call:
                 error = _job_failure(job)
                 error.headers = {**(error.headers or {}), JOB_ID_HEADER: headers[JOB_ID_HEADER]}
                 raise error
+        n = self.body.num_choices
         if isinstance(self.body, oa.ChatCompletionRequest):
             tools = self.body.tool_set()
-            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, tools) for job in jobs])
+            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, tools) for job in jobs], n)
         else:
-            echo = self.body.prompt_text() if self.body.echo else None
-            answer = oa.merged([oa.completion_of(job, self.model, echo) for job in jobs])
+            answers = [
+                oa.completion_of(job, self.model, oa.echoed_prompt(body, job.output.prompt_logprobs if job.output else None))
+                for job, body in zip(jobs, self.bodies, strict=True)
+                if isinstance(body, oa.CompletionRequest)
+            ]
+            answer = oa.merged(answers, n)
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
+
+    def _job_requests(self) -> list[JobRequest]:
+        """The call's jobs: one a choice of each prompt (`bodies` says whose)."""
+        bodies = self.body.one_per_prompt() if isinstance(self.body, oa.CompletionRequest) else [self.body]
+        requests: list[JobRequest] = []
+        for body in bodies:
+            job_request = oa.to_job_request(body, self.gw.settings.openai_priority)
+            job_request = with_cancel_after(job_request, self.request.headers.get(CANCEL_AFTER))
+            requests += oa.choice_requests(job_request, self.body.num_choices)
+            self.bodies += [body] * self.body.num_choices
+        return requests
 
     async def _submit(self, caller: Caller, requests: list[JobRequest], idempotency_key: str | None) -> dict[str, str]:
         """Queue a job a choice -> the answer's headers (the jobs' ids, comma-separated, in `x-specfleet-job-id`).
@@ -179,7 +195,7 @@ class Call:
     async def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
         """The call's chunks as server-sent events, each naming its choice; they end early once `wake` is closed
         (the client left)."""
-        extras = [StreamLogprobs(self.body) for _ in self.job_ids]  # logprobs and echo (openai_stream_logprobs.py)
+        extras = [StreamLogprobs(body) for body in self.bodies]  # logprobs and echo (openai_stream_logprobs.py)
         usages: list[Usage | None] = [None] * len(self.job_ids)
         try:
             for choice, extra in enumerate(extras):
@@ -215,9 +231,8 @@ class Call:
                         break
             if self.body.include_usage and all(usage is not None for usage in usages):
                 done_usages = [usage for usage in usages if usage is not None]
-                yield self._usage_chunk(
-                    oa.usage_of(done_usages[0].prompt_tokens, sum(u.completion_tokens for u in done_usages))
-                )
+                prompt_tokens = sum(u.prompt_tokens or 0 for u in done_usages[:: self.body.num_choices])  # each once
+                yield self._usage_chunk(oa.usage_of(prompt_tokens, sum(u.completion_tokens for u in done_usages)))
             yield DONE_FRAME
         finally:
             if self.unfinished:

@@ -15,6 +15,8 @@ class StreamLogprobs:
     def __init__(self, body: oa.CompletionRequest | oa.ChatCompletionRequest) -> None:
         self.is_chat = isinstance(body, oa.ChatCompletionRequest)
         self.wants_logprobs = bool(body.logprobs is not None and body.logprobs is not False)
+        self.echo = isinstance(body, oa.CompletionRequest) and bool(body.echo)
+        # echoed as given; a prompt of token ids: its tokens' texts, with the prompt's logprobs (echoed_prompt)
         self.echo_prompt = body.prompt_text() if isinstance(body, oa.CompletionRequest) and body.echo else None
         self.text_offset = 0  # completions: where the next chunk's tokens start in the whole text
 
@@ -27,11 +29,12 @@ class StreamLogprobs:
 
     def echo_with_logprobs(self, token: TokenEvent) -> tuple[str, CompletionLogprobs] | None:
         """(the prompt, its logprobs) once the event that carries them arrives."""
-        if self.echo_prompt is None or token.prompt_logprobs is None:
+        if not self.echo or token.prompt_logprobs is None:
             return None
         logprobs = completion_logprobs(token.prompt_logprobs, self.text_offset)
         self.text_offset += sum(len(t.token) for t in token.prompt_logprobs)
-        return self.echo_prompt, logprobs
+        text = self.echo_prompt if self.echo_prompt is not None else "".join(t.token for t in token.prompt_logprobs)
+        return text, logprobs
 
     def of(self, token: TokenEvent) -> CompletionLogprobs | ChatLogprobs | None:
         """The logprobs of one token event's tokens, in the stream's shape (None when not asked)."""

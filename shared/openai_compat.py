@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.logprobs import TokenLogprob
 from shared.openai_logprobs import (
     MAX_CHAT_TOP_LOGPROBS,
     MAX_COMPLETION_LOGPROBS,
@@ -90,6 +91,7 @@ class StreamOptions(BaseModel):
 
 
 MAX_CHOICES = 16  # `n`: each choice is a job of its own (choice_requests)
+MAX_JOBS_PER_CALL = 64  # prompts x n of one completions call
 
 
 class _Common(BaseModel):
@@ -176,7 +178,8 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # one prompt: text, or its token ids
+    # a prompt (text, or its token ids), or several (a list of texts, or of token-id lists): a job a prompt
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool | None = None  # the answer's text (and logprobs) start with the prompt's
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # N alternatives per token
     # accepted at their neutral values only
@@ -186,24 +189,16 @@ class CompletionRequest(_Common):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        """One prompt, as OpenAI takes it: a string, or a list holding one; token ids, or a list holding one list
-        of them. Its own message for each wrong shape (pydantic's would name the union's first branch,
+    def _prompts(cls, value: Any) -> Any:
+        """A prompt as OpenAI takes it: a string or token ids, or a list of them (one each: a list holding one is
+        that one). Its own message for each wrong shape (pydantic's would name the union's first branch,
         `prompt.str`)."""
-        one = "give one prompt (a string or a list of token ids, or a list holding one of them)"
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-            value = value[0]
-        if isinstance(value, str):
-            if not value:
-                raise ValueError("the prompt must not be empty")
-            return _valid_text(value)
-        if not isinstance(value, list) or not value:
-            raise ValueError(one)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise ValueError(one)
-        if not all(0 <= t <= MAX_TOKEN_ID for t in value):
-            raise ValueError(f"token ids are integers in [0, {MAX_TOKEN_ID}]")
-        return value
+        if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
+            if len(value) > MAX_JOBS_PER_CALL:
+                raise ValueError(f"at most {MAX_JOBS_PER_CALL} prompts a call (each one a job)")
+            prompts = [_one_prompt(p) for p in value]
+            return prompts[0] if len(prompts) == 1 else prompts
+        return _one_prompt(value)
 
     @field_validator("best_of")
     @classmethod
@@ -221,16 +216,47 @@ class CompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _neutral_extras(self) -> "CompletionRequest":
-        if self.echo and not isinstance(self.prompt, str):
-            raise ValueError("echo needs the prompt as text (the answer starts with it)")
+        if self.echo and self.logprobs is None and any(isinstance(prompt, list) for prompt in self.prompts()):
+            raise ValueError("echo of a prompt given as token ids needs logprobs (its text is its tokens')")
+        if len(self.prompts()) * self.num_choices > MAX_JOBS_PER_CALL:
+            raise ValueError(f"prompts x n: at most {MAX_JOBS_PER_CALL} jobs a call")
         return self
 
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the call (the validator made `prompt` one prompt or a list of at least two)."""
+        prompt: Any = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            return list(prompt)
+        return [prompt]
+
+    def one_per_prompt(self) -> list["CompletionRequest"]:
+        """The call as one request a prompt, in order."""
+        prompts = self.prompts()
+        return [self] if len(prompts) == 1 else [self.model_copy(update={"prompt": p}) for p in prompts]
+
     def prompt_text(self) -> str | None:
-        """The prompt's text; None when it came as token ids (the validator made it a string or a list of ints)."""
+        """The prompt's text; None when it came as token ids (or as several prompts: one_per_prompt)."""
         return self.prompt if isinstance(self.prompt, str) else None
 
     def prompt_token_ids(self) -> list[int] | None:
-        return list(self.prompt) if isinstance(self.prompt, list) else None  # type: ignore[arg-type]
+        prompts = self.prompts()
+        return list(prompts[0]) if len(prompts) == 1 and isinstance(prompts[0], list) else None
+
+
+def _one_prompt(value: Any) -> str | list[int]:
+    """One prompt: text, or its token ids."""
+    one = "a prompt is a string or a list of token ids (several: a list of strings, or of token-id lists)"
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("the prompt must not be empty")
+        return _valid_text(value)
+    if not isinstance(value, list) or not value:
+        raise ValueError(one)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ValueError(one)
+    if not all(0 <= t <= MAX_TOKEN_ID for t in value):
+        raise ValueError(f"token ids are integers in [0, {MAX_TOKEN_ID}]")
+    return value
 
 
 class TextPart(BaseModel):
@@ -431,6 +457,8 @@ def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priorit
         raise ValueError("echo is not supported in batch lines")
     if req.num_choices > 1:
         raise ValueError("body.n: one choice a line in a batch (a line is one job: send a line a choice)")
+    if isinstance(req, CompletionRequest) and len(req.prompts()) > 1:
+        raise ValueError("body.prompt: one prompt a line in a batch (a line is one job: send a line a prompt)")
     return to_job_request(req.model_copy(update={"priority": None}), priority)
 
 
@@ -451,14 +479,15 @@ def choice_requests(request: JobRequest, num_choices: int) -> list[JobRequest]:
     ]
 
 
-def merged(answers: list[AnswerT]) -> AnswerT:
-    """One answer of the choices' answers (one job each, in choice order): its id and time the first's, choice i
-    the i-th answer's, and the usage as OpenAI counts it: the prompt once, every choice's completion tokens."""
+def merged(answers: list[AnswerT], num_choices: int = 1) -> AnswerT:
+    """One answer of the jobs' answers (a job a choice of each prompt, in order: prompt by prompt, `num_choices`
+    each): its id and time the first's, choice i the i-th answer's, and the usage as OpenAI counts it: each prompt
+    once, every choice's completion tokens."""
     first = answers[0]
     if len(answers) == 1:
         return first
     choices = [answer.choices[0].model_copy(update={"index": i}) for i, answer in enumerate(answers)]
-    prompt_tokens = first.usage.prompt_tokens if first.usage is not None else 0
+    prompt_tokens = sum(answer.usage.prompt_tokens for answer in answers[::num_choices] if answer.usage is not None)
     completion_tokens = sum(answer.usage.completion_tokens for answer in answers if answer.usage is not None)
     return first.model_copy(update={"choices": choices, "usage": usage_of(prompt_tokens, completion_tokens)})
 
@@ -573,6 +602,15 @@ def completion_id(job_id: str) -> str:
 
 def chat_completion_id(job_id: str) -> str:
     return f"chatcmpl-{job_id}"
+
+
+def echoed_prompt(body: CompletionRequest, prompt_logprobs: list[TokenLogprob] | None) -> str | None:
+    """The text `echo` puts before the answer: the prompt as given, or, given as token ids, its tokens' texts (the
+    prompt's logprobs name them); None without echo."""
+    if not body.echo:
+        return None
+    text = body.prompt_text()
+    return text if text is not None else "".join(t.token for t in prompt_logprobs or [])
 
 
 def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Completion:

@@ -259,8 +259,17 @@ def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
         "message": f"prompt_token_ids: token id {vocab} is not in the model's vocabulary of {vocab}",
         "type": "invalid_request_error", "param": "prompt", "code": "invalid_request",
     }  # fmt: skip
-    with pytest.raises(openai.BadRequestError, match="echo needs the prompt as text"):
+    with pytest.raises(openai.BadRequestError, match="echo of a prompt given as token ids needs logprobs"):
         client.completions.create(prompt=ids, echo=True, **GREEDY)
+    # an evaluation harness's loglikelihood call (lm-eval's): token ids, echo, logprobs, one token; it was refused
+    scored = {"echo": True, "logprobs": 1, "model": MODEL, "temperature": 0, "max_tokens": 1}
+    by_ids = client.completions.create(prompt=[ids, ids[:3]], **scored).choices  # type: ignore[call-overload]
+    by_text = client.completions.create(prompt=["def f(x):", tokenizer_text(path, ids[:3])], **scored).choices  # type: ignore[call-overload]
+    assert [c.model_dump() for c in by_ids] == [c.model_dump() for c in by_text]
+    assert by_ids[0].text.startswith("def f(x):") and len(by_ids[0].logprobs.tokens) == len(ids) + 1  # type: ignore[union-attr]
+    assert by_ids[0].logprobs.token_logprobs[0] is None  # type: ignore[union-attr]
+    streamed = list(client.completions.create(prompt=ids, stream=True, **scored))  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in streamed) == by_ids[0].text
 
 
 def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
@@ -296,6 +305,37 @@ def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
     assert chunks[-1].usage == chat.usage and len({c.id for c in chunks}) == 1
 
 
+def test_several_prompts_are_a_job_each_answered_in_one_call(
+    client: openai.OpenAI, engine_thread: EngineThread
+) -> None:
+    """Completions take a list of prompts (texts, or token-id lists), as OpenAI and vLLM do and as evaluation
+    harnesses send them (it was "give one prompt"): choice k * n + j is prompt k's choice j, each the answer of
+    that prompt alone; the usage counts each prompt once."""
+    from tokenizers import Tokenizer
+
+    prompts = ["def f(x):", "class A:"]
+    sampled = {"model": MODEL, "temperature": 1.0, "max_tokens": 6, "seed": 3}
+    alone = [client.completions.create(prompt=p, n=2, **sampled) for p in prompts]  # type: ignore[call-overload]
+    together = client.completions.create(prompt=prompts, n=2, **sampled)  # type: ignore[call-overload]
+    assert [c.index for c in together.choices] == [0, 1, 2, 3]
+    assert [c.text for c in together.choices] == [c.text for answer in alone for c in answer.choices]
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)  # type: ignore[union-attr]
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)  # type: ignore[union-attr]
+    path = engine_thread.client.hget(keys.MODEL_INFO, "tokenizer_path")
+    tokenizer = Tokenizer.from_file(f"{path}/tokenizer.json")
+    ids = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
+    as_ids = client.completions.create(prompt=ids, n=2, **sampled)  # type: ignore[call-overload]
+    assert [c.text for c in as_ids.choices] == [c.text for c in together.choices]
+    echoed = client.completions.create(prompt=prompts, echo=True, **GREEDY)
+    assert [c.text[: len(p)] for c, p in zip(echoed.choices, prompts, strict=True)] == prompts
+    streamed = list(client.completions.create(prompt=prompts, n=2, stream=True, **sampled))  # type: ignore[call-overload]
+    for choice in together.choices:
+        assert "".join(c.choices[0].text for c in streamed if c.choices[0].index == choice.index) == choice.text
+    for prompt, n, message in ((["x"] * 65, 1, "at most 64 prompts"), (["x"] * 5, 13, "at most 64 jobs")):
+        with pytest.raises(openai.BadRequestError, match=message):
+            client.completions.create(prompt=prompt, n=n, **GREEDY)
+
+
 def test_a_choice_refused_by_the_keys_limits_cancels_the_ones_queued(
     served: ThreadedGateway, settings: ServiceSettings
 ) -> None:
@@ -325,6 +365,12 @@ def test_closing_a_stream_of_n_choices_cancels_every_job(
             what="the job to stop",
         )
         assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
+
+
+def tokenizer_text(path: str, ids: list[int]) -> str:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(f"{path}/tokenizer.json").decode(ids)
 
 
 def test_closing_a_stream_cancels_its_job(

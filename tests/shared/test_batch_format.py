@@ -58,6 +58,7 @@ def test_every_bad_line_is_reported() -> None:
             line("v", "/v1/chat/completions", messages=[]),
             line("u", "/v1/completions", prompt=""),
             line("t", "/v1/jobs", prompt=""),
+            line("s", "/v1/completions", prompt=["a", "b"]),  # several prompts: several jobs, not a line's one
         ]
     ).encode()
     lines, errors = parse_batch(data, 100)
@@ -72,8 +73,10 @@ def test_every_bad_line_is_reported() -> None:
         (9, "invalid_body"),
         (10, "invalid_body"),
         (11, "invalid_body"),
+        (12, "invalid_body"),
     ]
     assert "body.n" in errors[3].message and "line 1" in errors[4].message
+    assert errors[-1].message.startswith("body.prompt: one prompt a line")
 
 
 def test_a_line_naming_a_model_the_fleet_does_not_serve_is_bad() -> None:
