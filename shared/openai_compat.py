@@ -197,6 +197,8 @@ class CompletionRequest(_Common):
             if len(value) > MAX_JOBS_PER_CALL:
                 raise ValueError(f"at most {MAX_JOBS_PER_CALL} prompts a call (each one a job)")
             prompts = [_one_prompt(p) for p in value]
+            if len({isinstance(p, str) for p in prompts}) > 1:
+                raise ValueError("several prompts are all texts or all token-id lists")
             return prompts[0] if len(prompts) == 1 else prompts
         return _one_prompt(value)
 

@@ -331,7 +331,11 @@ def test_several_prompts_are_a_job_each_answered_in_one_call(
     streamed = list(client.completions.create(prompt=prompts, n=2, stream=True, **sampled))  # type: ignore[call-overload]
     for choice in together.choices:
         assert "".join(c.choices[0].text for c in streamed if c.choices[0].index == choice.index) == choice.text
-    for prompt, n, message in ((["x"] * 65, 1, "at most 64 prompts"), (["x"] * 5, 13, "at most 64 jobs")):
+    for prompt, n, message in (
+        (["x"] * 65, 1, "at most 64 prompts"),
+        (["x"] * 5, 13, "at most 64 jobs"),
+        (["x", [1, 2]], 1, "all texts or all token-id lists"),  # it said `prompt.str: Input should be a valid string`
+    ):
         with pytest.raises(openai.BadRequestError, match=message):
             client.completions.create(prompt=prompt, n=n, **GREEDY)
 
