@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from gateway.idempotency import Idempotency, claim
-from gateway.listing import ids_after, remember, unknown_cursor
+from gateway.listing import live_page, unknown_cursor
 from shared import batch_lua, batch_quota, keys
 from shared.batch_state import BatchStatus
 from shared.outbox import BatchEvent, NoticeKind, notice_fields
@@ -113,26 +113,19 @@ class BatchStore:
         self, limit: int, after: str | None, index: str = keys.BATCHES_ZSET
     ) -> tuple[list[dict[str, str]], bool]:
         """Up to `limit` batches of `index` (all, or one key's: keys.batches_of), newest first, after batch
-        `after` -> (batches, has_more); 400 for an `after` it does not know."""
-        found: list[dict[str, str]] = []
-        while len(found) <= limit:
-            try:
-                rows = await ids_after(self.redis, index, after, limit + 1)
-            except LookupError:
-                raise unknown_cursor(str(after), "batch") from None
-            if not rows:
-                break
-            after = rows[-1][0]
+        `after` -> (batches, has_more); one expired after its result TTL leaves the listing (gateway/listing.py);
+        400 for an `after` it does not know."""
+
+        async def records_of(batch_ids: list[str]) -> list[dict[str, str] | None]:
             pipe = self.redis.pipeline(transaction=False)
-            for batch_id, _ in rows:
+            for batch_id in batch_ids:
                 pipe.hgetall(keys.batch_hash(batch_id))
-            for (batch_id, score), fields in zip(rows, await pipe.execute(), strict=True):
-                if fields:
-                    found.append(fields)
-                else:  # expired after its result TTL: out of this listing, its place kept for a page ending on it
-                    await remember(self.redis, batch_id, score)
-                    await self.redis.zrem(index, batch_id)
-        return found[:limit], len(found) > limit
+            return [fields or None for fields in await pipe.execute()]
+
+        try:
+            return await live_page(self.redis, index, after, limit, records_of)
+        except LookupError:
+            raise unknown_cursor(str(after), "batch") from None
 
     async def results(self, batch_id: str, total: int) -> AsyncIterator[bytes]:
         """The result lines written so far, in input order, as JSONL."""

@@ -14,12 +14,12 @@ from redis.exceptions import WatchError
 
 from gateway.batch_store import BatchStore
 from gateway.idempotency import Idempotency, IdempotencyConflict, claim
-from gateway.listing import ids_after, remember, unknown_cursor
+from gateway.listing import live_page, remember, unknown_cursor
 from shared import keys
 from shared.file_schemas import (
     FileObject,
-    batch_file_id,
     batch_file_ids,
+    batch_file_record,
     is_result_of_kind,
     parse_batch_file_id,
 )
@@ -94,18 +94,33 @@ class FileStore:
         await remember(self.redis, file_id, score)  # a page that ended on it continues (gateway/listing.py)
         return bool(deleted)
 
-    async def page(self, limit: int, after: str | None, index: str) -> tuple[list[dict[str, str]], bool]:
+    async def page(
+        self, limit: int, after: str | None, index: str, purpose: str | None = None
+    ) -> tuple[list[dict[str, str]], bool]:
         """Up to `limit` files of `index` (keys.files_of(owner) or keys.FILES_ZSET), newest first, after file
-        `after` -> (records, has_more); 400 for an `after` it does not know."""
+        `after`, of `purpose` if given -> (records, has_more): uploads, and finished batches' output and error
+        files (workers/tasks/batch_files.py); 400 for an `after` it does not know."""
+
+        async def records_of(file_ids: list[str]) -> list[dict[str, str] | None]:
+            pipe = self.redis.pipeline(transaction=False)
+            kinds = []
+            for file_id in file_ids:
+                parsed = parse_batch_file_id(file_id)
+                kinds.append(parsed[1] if parsed else None)
+                pipe.hgetall(keys.batch_hash(parsed[0]) if parsed else keys.file_hash(file_id))
+            rows = await pipe.execute()
+            return [
+                (batch_file_record(fields, kind) if fields else None) if kind else (fields or None)
+                for fields, kind in zip(rows, kinds, strict=True)
+            ]
+
+        def of_purpose(fields: dict[str, str]) -> bool:
+            return purpose is None or fields["purpose"] == purpose
+
         try:
-            rows = await ids_after(self.redis, index, after, limit + 1)
+            return await live_page(self.redis, index, after, limit, records_of, of_purpose)
         except LookupError:
             raise unknown_cursor(str(after), "file") from None
-        pipe = self.redis.pipeline(transaction=False)
-        for file_id, _ in rows:
-            pipe.hgetall(keys.file_hash(file_id))
-        found = [fields for fields in await pipe.execute() if fields]
-        return found[:limit], len(found) > limit
 
     # -- a batch's output and error files ------------------------------------------------------------------------
     async def batch_file(self, file_id: str) -> tuple[dict[str, str], str] | None:
@@ -115,9 +130,23 @@ class FileStore:
             return None
         batch_id, kind = parsed
         fields = await self.batches.get(batch_id)
-        if fields is None or batch_file_ids(fields).get(kind) != file_id:
+        if fields is None or batch_file_record(fields, kind) is None or batch_file_ids(fields)[kind] != file_id:
             return None
         return fields, kind
+
+    async def delete_batch_file(self, fields: dict[str, str], kind: str) -> None:
+        """Take a batch's output or error file away: out of the listings, and 404 from now on (the batch keeps its
+        results: GET /v1/batches/{id}/results)."""
+        file_id = batch_file_ids(fields)[kind]
+        index = keys.files_of(fields[keys.OWNER_FIELD]) if fields.get(keys.OWNER_FIELD) else None
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.batch_hash(fields["id"]), f"{kind}_deleted", "1")
+        if index is not None:
+            pipe.zscore(index, file_id)
+            pipe.zrem(index, file_id)
+        replies = await pipe.execute()
+        await self.redis.zrem(keys.FILES_ZSET, file_id)  # global (another slot)
+        await remember(self.redis, file_id, replies[1] if index is not None else None)
 
     async def batch_lines(self, fields: dict[str, str], kind: str) -> AsyncIterator[str]:
         """The batch's result lines (JSONL, each ending in a newline) that belong to its `kind` file."""
@@ -127,15 +156,13 @@ class FileStore:
                     yield line + "\n"
 
     async def batch_file_object(self, fields: dict[str, str], kind: str) -> FileObject:
-        num_bytes = 0
-        async for line in self.batch_lines(fields, kind):
-            num_bytes += len(line.encode())
-        ended_at = fields.get("completed_at") or fields.get("cancelled_at") or fields.get("expired_at")
-        return FileObject(
-            id=batch_file_id(fields["id"], kind),
-            bytes=num_bytes,
-            created_at=int(float(ended_at or fields.get("failed_at") or fields["created_at"])),
-            filename=f"{fields['id']}_{kind}.jsonl",
-            purpose="batch_output",
-        )
+        record = batch_file_record(fields, kind)
+        if record is None:  # deleted since batch_file() found it
+            raise LookupError(batch_file_ids(fields).get(kind))
+        if not fields.get(f"{kind}_bytes"):  # a batch finalized before files were sized (batch_files.py)
+            num_bytes = 0
+            async for line in self.batch_lines(fields, kind):
+                num_bytes += len(line.encode())
+            record["bytes"] = str(num_bytes)
+        return file_from_fields(record)
 

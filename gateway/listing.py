@@ -6,6 +6,8 @@ a file deleted, or a batch expired, between two pages has no rank, and the listi
 (a client deleting files as it paged listed its first pages again). An id taken out of a listing leaves its
 score under keys.unlisted for keys.UNLISTED_TTL_S; an `after` known neither way is a 400 naming it."""
 
+from collections.abc import Awaitable, Callable
+
 from redis.asyncio import Redis
 
 from gateway.errors import ApiError
@@ -45,3 +47,37 @@ async def remember(redis: Redis, object_id: str, score: float | None) -> None:
     """`object_id` left its listings (deleted, expired): keep its score for the pages that ended on it."""
     if score is not None:
         await redis.set(keys.unlisted(object_id), repr(score), ex=keys.UNLISTED_TTL_S)
+
+
+Records = Callable[[list[str]], Awaitable[list[dict[str, str] | None]]]  # ids -> their records (None: gone)
+
+
+async def live_page(
+    redis: Redis,
+    index: str,
+    after: str | None,
+    limit: int,
+    records_of: Records,
+    keep: Callable[[dict[str, str]], bool] = lambda fields: True,  # a filter: the others are passed over
+) -> tuple[list[dict[str, str]], bool]:
+    """Up to `limit` records of `index`'s objects that `keep` takes, newest first, after `after` -> (records,
+    has_more). An object whose record is gone (expired) leaves the listing as a page meets it, its place
+    remembered for a page that ended on it; the page reads on past it. LookupError: an `after` the listing does
+    not know."""
+    found: list[dict[str, str]] = []
+    while len(found) <= limit:
+        wanted = limit + 1 - len(found)
+        rows = await ids_after(redis, index, after, wanted)
+        if not rows:
+            break
+        after = rows[-1][0]
+        for (object_id, score), fields in zip(rows, await records_of([i for i, _ in rows]), strict=True):
+            if fields:
+                if keep(fields):
+                    found.append(fields)
+            else:
+                await remember(redis, object_id, score)
+                await redis.zrem(index, object_id)
+        if len(rows) < wanted:
+            break
+    return found[:limit], len(found) > limit

@@ -9,7 +9,7 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.listing import ids_after, remember
+from gateway.listing import live_page
 from gateway.redis_batch import CommandBatcher, ScriptBatcher
 from gateway.redis_wire import WireConnection
 from shared import keys, lua
@@ -129,23 +129,13 @@ class JobStore:
         return fields or None
 
     async def page(self, owner: str, limit: int, after: str | None) -> tuple[list[dict[str, str]], bool]:
-        """Up to `limit` of the owner's jobs (keys.jobs_of), newest first, after job `after` -> (records, has_more).
-        A job whose record expired leaves the listing as the page meets it (its place remembered for a page that
-        ended on it: gateway/listing.py). LookupError: an `after` the listing does not know."""
-        index, cursor = keys.jobs_of(owner), after
-        found: list[dict[str, str]] = []
-        while True:
-            wanted = limit + 1 - len(found)
-            rows = await ids_after(self.redis, index, cursor, wanted)
-            records = await asyncio.gather(*(self.get(job_id) for job_id, _ in rows))
-            found += [fields for fields in records if fields is not None]
-            gone = [(job_id, score) for (job_id, score), fields in zip(rows, records, strict=True) if fields is None]
-            if gone:
-                await self.redis.zrem(index, *(job_id for job_id, _ in gone))
-                await asyncio.gather(*(remember(self.redis, job_id, score) for job_id, score in gone))
-            if len(rows) < wanted or len(found) > limit:
-                return found[:limit], len(found) > limit
-            cursor = rows[-1][0]
+        """Up to `limit` of the owner's jobs (keys.jobs_of), newest first, after job `after` -> (records, has_more);
+        a job whose record expired leaves the listing (gateway/listing.py). LookupError: an unknown `after`."""
+
+        async def records_of(job_ids: list[str]) -> list[dict[str, str] | None]:
+            return list(await asyncio.gather(*(self.get(job_id) for job_id in job_ids)))
+
+        return await live_page(self.redis, keys.jobs_of(owner), after, limit, records_of)
 
     async def cancel(self, job_id: str) -> str:
         """-> 'ok' | 'missing' | the job's (terminal) status."""

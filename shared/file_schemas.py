@@ -11,9 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from shared import keys
 from shared.batch_state import BatchStatus
 
 PURPOSES = ("batch",)  # what may be uploaded; a batch's files have purpose batch_output
+BATCH_OUTPUT_PURPOSE = "batch_output"
+LISTED_PURPOSES = (*PURPOSES, BATCH_OUTPUT_PURPOSE)  # GET /v1/files?purpose=
 BATCH_FILE_KINDS = ("output", "errors")
 _BATCH_FILE = re.compile(r"^file-(batch_[A-Za-z0-9]{1,64})-(output|errors)$")
 FILE_ID_PATTERN = r"^file-[A-Za-z0-9_-]{1,100}$"
@@ -80,6 +83,29 @@ def check_jsonl(data: bytes) -> str | None:
             return f"line {number} is not a JSON object"
         num_lines += 1
     return None if num_lines else "the file has no lines"
+
+
+def batch_ended_s(fields: dict[str, str]) -> float:
+    """When a batch ended (its files' created_at)."""
+    for name in ("completed_at", "cancelled_at", "expired_at", "failed_at", "created_at"):
+        if fields.get(name):
+            return float(fields[name])
+    return 0.0
+
+
+def batch_file_record(fields: dict[str, str], kind: str) -> dict[str, str] | None:
+    """A batch's `output` or `errors` file as an uploaded file's record (the listing's row), from the batch hash;
+    None when the batch has no such file, or it was deleted."""
+    if kind not in batch_file_ids(fields) or fields.get(f"{kind}_deleted"):
+        return None
+    return {
+        "id": batch_file_id(fields["id"], kind),
+        "bytes": fields.get(f"{kind}_bytes") or "0",
+        "created_at": repr(batch_ended_s(fields)),
+        "filename": f"{fields['id']}_{kind}.jsonl",
+        "purpose": BATCH_OUTPUT_PURPOSE,
+        keys.OWNER_FIELD: fields.get(keys.OWNER_FIELD, ""),
+    }
 
 
 def batch_file_ids(fields: dict[str, str]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """/v1/files: OpenAI's Files API for the Batch workflow. Upload (multipart `file` + `purpose=batch`), list,
 read, download, delete; per tenant (another key's file is 404, as an unknown one), up to
-settings.file_max_bytes (413). A finished batch's output and error files are read here too (not deleted:
-they go with their batch)."""
+settings.file_max_bytes (413). A finished batch's output and error files are listed, read and deleted here too
+(views of its results: workers/tasks/batch_files.py)."""
 
 import asyncio
 from typing import Annotated, Any
@@ -17,7 +17,15 @@ from gateway.file_store import FileStore, file_from_fields
 from gateway.idempotency import Idempotency, IdempotencyConflict, made_by
 from shared import keys
 from shared.api_keys import ApiKey
-from shared.file_schemas import FILE_ID_PATTERN, PURPOSES, FileDeleted, FileList, FileObject, check_jsonl
+from shared.file_schemas import (
+    FILE_ID_PATTERN,
+    LISTED_PURPOSES,
+    PURPOSES,
+    FileDeleted,
+    FileList,
+    FileObject,
+    check_jsonl,
+)
 from shared.job_state import ErrorCode
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=ERROR_RESPONSES)
@@ -94,12 +102,12 @@ async def list_files(
     after: Annotated[str | None, Query(max_length=120)] = None,
     purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> FileList:
-    """The key's uploaded files, newest first (an admin key: every tenant's); `after` = the last id of the
-    previous page."""
-    if purpose not in (None, *PURPOSES):  # every listed file is an upload of one of PURPOSES: none of this one
+    """The key's files, newest first (an admin key: every tenant's): its uploads and its finished batches' output
+    and error files (`batch_output`); `after` = the last id of the previous page."""
+    if purpose not in (None, *LISTED_PURPOSES):  # no file has it
         return FileList(data=[], first_id=None, last_id=None, has_more=False)
     index = keys.FILES_ZSET if key.is_admin else keys.files_of(key.id)
-    rows, has_more = await store.page(limit, after, index)
+    rows, has_more = await store.page(limit, after, index, purpose)
     data = [file_from_fields(fields) for fields in rows]
     return FileList(
         data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
@@ -128,7 +136,10 @@ async def get_file(file_id: FileId, store: StoreDep, key: ApiKeyDep) -> FileObje
     if fields is not None:
         return file_from_fields(fields)
     batch, kind = await _owned_batch_file(store, file_id, key)
-    return await store.batch_file_object(batch, kind)
+    try:
+        return await store.batch_file_object(batch, kind)
+    except LookupError:  # deleted meanwhile
+        raise _not_found(file_id) from None
 
 
 @router.get("/{file_id}/content", response_model=None, response_class=StreamingResponse, responses=JSONL_RESPONSE)
@@ -150,12 +161,12 @@ async def file_content(
 
 @router.delete("/{file_id}", response_model=FileDeleted)
 async def delete_file(file_id: FileId, store: StoreDep, key: ApiKeyDep) -> FileDeleted:
-    """Delete an uploaded file (batches already created from it keep their lines)."""
+    """Delete a file: an upload (batches already created from it keep their lines), or a batch's output or error
+    file (the batch keeps its results: GET /v1/batches/{id}/results)."""
     fields = await _owned_record(store, file_id, key)
     if fields is None:
-        await _owned_batch_file(store, file_id, key)  # 404 unless it is one of the key's batch files
-        raise ApiError(
-            409, ErrorCode.CONFLICT, "a batch's output and error files go with their batch", field="file_id"
-        )
+        batch, kind = await _owned_batch_file(store, file_id, key)  # 404 unless it is one of the key's
+        await store.delete_batch_file(batch, kind)
+        return FileDeleted(id=file_id, deleted=True)
     await store.delete(file_id, fields[keys.OWNER_FIELD])
     return FileDeleted(id=file_id, deleted=True)

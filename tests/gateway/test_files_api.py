@@ -101,8 +101,23 @@ def test_the_openai_batch_workflow_runs_unchanged(
     assert described.bytes == len(alice.files.content(batch.output_file_id).content)
 
     assert alice.files.delete(uploaded.id).deleted  # the batch keeps its lines and results
-    assert [f.id for f in alice.files.list().data] == []
     assert alice.files.content(batch.output_file_id).text
+    # listed as OpenAI lists them (they were not), newest first, sized; deleted as uploads are (it was a 409)
+    results = [batch.error_file_id, batch.output_file_id]
+    wait_until(lambda: {f.id for f in alice.files.list()} == set(results), 30, 0.05, "the batch's files listed")
+    listed = alice.files.list(purpose="batch_output").data  # one time (the batch's end): by id, descending
+    assert [f.id for f in listed] == [batch.output_file_id, batch.error_file_id]
+    assert [f.model_dump() for f in listed] == [alice.files.retrieve(f.id).model_dump() for f in listed]
+    assert [f.id for f in alice.files.list(purpose="batch")] == []
+    assert alice.files.delete(batch.output_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        alice.files.content(batch.output_file_id)
+    with pytest.raises(openai.NotFoundError):
+        alice.files.delete(batch.output_file_id)
+    assert [f.id for f in alice.files.list()] == [batch.error_file_id]
+    assert alice.batches.retrieve(batch.id).output_file_id == batch.output_file_id  # the batch still names it
+    assert len(httpx.get(f"{alice.base_url}batches/{batch.id}/results",
+                         headers={"Authorization": f"Bearer {alice.api_key}"}).text.splitlines()) == 5  # fmt: skip
 
 
 def test_files_are_per_tenant(alice: openai.OpenAI, bob: openai.OpenAI) -> None:

@@ -4,7 +4,7 @@ created notice -> expand (one chunk per task, re-enqueued until every line is a 
                  lines queued or running at once: shared/batch_quota.py)
 each line's job finishes -> its result line and count (workers/tasks/outbox.py, LINE_DONE)
 cancel notice -> cancel (queued lines' jobs cancelled; running ones finish)
-ready (see shared/batch_lua.py) -> finalize: fill never-started lines, decide the final status, webhook
+ready (see shared/batch_lua.py) -> finalize: fill never-started lines, decide the final status, list its files, webhook
 
 Shared tasks (bound to the app that includes this module), registered with workers/tasks/registry.py for
 the outbox bridge: importing this module neither reads settings nor builds the Celery app.
@@ -26,6 +26,7 @@ from shared.schemas import ErrorEvent, ErrorInfo, Priority, WebhookEvent
 from shared.settings import ServiceSettings
 from shared.submit import NOT_STORED, StoredForm, body_digest, new_job_id, submit_call
 from workers.tasks import registry, runtime, webhooks
+from workers.tasks.batch_files import list_batch_files
 from workers.tasks.registry import BatchAction
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ def finalize(batch_id: str) -> str:
         pipe.expire(key, settings.batch_result_ttl_s)
     pipe.delete(keys.batch_lines(batch_id))
     pipe.execute()
+    list_batch_files(r, batch_id)  # its output and error files in its owner's GET /v1/files
     log.info(
         "batch %s %s: %s", batch_id, final.value, {k: fields.get(k) for k in ("total", "completed", "failed")}
     )
