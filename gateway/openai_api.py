@@ -2,9 +2,9 @@
 when they finish or stream their tokens as OpenAI chunks, each naming its choice).
 
 Errors on these routes are OpenAI's (gateway/openai_errors.py).
-A client that goes away before its job finished (a closed stream, or a dropped non-streaming call) cancels the
-job when settings.cancel_on_disconnect, so abandoned requests free the GPU. The job's id is in the
-`x-specfleet-job-id` header of every answer: GET /v1/jobs/{id} shows the job behind a call.
+A client that goes away before its jobs finished (a closed stream, or a dropped non-streaming call) cancels them
+when settings.cancel_on_disconnect, so abandoned requests free the GPU. The jobs' ids are in the
+`x-specfleet-job-id` header of every answer (comma-separated): GET /v1/jobs/{id} shows a job behind a call.
 """
 
 import asyncio
@@ -59,8 +59,8 @@ def _job_failure(job: Job) -> ApiError:
 
 
 class ChunkStream(EventStreamResponse):
-    """A streaming call's chunks (gateway/event_stream.py). A client that leaves before its job finished cancels
-    it: the frames do on their way out, and the background task after the stream, should the frames never have
+    """A streaming call's chunks (gateway/event_stream.py). A client that leaves before its jobs finished cancels
+    them: the frames do on their way out, and the background task after the stream, should the frames never have
     started."""
 
     def __init__(self, call: "Call", headers: dict[str, str]) -> None:
