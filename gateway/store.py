@@ -128,14 +128,20 @@ class JobStore:
         fields = lua.fields_of(await self.read_jobs.run(lua.read_job_keys(job_id), []))
         return fields or None
 
-    async def page(self, owner: str, limit: int, after: str | None) -> tuple[list[dict[str, str]], bool]:
-        """Up to `limit` of the owner's jobs (keys.jobs_of), newest first, after job `after` -> (records, has_more);
-        a job whose record expired leaves the listing (gateway/listing.py). LookupError: an unknown `after`."""
+    async def page(
+        self, owner: str, limit: int, after: str | None, status: JobStatus | None = None
+    ) -> tuple[list[dict[str, str]], bool]:
+        """Up to `limit` of the owner's jobs (keys.jobs_of), newest first, after job `after`, in `status` if given
+        -> (records, has_more); a job whose record expired leaves the listing (gateway/listing.py). LookupError:
+        an unknown `after`."""
 
         async def records_of(job_ids: list[str]) -> list[dict[str, str] | None]:
             return list(await asyncio.gather(*(self.get(job_id) for job_id in job_ids)))
 
-        return await live_page(self.redis, keys.jobs_of(owner), after, limit, records_of)
+        def in_status(fields: dict[str, str]) -> bool:
+            return status is None or fields["status"] == status.value
+
+        return await live_page(self.redis, keys.jobs_of(owner), after, limit, records_of, in_status)
 
     async def cancel(self, job_id: str) -> str:
         """-> 'ok' | 'missing' | the job's (terminal) status."""

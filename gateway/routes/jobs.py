@@ -152,11 +152,13 @@ async def list_jobs(
     key: OwnerDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(pattern=f"^{JOB_ID_PATTERN}$")] = None,
+    status: JobStatus | None = None,
 ) -> JobList:
     """The key's jobs, newest first, as GET /v1/jobs/{id} answers each (its newest `jobs_listed_per_key`, while
-    their records are kept: result_ttl_s after they end); `after` = the last id of the previous page."""
+    their records are kept: result_ttl_s after they end), those in `status` if given; `after` = the last id of
+    the previous page."""
     try:
-        rows, has_more = await gw.store.page(key.id, limit, after)
+        rows, has_more = await gw.store.page(key.id, limit, after, status)
     except LookupError:
         raise unknown_cursor(str(after), "job") from None
     base = gw.base_url(request)

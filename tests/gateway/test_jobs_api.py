@@ -344,6 +344,12 @@ def test_a_keys_jobs_are_listed_newest_first_page_by_page(
     assert [job["id"] for job in whole["data"]] == [mine[6], mine[5], mine[2], mine[1], mine[0]]
     owner = rclient.hget(keys.job_hash(mine[0]), keys.OWNER_FIELD)
     assert rclient.zrange(keys.jobs_of(owner), 0, -1) == mine[:3] + mine[5:]  # the expired two left it
+    rclient.hset(keys.job_hash(mine[1]), "status", "cancelled")
+    cancelled = http.get("/v1/jobs", params={"status": "cancelled"}).json()
+    assert [job["id"] for job in cancelled["data"]] == [mine[1]] and not cancelled["has_more"]
+    queued = http.get("/v1/jobs", params={"status": "queued", "limit": 2}).json()
+    assert [job["id"] for job in queued["data"]] == [mine[6], mine[5]] and queued["has_more"]
+    assert http.get("/v1/jobs", params={"status": "sleeping"}).status_code == 422
     unknown = http.get("/v1/jobs", params={"after": "nojob"})
     assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "after"
     assert http.get("/v1/jobs", params={"limit": 0}).status_code == 422
