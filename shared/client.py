@@ -145,11 +145,13 @@ class FleetClient:
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         return self._json(self.http.post(f"/v1/batches/{batch_id}/cancel"))
 
-    def list_jobs(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        """A page of the key's jobs, newest first (GET /v1/jobs)."""
+    def list_jobs(self, limit: int = 20, after: str | None = None, status: str | None = None) -> dict[str, Any]:
+        """A page of the key's jobs, newest first (GET /v1/jobs), those in `status` if given."""
         params: dict[str, str | int] = {"limit": limit}
         if after:
             params["after"] = after
+        if status:
+            params["status"] = status
         return self._json(self.http.get("/v1/jobs", params=params))
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> dict[str, Any]:

@@ -81,13 +81,14 @@ def cancel(job_id: str, url: UrlOpt = None) -> None:
 def jobs(
     limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
     after: Annotated[str | None, typer.Option(help="Last id of the previous page")] = None,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this status (queued, running, succeeded, ...)")] = None,
     url: UrlOpt = None,
 ) -> None:
     """List your jobs, newest first: id, status, tokens generated, when created (UTC)."""
     from shared.client import FleetClient
 
     with FleetClient(gateway_url(url)) as client:
-        page = call(lambda: client.list_jobs(limit, after))
+        page = call(lambda: client.list_jobs(limit, after, status))
     for job in page["data"]:
         created = datetime.fromtimestamp(job["created_at"], UTC).strftime("%Y-%m-%d %H:%M:%S")
         typer.echo(f"{job['id']}  {job['status']:<9} {job['usage']['completion_tokens']:>6} tokens  {created}")

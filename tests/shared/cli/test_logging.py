@@ -42,6 +42,8 @@ def test_jobs_lists_the_keys_jobs_newest_first_page_by_page(gateway: ThreadedGat
     assert first.stderr.strip() == f"(more: --after {submitted[1]})"
     rest = run_cli("jobs", "--after", submitted[1], "--url", gateway.url)
     assert [line.split()[:2] for line in rest.stdout.splitlines()] == [[submitted[0], "queued"]] and not rest.stderr
+    assert run_cli("jobs", "--status", "succeeded", "--url", gateway.url).stdout == ""  # no worker: none ran
+    assert "status" in run_cli("jobs", "--status", "asleep", "--url", gateway.url).stderr
 
 
 def test_verbose_brings_the_request_lines_back(gateway: ThreadedGateway) -> None:
