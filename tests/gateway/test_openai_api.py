@@ -415,6 +415,20 @@ def test_a_dropped_call_cancels_its_job(served: ThreadedGateway, secret: str, rc
     assert job["status"] == "cancelled" and job["usage"]["completion_tokens"] < 480
 
 
+def test_a_dropped_call_of_n_choices_cancels_every_job(served: ThreadedGateway, secret: str) -> None:
+    body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 480, "temperature": 0, "ignore_eos": True, "n": 2}
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {secret}"}) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while its two jobs run
+            http.post("/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.05))
+
+        def stopped() -> list[dict] | None:  # the key's jobs (GET /v1/jobs): the header never reached the client
+            jobs = http.get("/v1/jobs").json()["data"]
+            return jobs if len(jobs) == 2 and all(j["status"] not in ("queued", "running") for j in jobs) else None
+
+        jobs = wait_until(stopped, what="the dropped call's jobs to stop")
+    assert [(j["status"], j["usage"]["completion_tokens"] < 480) for j in jobs] == [("cancelled", True)] * 2
+
+
 def test_jobs_outlive_their_client_when_configured(
     engine_thread: EngineThread,
     settings: ServiceSettings,

@@ -191,7 +191,7 @@ def test_files_and_batch_output_files_live_in_their_tenant_partition(
         assert keys.partition_of(file_id) == tenant.partition
         assert partitioned.client.exists(keys.file_hash(file_id), keys.file_content(file_id)) == 2
         assert tenant.fleet.http.get(f"/v1/files/{file_id}/content").content == content
-        assert [f["id"] for f in tenant.fleet.http.get("/v1/files").json()["data"]] == [file_id]
+        assert [f["id"] for f in tenant.fleet.http.get("/v1/files?purpose=batch").json()["data"]] == [file_id]
         file_ids.append(file_id)
     assert set(file_ids) <= {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
     last = partitioned.tenants[-1]
@@ -201,6 +201,10 @@ def test_files_and_batch_output_files_live_in_their_tenant_partition(
                        interval_s=0.05, what="the batch to finish")  # fmt: skip
     output = last.fleet.http.get(f"/v1/files/{batch['output_file_id']}/content")
     assert output.status_code == 200 and json.loads(output.text)["custom_id"] == "only"
+    outputs = wait_until(lambda: [f["id"] for f in last.fleet.http.get("/v1/files?purpose=batch_output").json()["data"]
+                                  if f["id"] == batch["output_file_id"]], what="the output file listed")  # fmt: skip
+    assert outputs and batch["output_file_id"] in {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
+    assert keys.partition_of(batch_id) == last.partition  # its files' listing: the tenant's partition
     assert last.fleet.http.delete(f"/v1/files/{file_ids[-1]}").json()["deleted"] is True
     assert not partitioned.client.exists(keys.file_hash(file_ids[-1]))
     assert file_ids[-1] not in {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
