@@ -41,8 +41,25 @@ class FileStore:
         self.batches = BatchStore(redis)
 
     # -- uploaded files ---------------------------------------------------------------------------------------
-    async def num_files(self, owner: str) -> int:
-        return int(await self.redis.zcard(keys.files_of(owner)))
+    async def num_files(self, owner: str, limit: int) -> int:
+        """The owner's files (for its quota of `limit`). At the limit, the listing is first rid of the files of
+        batches that expired since (a listing drops those only as its pages meet them)."""
+        index = keys.files_of(owner)
+        count = int(await self.redis.zcard(index))
+        if count < limit:
+            return count
+        rows: list[tuple[str, float]] = await self.redis.zrange(index, 0, -1, withscores=True)  # type: ignore[assignment]
+        batch_files = [(file_id, score, parsed[0]) for file_id, score in rows if (parsed := parse_batch_file_id(file_id))]
+        pipe = self.redis.pipeline(transaction=False)
+        for _, _, batch_id in batch_files:
+            pipe.exists(keys.batch_hash(batch_id))
+        gone = [(file_id, score) for (file_id, score, _), exists in zip(batch_files, await pipe.execute(), strict=True)
+                if not exists]  # fmt: skip
+        for file_id, score in gone:
+            await remember(self.redis, file_id, score)
+        if gone:
+            await self.redis.zrem(index, *(file_id for file_id, _ in gone))
+        return count - len(gone)
 
     async def create(
         self, text: str, num_bytes: int, filename: str, purpose: str, owner: str,

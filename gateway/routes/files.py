@@ -85,10 +85,9 @@ async def create_file(
     idempotency = Idempotency.of(idempotency_key, "file", key.id, made_of, gw.settings.idempotency_ttl_s)
     try:
         made = await made_by(store.redis, idempotency) if idempotency else None  # a retry: not a second file
-        if made is None and await store.num_files(key.id) >= gw.settings.file_max_per_key:
-            raise ApiError(
-                409, ErrorCode.CONFLICT, f"this key has {gw.settings.file_max_per_key} files: delete some first"
-            )
+        limit = gw.settings.file_max_per_key
+        if made is None and await store.num_files(key.id, limit) >= limit:
+            raise ApiError(409, ErrorCode.CONFLICT, f"this key has {limit} files: delete some first")
         return await store.create(data.decode("utf-8-sig"), len(data), filename, purpose, key.id, idempotency)
     except IdempotencyConflict as exc:
         raise ApiError(422, ErrorCode.CONFLICT, str(exc), field="Idempotency-Key") from exc

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import redis
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
@@ -154,6 +156,27 @@ def test_a_batch_body_naming_a_file_is_read_as_such_whatever_its_content_type(
     )
     assert created.status_code == 202, created.text
     assert created.json()["input_file_id"] == uploaded.id and created.json()["request_counts"]["total"] == 1
+
+
+def test_the_file_quota_counts_no_file_of_an_expired_batch(hook_settings: ServiceSettings) -> None:
+    """A batch's files count toward file_max_per_key; those of a batch that expired since (a listing drops them
+    only as its pages meet them) are dropped when the key reaches its quota, not counted against it."""
+    assert hook_settings.redis_url is not None
+    record, secret = create_key(hook_settings.redis_url, "quota")
+    settings = hook_settings.model_copy(update={"file_max_per_key": 2})
+    upload = {"file": ("a.jsonl", jsonl([chat_line(0)]), "application/jsonl")}
+    client = redis.Redis.from_url(hook_settings.redis_url, decode_responses=True)
+    with ThreadedGateway(settings, default_key=False).start() as server, httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {secret}"}
+    ) as http:
+        assert http.post("/v1/files", files=upload, data={"purpose": "batch"}).status_code == 200
+        client.hset(keys.batch_hash("batch_live"), mapping={"id": "batch_live", "status": "completed"})
+        client.zadd(keys.files_of(record.id), {"file-batch_gone-output": 1.0, "file-batch_live-errors": 2.0})
+        assert http.post("/v1/files", files=upload, data={"purpose": "batch"}).status_code == 409  # 3 of 2
+        client.delete(keys.batch_hash("batch_live"))  # expired: its file no longer counts
+        assert http.post("/v1/files", files=upload, data={"purpose": "batch"}).status_code == 200
+        assert client.zcard(keys.files_of(record.id)) == 2  # the two uploads
+    client.close()
 
 
 def test_a_listing_continues_after_a_file_deleted_between_its_pages(
