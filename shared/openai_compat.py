@@ -1,15 +1,16 @@
 """OpenAI `/v1/completions` and `/v1/chat/completions` <-> our jobs, in one place: the HTTP endpoints
 (gateway/routes/openai_*.py) and batch lines (shared/batch_format.py) both translate through it.
 
-Request: `prompt` (a string or its token ids, or a list holding one of them: the job's `prompt` or
-`prompt_token_ids`; `echo` needs text) or `messages` (system/developer/user/assistant, string
+Request: `prompt` (a string or its token ids: the job's `prompt` or `prompt_token_ids`; or several, a job each;
+`echo` of token ids needs logprobs) or `messages` (system/developer/user/assistant, string
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
-(string or list), `seed`, `n` (1 only), `stream` + `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
+(string or list), `seed`, `n` (a job a choice: choice_requests; batch lines take 1), `stream` +
+`stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), and specfleet's
 own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
 an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
-(`n` > 1, a penalty, tools, ...) is a clear error naming the field, and a field OpenAI does not know is
+(a penalty, `best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
 sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
 with the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
