@@ -51,6 +51,24 @@ end
 # KEYS: batch hash. ARGV: to ts_field -> 'ok' | 'missing' | the current status
 TRANSITION = BATCH_PRELUDE + "return transition(KEYS[1], ARGV[1], ARGV[2])\n"
 
+# The final transition with the batch's output and error files (workers/tasks/batch_files.py): when it is made,
+# their sizes (`<kind>_bytes`) and their ids in the owner's file listing, scored by the end it stamps; so whoever
+# sees the batch ended finds its files listed. KEYS: batch hash, the owner's file listing (the batch hash again
+# when it has no owner: no ids then). ARGV: to ts_field num_kinds [kind bytes]... [file_id]...
+# -> 'ok' | 'missing' | the current status
+END_WITH_FILES = (
+    BATCH_PRELUDE
+    + """
+local res = transition(KEYS[1], ARGV[1], ARGV[2])
+if res ~= 'ok' then return res end
+local num_kinds = tonumber(ARGV[3])
+for i = 0, num_kinds - 1 do redis.call('HSET', KEYS[1], ARGV[4 + 2 * i] .. '_bytes', ARGV[5 + 2 * i]) end
+local ended = redis.call('HGET', KEYS[1], ARGV[2])
+for i = 4 + 2 * num_kinds, #ARGV do redis.call('ZADD', KEYS[2], ended, ARGV[i]) end
+return res
+"""
+)
+
 # Cancel: validating|in_progress -> cancelling, and a `cancel` notice for the Celery side.
 # KEYS: batch hash, outbox stream. ARGV: batch_id outbox_maxlen -> 'ok' | 'missing' | the current status
 CANCEL = (

@@ -106,7 +106,7 @@ def test_the_openai_batch_workflow_runs_unchanged(
     assert alice.files.content(batch.output_file_id).text
     # listed as OpenAI lists them (they were not), newest first, sized; deleted as uploads are (it was a 409)
     results = [batch.error_file_id, batch.output_file_id]
-    wait_until(lambda: {f.id for f in alice.files.list()} == set(results), 30, 0.05, "the batch's files listed")
+    assert {f.id for f in alice.files.list()} == set(results)  # listed by the script that ended the batch
     listed = alice.files.list(purpose="batch_output").data  # one time (the batch's end): by id, descending
     assert [f.id for f in listed] == [batch.output_file_id, batch.error_file_id]
     assert [f.model_dump() for f in listed] == [alice.files.retrieve(f.id).model_dump() for f in listed]

@@ -201,9 +201,11 @@ def test_files_and_batch_output_files_live_in_their_tenant_partition(
                        interval_s=0.05, what="the batch to finish")  # fmt: skip
     output = last.fleet.http.get(f"/v1/files/{batch['output_file_id']}/content")
     assert output.status_code == 200 and json.loads(output.text)["custom_id"] == "only"
-    outputs = wait_until(lambda: [f["id"] for f in last.fleet.http.get("/v1/files?purpose=batch_output").json()["data"]
-                                  if f["id"] == batch["output_file_id"]], what="the output file listed")  # fmt: skip
-    assert outputs and batch["output_file_id"] in {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
+    outputs = [f["id"] for f in last.fleet.http.get("/v1/files?purpose=batch_output").json()["data"]]
+    assert batch["output_file_id"] in outputs  # listed by the script that ended it, in the tenant's partition
+    admin_listed = wait_until(lambda: {f["id"] for f in partitioned.admin.http.get("/v1/files?limit=100").json()["data"]}
+                              & {batch["output_file_id"]}, what="the admin's listing")  # fmt: skip
+    assert admin_listed == {batch["output_file_id"]}
     assert keys.partition_of(batch_id) == last.partition  # its files' listing: the tenant's partition
     assert last.fleet.http.delete(f"/v1/files/{file_ids[-1]}").json()["deleted"] is True
     assert not partitioned.client.exists(keys.file_hash(file_ids[-1]))

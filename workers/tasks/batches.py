@@ -25,8 +25,7 @@ from shared.job_state import ErrorCode, JobStatus
 from shared.schemas import ErrorEvent, ErrorInfo, Priority, WebhookEvent
 from shared.settings import ServiceSettings
 from shared.submit import NOT_STORED, StoredForm, body_digest, new_job_id, submit_call
-from workers.tasks import registry, runtime, webhooks
-from workers.tasks.batch_files import list_batch_files
+from workers.tasks import batch_files, registry, runtime, webhooks
 from workers.tasks.registry import BatchAction
 
 log = logging.getLogger(__name__)
@@ -278,14 +277,14 @@ def finalize(batch_id: str) -> str:
         final = BatchStatus.FAILED
     else:
         final = BatchStatus.COMPLETED
-    if _transition(batch_id, final) != "ok":
+    files = batch_files.batch_files(r, fields, final)  # its output and error files, in its owner's GET /v1/files
+    if batch_files.end_with_files(r, files, final) != "ok":  # listed as it ends: whoever sees it ended finds them
         return "raced"
     pipe = redis_urls.pipeline(r, transaction=True, partition=keys.partition_of(batch_id))
     for key in (keys.batch_hash(batch_id), keys.batch_jobs(batch_id), keys.batch_results(batch_id)):
         pipe.expire(key, settings.batch_result_ttl_s)
     pipe.delete(keys.batch_lines(batch_id))
     pipe.execute()
-    list_batch_files(r, batch_id)  # its output and error files in its owner's GET /v1/files
     log.info(
         "batch %s %s: %s", batch_id, final.value, {k: fields.get(k) for k in ("total", "completed", "failed")}
     )
