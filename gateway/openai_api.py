@@ -133,21 +133,23 @@ class Call:
 
     async def _submit(self, caller: Caller, requests: list[JobRequest], idempotency_key: str | None) -> dict[str, str]:
         """Queue a job a choice -> the answer's headers (the jobs' ids, comma-separated, in `x-specfleet-job-id`).
-        A choice refused (a limit, a full queue) refuses the call: the choices queued before it are cancelled.
-        With an Idempotency-Key, choice i > 0 takes `<key>:<i>`, so a retry finds every choice's job."""
-        headers: dict[str, str] = {}
-        for i, job_request in enumerate(requests):
-            key = f"{idempotency_key}:{i}" if i and idempotency_key is not None else idempotency_key
-            try:
-                admitted = await admission.submit(self.gw, caller, job_request, key)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._cancel(self.job_ids, "another choice was refused")
-                raise
-            self.job_ids.append(admitted.submitted.job_id)
-            headers = admitted.headers  # the last admission's: its x-ratelimit-* are the newest
+        The submits go together (one pipelined write: gateway/redis_batch.py), in choice order. A choice refused
+        (a limit, a full queue) refuses the call: the choices queued are cancelled. With an Idempotency-Key,
+        choice i > 0 takes `<key>:<i>`, so a retry finds every choice's job."""
+        keys = [f"{idempotency_key}:{i}" if i and idempotency_key is not None else idempotency_key
+                for i in range(len(requests))]  # fmt: skip
+        results = await asyncio.gather(
+            *(admission.submit(self.gw, caller, job_request, key) for job_request, key in zip(requests, keys, strict=True)),
+            return_exceptions=True,
+        )
+        admitted = [result for result in results if not isinstance(result, BaseException)]
+        self.job_ids = [one.submitted.job_id for one in admitted]
+        if refused := [result for result in results if isinstance(result, BaseException)]:
+            with anyio.CancelScope(shield=True):
+                await self._cancel(self.job_ids, "another choice was refused")
+            raise refused[0]
         self.unfinished = set(self.job_ids)
-        return {**headers, JOB_ID_HEADER: ",".join(self.job_ids)}
+        return {**admitted[-1].headers, JOB_ID_HEADER: ",".join(self.job_ids)}  # the last: the newest x-ratelimit-*
 
     async def _wait(self) -> list[Job]:
         """Block until every choice's job is final; a client that leaves meanwhile cancels them, as soon as its
