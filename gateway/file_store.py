@@ -14,7 +14,7 @@ from redis.exceptions import WatchError
 
 from gateway.batch_store import BatchStore
 from gateway.idempotency import Idempotency, IdempotencyConflict, claim
-from gateway.listing import live_page, remember, unknown_cursor
+from gateway.listing import live_page, remember, unknown_cursor, unlist
 from shared import keys
 from shared.file_schemas import (
     FileObject,
@@ -55,10 +55,7 @@ class FileStore:
             pipe.exists(keys.batch_hash(batch_id))
         gone = [(file_id, score) for (file_id, score, _), exists in zip(batch_files, await pipe.execute(), strict=True)
                 if not exists]  # fmt: skip
-        for file_id, score in gone:
-            await remember(self.redis, file_id, score)
-        if gone:
-            await self.redis.zrem(index, *(file_id for file_id, _ in gone))
+        await unlist(self.redis, index, gone)
         return count - len(gone)
 
     async def create(

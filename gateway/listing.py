@@ -49,6 +49,14 @@ async def remember(redis: Redis, object_id: str, score: float | None) -> None:
         await redis.set(keys.unlisted(object_id), repr(score), ex=keys.UNLISTED_TTL_S)
 
 
+async def unlist(redis: Redis, index: str, gone: list[tuple[str, float]]) -> None:
+    """Take the (id, score) of objects whose records are gone (expired) out of `index`, each remembered."""
+    for object_id, score in gone:
+        await remember(redis, object_id, score)
+    if gone:
+        await redis.zrem(index, *(object_id for object_id, _ in gone))
+
+
 Records = Callable[[list[str]], Awaitable[list[dict[str, str] | None]]]  # ids -> their records (None: gone)
 
 
@@ -71,13 +79,9 @@ async def live_page(
         if not rows:
             break
         after = rows[-1][0]
-        for (object_id, score), fields in zip(rows, await records_of([i for i, _ in rows]), strict=True):
-            if fields:
-                if keep(fields):
-                    found.append(fields)
-            else:
-                await remember(redis, object_id, score)
-                await redis.zrem(index, object_id)
+        records = await records_of([object_id for object_id, _ in rows])
+        found += [fields for fields in records if fields and keep(fields)]
+        await unlist(redis, index, [row for row, fields in zip(rows, records, strict=True) if not fields])
         if len(rows) < wanted:
             break
     return found[:limit], len(found) > limit
