@@ -20,6 +20,7 @@ from shared.file_schemas import (
     FileObject,
     batch_file_ids,
     batch_file_record,
+    batch_file_row,
     is_result_of_kind,
     parse_batch_file_id,
 )
@@ -144,7 +145,7 @@ class FileStore:
             return None
         batch_id, kind = parsed
         fields = await self.batches.get(batch_id)
-        if fields is None or batch_file_record(fields, kind) is None or batch_file_ids(fields)[kind] != file_id:
+        if fields is None or batch_file_record(fields, kind) is None:  # none of that kind, or deleted
             return None
         return fields, kind
 
@@ -170,9 +171,8 @@ class FileStore:
                     yield line + "\n"
 
     async def batch_file_object(self, fields: dict[str, str], kind: str) -> FileObject:
-        record = batch_file_record(fields, kind)
-        if record is None:  # deleted since batch_file() found it
-            raise LookupError(batch_file_ids(fields).get(kind))
+        """The file object of a file batch_file() found."""
+        record = batch_file_row(fields, kind)
         if not fields.get(f"{kind}_bytes"):  # a batch finalized before files were sized (batch_files.py)
             num_bytes = 0
             async for line in self.batch_lines(fields, kind):

@@ -98,6 +98,11 @@ def batch_file_record(fields: dict[str, str], kind: str) -> dict[str, str] | Non
     None when the batch has no such file, or it was deleted."""
     if kind not in batch_file_ids(fields) or fields.get(f"{kind}_deleted"):
         return None
+    return batch_file_row(fields, kind)
+
+
+def batch_file_row(fields: dict[str, str], kind: str) -> dict[str, str]:
+    """The record of a file the batch has (batch_file_record checks that it has it)."""
     return {
         "id": batch_file_id(fields["id"], kind),
         "bytes": fields.get(f"{kind}_bytes") or "0",

@@ -135,10 +135,7 @@ async def get_file(file_id: FileId, store: StoreDep, key: ApiKeyDep) -> FileObje
     if fields is not None:
         return file_from_fields(fields)
     batch, kind = await _owned_batch_file(store, file_id, key)
-    try:
-        return await store.batch_file_object(batch, kind)
-    except LookupError:  # deleted meanwhile
-        raise _not_found(file_id) from None
+    return await store.batch_file_object(batch, kind)
 
 
 @router.get("/{file_id}/content", response_model=None, response_class=StreamingResponse, responses=JSONL_RESPONSE)
