@@ -232,9 +232,7 @@ class Call:
                         self.unfinished = set()
                         break
             if self.body.include_usage and all(usage is not None for usage in usages):
-                done_usages = [usage for usage in usages if usage is not None]
-                prompt_tokens = sum(u.prompt_tokens or 0 for u in done_usages[:: self.body.num_choices])  # each once
-                yield self._usage_chunk(oa.usage_of(prompt_tokens, sum(u.completion_tokens for u in done_usages)))
+                yield self._usage_chunk(oa.call_usage([u for u in usages if u is not None], self.body.num_choices))
             yield DONE_FRAME
         finally:
             if self.unfinished:

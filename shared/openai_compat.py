@@ -21,6 +21,7 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import PurePath
 from typing import Any, Literal, TypeVar
 
@@ -68,6 +69,7 @@ from shared.schemas import (
     JobRequest,
     Message,
     Priority,
+    Usage,
 )
 
 COMPLETIONS_URL = "/v1/completions"
@@ -490,9 +492,8 @@ def merged(answers: list[AnswerT], num_choices: int = 1) -> AnswerT:
     if len(answers) == 1:
         return first
     choices = [answer.choices[0].model_copy(update={"index": i}) for i, answer in enumerate(answers)]
-    prompt_tokens = sum(answer.usage.prompt_tokens for answer in answers[::num_choices] if answer.usage is not None)
-    completion_tokens = sum(answer.usage.completion_tokens for answer in answers if answer.usage is not None)
-    return first.model_copy(update={"choices": choices, "usage": usage_of(prompt_tokens, completion_tokens)})
+    usage = call_usage([answer.usage for answer in answers if answer.usage is not None], num_choices)
+    return first.model_copy(update={"choices": choices, "usage": usage})
 
 
 def served_name(published: str) -> str:
@@ -597,6 +598,13 @@ def usage_of(prompt_tokens: int | None, completion_tokens: int) -> CompletionUsa
     return CompletionUsage(
         prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens
     )
+
+
+def call_usage(usages: Sequence[Usage | CompletionUsage], num_choices: int) -> CompletionUsage:
+    """A call's usage from its jobs' (prompt by prompt, `num_choices` each), as OpenAI counts it: each prompt's
+    tokens once, every choice's completion tokens."""
+    prompt_tokens = sum(usage.prompt_tokens or 0 for usage in usages[::num_choices])
+    return usage_of(prompt_tokens, sum(usage.completion_tokens for usage in usages))
 
 
 def completion_id(job_id: str) -> str:
