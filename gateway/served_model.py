@@ -34,10 +34,11 @@ class ServedModel:
         """The model to answer with; 404 when the request names another one."""
         served = await self.name()
         if requested and served and requested != served:
-            raise ApiError(
-                404,
-                ErrorCode.NOT_FOUND,
-                f"the model `{requested}` does not exist; this fleet serves `{served}`",
-                field="model",
-            )
+            raise not_found(requested, served)
         return served or requested or "specfleet"
+
+
+def not_found(requested: str, served: str | None) -> ApiError:
+    """The 404 of a model this fleet does not serve (`served`: None while no worker has said what it serves)."""
+    serving = f"this fleet serves `{served}`" if served else "no worker has said what it serves yet"
+    return ApiError(404, ErrorCode.NOT_FOUND, f"the model `{requested}` does not exist; {serving}", field="model")

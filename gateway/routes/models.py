@@ -8,10 +8,9 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep
-from gateway.errors import ApiError
 from gateway.model_versions import served_versions
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
-from shared.job_state import ErrorCode
+from gateway.served_model import not_found
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
 
@@ -48,6 +47,5 @@ async def retrieve_model(
     """The served model by its id (a path: ids such as `org/name` have a slash); 404 for any other."""
     name = await gw.served_model.name()
     if name is None or model != name:
-        serving = f"this fleet serves `{name}`" if name else "no worker has said what it serves yet"
-        raise ApiError(404, ErrorCode.NOT_FOUND, f"the model `{model}` does not exist; {serving}", field="model")
+        raise not_found(model, name)
     return Model(id=name, created=STARTED_AT, versions=await served_versions(gw.redis, gw.settings.worker_ttl_s))
