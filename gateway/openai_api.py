@@ -30,6 +30,7 @@ from gateway.errors import ApiError
 from gateway.event_stream import EventStreamResponse
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
 from gateway.openai_stream_logprobs import StreamLogprobs
+from gateway.openai_stream_tools import ToolCallStream
 from gateway.streaming import Event, Wake
 from shared import openai_compat as oa
 from shared.job_record import job_from_fields
@@ -109,8 +110,8 @@ class Call:
                 raise error
         n = self.body.num_choices
         if isinstance(self.body, oa.ChatCompletionRequest):
-            tools = self.body.tool_set()
-            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, tools) for job in jobs], n)
+            reading = self.body.call_reading()
+            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, reading) for job in jobs], n)
         else:
             answers = [
                 oa.completion_of(job, self.model, oa.echoed_prompt(body, job.output.prompt_logprobs if job.output else None))
@@ -198,11 +199,13 @@ class Call:
         """The call's chunks as server-sent events, each naming its choice; they end early once `wake` is closed
         (the client left)."""
         extras = [StreamLogprobs(body) for body in self.bodies]  # logprobs and echo (openai_stream_logprobs.py)
+        reading = self.body.call_reading() if isinstance(self.body, oa.ChatCompletionRequest) else None
+        calls = [ToolCallStream(reading, job_id) for job_id in self.job_ids] if reading is not None else None
         usages: list[Usage | None] = [None] * len(self.job_ids)
         try:
             for choice, extra in enumerate(extras):
-                if self.is_chat:
-                    yield self._chunk(choice, oa.ChatDelta(role="assistant", content=""))
+                if self.is_chat:  # an answer that may be a call opens without content, as OpenAI's
+                    yield self._chunk(choice, oa.ChatDelta(role="assistant", content=None if calls else ""))
                 if (prompt := extra.opening_echo()) is not None:
                     yield self._chunk(choice, prompt)
             async with aclosing(self._events(wake)) as events:
@@ -214,16 +217,22 @@ class Call:
                         if (echoed := extras[choice].echo_with_logprobs(token)) is not None:
                             yield self._chunk(choice, echoed[0], logprobs=echoed[1])
                         logprobs = extras[choice].of(token)
-                        if token.text or logprobs is not None:
+                        if calls is not None:  # function calls (openai_stream_tools.py; no logprobs: refused)
+                            if token.text and (piece := calls[choice].on_text(token.text)) is not None:
+                                yield self._chunk(choice, piece)
+                        elif token.text or logprobs is not None:
                             delta = oa.ChatDelta(content=token.text) if self.is_chat else token.text
                             yield self._chunk(choice, delta, logprobs=logprobs)
                     elif event.type is EventType.DONE:
                         done = DoneEvent.model_validate_json(event.data)
                         self.unfinished.discard(self.job_ids[choice])
                         usages[choice] = done.usage
-                        yield self._chunk(
-                            choice, oa.ChatDelta() if self.is_chat else "", oa.finish_reason(done.finish_reason)
-                        )
+                        reason = oa.finish_reason(done.finish_reason)
+                        if calls is not None:
+                            last, reason = calls[choice].on_done(reason)
+                            if last is not None:
+                                yield self._chunk(choice, last)
+                        yield self._chunk(choice, oa.ChatDelta() if self.is_chat else "", reason)
                     elif event.type is EventType.ERROR:
                         failed = ErrorEvent.model_validate_json(event.data)
                         self.unfinished.discard(self.job_ids[choice])

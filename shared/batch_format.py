@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from shared import openai_compat
 from shared.batch_schemas import BatchLineError
 from shared.job_state import JobStatus
+from shared.response_format import CallReading
 from shared.schemas import MAX_METADATA_KEYS, Job, JobRequest, Priority
 
 JOBS_URL = "/v1/jobs"
@@ -41,10 +42,14 @@ class BatchLine:
     request: JobRequest | None
     model: str | None = None
     stored_request: dict[str, Any] | None = None  # the request as stored, where `request` is None
+    calls: CallReading | None = None  # a chat with active tools: how its answer reads as function calls
 
     def to_json(self) -> str:
         stored = self.request.model_dump(mode="json", exclude_none=True) if self.request else self.stored_request
-        return json.dumps({"custom_id": self.custom_id, "url": self.url, "model": self.model, "request": stored})
+        data = {"custom_id": self.custom_id, "url": self.url, "model": self.model, "request": stored}
+        if self.calls is not None:
+            data["calls"] = self.calls.model_dump(mode="json")
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, raw: str) -> "BatchLine":
@@ -53,11 +58,12 @@ class BatchLine:
         queued as stored, and the worker fails it naming the field (shared.schemas.stored_request), so the batch
         still ends with a result for every line."""
         data = json.loads(raw)
+        calls = CallReading.model_validate(data["calls"]) if data.get("calls") is not None else None
         try:
             request = JobRequest.model_validate(data["request"])
         except ValidationError:
-            return cls(data["custom_id"], data["url"], None, data["model"], stored_request=data["request"])
-        return cls(data["custom_id"], data["url"], request, data["model"])
+            return cls(data["custom_id"], data["url"], None, data["model"], stored_request=data["request"], calls=calls)
+        return cls(data["custom_id"], data["url"], request, data["model"], calls=calls)
 
 
 def _pydantic_message(exc: ValidationError) -> str:
@@ -106,16 +112,17 @@ def parse_line(number: int, text: str) -> tuple[BatchLine | None, BatchLineError
     body = data.get("body")
     if not isinstance(body, dict):
         return bad("invalid_body", "body is a JSON object")
+    calls = None
     try:
         if url == JOBS_URL:
             request = _job_line(body)
         else:
-            request = openai_compat.job_request_for(url, body, Priority.BATCH)
+            request, calls = openai_compat.job_request_for(url, body, Priority.BATCH)
     except ValidationError as exc:
         return bad("invalid_body", _pydantic_message(exc))
     except ValueError as exc:
         return bad("invalid_body", str(exc))
-    return BatchLine(custom_id, url, request, openai_compat.model_of(body)), None
+    return BatchLine(custom_id, url, request, openai_compat.model_of(body), calls=calls), None
 
 
 def parse_batch(
@@ -162,7 +169,7 @@ def parse_batch(
 def result_line(line: BatchLine, job: Job, model: str) -> dict[str, Any]:
     """The result line of a finished job: `response` when it succeeded, else `error`."""
     if job.status is JobStatus.SUCCEEDED:
-        body = openai_compat.response_body(line.url, job, line.model or model)
+        body = openai_compat.response_body(line.url, job, line.model or model, line.calls)
         response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": body}
         error = None
     else:

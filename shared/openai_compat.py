@@ -50,9 +50,11 @@ from shared.openai_logprobs import (
     completion_logprobs,
 )
 from shared.response_format import (
+    CallReading,
     ResponseFormat,
     Tool,
     ToolCall,
+    ToolCallDelta,
     ToolChoice,
     ToolSet,
     tool_call_objects,
@@ -389,8 +391,8 @@ class ChatCompletionRequest(_Common):
             is_json = self.response_format is not None and self.response_format.type != "text"
             if is_json and tools.response_format() is not None:
                 raise ValueError("response_format cannot be combined with a tool_choice that forces a call")
-            if self.stream:
-                raise ValueError("tools: streaming a function call is not supported (use stream: false)")
+            if self.stream and self.logprobs:  # a held answer (openai_stream_tools.py) would hold its logprobs too
+                raise ValueError("logprobs: not supported on a stream with tools (use stream: false)")
         return self
 
     def tool_set(self) -> ToolSet | None:
@@ -398,6 +400,11 @@ class ChatCompletionRequest(_Common):
         if not self.tools:
             return None
         return ToolSet(tools=self.tools, tool_choice=self.tool_choice or "auto")
+
+    def call_reading(self) -> CallReading | None:
+        """How the answer reads back as function calls; None when it is text (no tools, or `none`)."""
+        tools = self.tool_set()
+        return tools.reading() if tools is not None else None
 
     def answer_format(self) -> ResponseFormat | None:
         """What constrains the answer: a forced function call, else response_format."""
@@ -446,9 +453,12 @@ def to_job_request(
     return JobRequest(**fields)
 
 
-def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priority.DEFAULT) -> JobRequest:
-    """The job for an OpenAI-style batch line body at `url` (no streaming; the batch's priority);
-    raises pydantic's ValidationError or ValueError."""
+def job_request_for(
+    url: str, body: dict[str, Any], priority: Priority = Priority.DEFAULT
+) -> tuple[JobRequest, CallReading | None]:
+    """The job for an OpenAI-style batch line body at `url` (no streaming; the batch's priority), and how its
+    answer reads as function calls (a chat with active tools; else None); raises pydantic's ValidationError or
+    ValueError."""
     req: CompletionRequest | ChatCompletionRequest
     if url == COMPLETIONS_URL:
         req = CompletionRequest.model_validate(body)
@@ -464,7 +474,8 @@ def job_request_for(url: str, body: dict[str, Any], priority: Priority = Priorit
         raise ValueError("body.n: one choice a line in a batch (a line is one job: send a line a choice)")
     if isinstance(req, CompletionRequest) and len(req.prompts()) > 1:
         raise ValueError("body.prompt: one prompt a line in a batch (a line is one job: send a line a prompt)")
-    return to_job_request(req.model_copy(update={"priority": None}), priority)
+    calls = req.call_reading() if isinstance(req, ChatCompletionRequest) else None
+    return to_job_request(req.model_copy(update={"priority": None}), priority), calls
 
 
 AnswerT = TypeVar("AnswerT", "Completion", "ChatCompletion")
@@ -567,6 +578,14 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None  # a streamed function call (gateway/openai_stream_tools.py)
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.tool_calls is None:
+            data.pop("tool_calls", None)  # a text chunk keeps its plain shape
+        return data
 
 
 class ChatChunkChoice(BaseModel):
@@ -646,15 +665,29 @@ def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Compl
     )
 
 
-def chat_completion_of(job: Job, model: str, tools: ToolSet | None = None) -> ChatCompletion:
-    """The `chat.completion` object of a finished job (its answer read as function calls under `tools`)."""
+def chat_answer(
+    job_id: str, text: str, reason: FinishReason | None, calls: CallReading | None
+) -> tuple[AssistantMessage, FinishReason | None]:
+    """A job's answer as a chat message, and its finish reason. Under active `tools` (`calls`, ToolSet.reading):
+    a named function's answer
+    is its call's arguments, whatever ended it (a `length` keeps its reason: the arguments are cut, as OpenAI
+    and vLLM answer it); under `required` or `auto` an answer that ended by itself and reads as a call is one
+    (finish reason `tool_calls`); anything else is text. A stream's chunks add up to the same message
+    (gateway/openai_stream_tools.py reads its held text with this function)."""
+    if calls is None:
+        return AssistantMessage(content=text), reason
+    if calls.named is not None:
+        return AssistantMessage(content=None, tool_calls=tool_call_objects(job_id, [(calls.named, text)])), reason
+    made = tool_calls_of(text, calls) if reason == "stop" else None
+    if not made:
+        return AssistantMessage(content=text), reason
+    return AssistantMessage(content=None, tool_calls=tool_call_objects(job_id, made)), "tool_calls"
+
+
+def chat_completion_of(job: Job, model: str, calls: CallReading | None = None) -> ChatCompletion:
+    """The `chat.completion` object of a finished job (its answer read as function calls: `calls`)."""
     text = job.output.text if job.output else ""
-    reason = finish_reason(job.output.finish_reason if job.output else None)
-    message = AssistantMessage(content=text)
-    calls = tool_calls_of(text, tools) if tools is not None and tools.is_active and reason == "stop" else None
-    if calls:
-        message = AssistantMessage(content=None, tool_calls=tool_call_objects(job.id, calls))
-        reason = "stop" if tools is not None and tools.named() is not None else "tool_calls"  # as OpenAI
+    message, reason = chat_answer(job.id, text, finish_reason(job.output.finish_reason if job.output else None), calls)
     return ChatCompletion(
         id=chat_completion_id(job.id),
         created=int(job.created_at),
@@ -674,16 +707,17 @@ def completion_response(job: Job, model: str) -> dict[str, Any]:
     return completion_of(job, model).model_dump(mode="json")
 
 
-def chat_completion_response(job: Job, model: str) -> dict[str, Any]:
-    return chat_completion_of(job, model).model_dump(mode="json")
+def chat_completion_response(job: Job, model: str, calls: CallReading | None = None) -> dict[str, Any]:
+    return chat_completion_of(job, model, calls).model_dump(mode="json")
 
 
-def response_body(url: str, job: Job, model: str) -> dict[str, Any]:
-    """What the endpoint at `url` answers for a finished job (the job itself for /v1/jobs)."""
+def response_body(url: str, job: Job, model: str, calls: CallReading | None = None) -> dict[str, Any]:
+    """What the endpoint at `url` answers for a finished job (the job itself for /v1/jobs; a chat's answer read
+    as function calls: `calls`)."""
     if url == COMPLETIONS_URL:
         return completion_response(job, model)
     if url == CHAT_COMPLETIONS_URL:
-        return chat_completion_response(job, model)
+        return chat_completion_response(job, model, calls)
     return job.model_dump(mode="json")
 
 

@@ -11,7 +11,8 @@ so the gateway answers 400 before the job is queued. The worker hands the same g
 `tools` + `tool_choice` (chat) become a `json_schema` format: a named function constrains the answer to that
 function's `parameters` (the answer is its arguments); `required` to `{"name": <one of the tools>, "arguments":
 <its parameters>}`; `auto` leaves the answer free and reads it back as a call when it is such an object;
-`none` ignores the tools. `tool_calls_of` turns an answer into OpenAI's `tool_calls`.
+`none` ignores the tools. `tool_calls_of` turns an answer into OpenAI's `tool_calls`; on a stream,
+`ToolCallDelta` carries a call in pieces (gateway/openai_stream_tools.py).
 """
 
 import json
@@ -21,7 +22,16 @@ import llguidance
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the type stubs only
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a schema (as JSON) past this is refused: compiling it costs the worker
 # compact JSON: no free whitespace (a model looping on spaces would never close its object)
@@ -162,6 +172,13 @@ class ToolSet(BaseModel):
         except ValueError as exc:
             raise ValueError(f"tools: {exc}") from exc
 
+    def reading(self) -> "CallReading | None":
+        """How an answer is read back as calls under this choice; None for `none` (it is text)."""
+        if not self.is_active:
+            return None
+        named = self.named()
+        return CallReading(named=named.name if named is not None else None, names=[t.function.name for t in self.tools])
+
     def prompt_note(self) -> str:
         """A system message telling the model which functions it may call, and how."""
         specs = [t.function.model_dump(exclude_none=True) for t in self.tools]
@@ -179,17 +196,31 @@ def _call_schema(fn: FunctionDef) -> dict[str, Any]:
     }
 
 
-def tool_calls_of(text: str, tools: ToolSet) -> list[tuple[str, str]] | None:
-    """(function name, arguments as a JSON string) of the call an answer makes; None = the answer is text."""
-    named = tools.named()
-    if named is not None:
-        return [(named.name, text)]  # the constrained answer is the arguments themselves
+class CallReading(BaseModel):
+    """What reading an answer as function calls needs of its ToolSet (small: a batch line keeps it until its
+    result is written, shared/batch_format.py): the function a named choice forces, or the names an answer may
+    call under `auto` and `required`."""
+
+    named: str | None = None
+    names: list[str]
+
+
+def could_be_call(text: str) -> bool:
+    """Whether an answer beginning with `text` may still read as a call under `auto` or `required`: nothing but
+    whitespace yet, or an object begun (a JSON object's first character is `{`; str.lstrip strips every
+    whitespace json.loads skips, and more, so a False here is a text that never parses as a call)."""
+    rest = text.lstrip()
+    return not rest or rest.startswith("{")
+
+
+def tool_calls_of(text: str, reading: CallReading) -> list[tuple[str, str]] | None:
+    """(function name, arguments as a JSON string) of the call an answer makes under `auto` or `required`;
+    None = the answer is text. (A named function's answer is its arguments: shared/openai_compat.chat_answer.)"""
     try:
         value = json.loads(text)
     except ValueError:
         return None
-    names = {t.function.name for t in tools.tools}
-    if not isinstance(value, dict) or value.get("name") not in names or not isinstance(value.get("arguments"), dict):
+    if not isinstance(value, dict) or value.get("name") not in reading.names or not isinstance(value.get("arguments"), dict):
         return None
     return [(value["name"], json.dumps(value["arguments"]))]
 
@@ -206,9 +237,43 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
+def tool_call_id(job_id: str, index: int) -> str:
+    """A call's id, derived from its job's, so a re-read (or the stream) gives the same one."""
+    return f"call_{job_id}_{index}"
+
+
 def tool_call_objects(job_id: str, calls: list[tuple[str, str]]) -> list[ToolCall]:
-    """OpenAI's `tool_calls` of a job's answer: ids derived from the job's, so a re-read gives the same ones."""
+    """OpenAI's `tool_calls` of a job's answer."""
     return [
-        ToolCall(id=f"call_{job_id}_{i}", function=ToolCallFunction(name=name, arguments=arguments))
+        ToolCall(id=tool_call_id(job_id, i), function=ToolCallFunction(name=name, arguments=arguments))
         for i, (name, arguments) in enumerate(calls)
     ]
+
+
+# -- the answer on a stream: each call's chunks (OpenAI sends a field only where it has one) ----------------------
+class ToolCallDeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ToolCallDelta(BaseModel):
+    index: int  # which call of the answer this chunk extends
+    id: str | None = None  # the call's first chunk: its id, type and name
+    type: Literal["function"] | None = None
+    function: ToolCallDeltaFunction
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @classmethod
+    def opening(cls, index: int, call_id: str, name: str, arguments: str) -> "ToolCallDelta":
+        return cls(index=index, id=call_id, type="function", function=ToolCallDeltaFunction(name=name, arguments=arguments))
+
+    @classmethod
+    def more_arguments(cls, index: int, arguments: str) -> "ToolCallDelta":
+        return cls(index=index, function=ToolCallDeltaFunction(arguments=arguments))

@@ -4,6 +4,7 @@ compile refused with a 400 before any job is queued. A real gateway, Redis and w
 n-gram speculation: the worker's default without a draft)."""
 
 import json
+from typing import Any
 
 import httpx
 import jsonschema_rs
@@ -83,6 +84,56 @@ def test_named_and_required_tool_calls(client: openai.OpenAI) -> None:  # noqa: 
     assert jsonschema_rs.validator_for(params).is_valid(json.loads(calls[0].function.arguments))
 
 
+def _streamed_choices(chunks: Any) -> dict[int, dict[str, Any]]:
+    """A stream's choices as a client accumulates them: content, calls by index, finish reason."""
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            got = choices.setdefault(c.index, {"content": None, "tool_calls": {}, "finish_reason": None})
+            if c.delta.content:
+                got["content"] = (got["content"] or "") + c.delta.content
+            for piece in c.delta.tool_calls or []:
+                call = got["tool_calls"].setdefault(piece.index, {"id": None, "name": None, "arguments": ""})
+                call["id"] = piece.id or call["id"]
+                call["name"] = (piece.function.name if piece.function else None) or call["name"]
+                call["arguments"] += (piece.function.arguments if piece.function else None) or ""
+            got["finish_reason"] = c.finish_reason or got["finish_reason"]
+    return choices
+
+
+def test_a_streamed_call_adds_up_to_the_call_without_stream(client: openai.OpenAI) -> None:  # noqa: F811
+    """`tools` with `stream: true` (OpenAI's and vLLM's agents stream them): each choice's chunks add up to the
+    answer without stream, a named function's arguments arriving over several chunks."""
+    named = {"type": "function", "function": {"name": "get_forecast"}}
+    for tool_choice in (named, "required"):
+        whole = client.chat.completions.create(messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, **GREEDY)  # type: ignore[arg-type]
+        chunks = list(client.chat.completions.create(
+            messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, stream=True, n=2, **GREEDY
+        ))  # type: ignore[arg-type]
+        streamed = _streamed_choices(chunks)
+        assert sorted(streamed) == [0, 1]
+        ids = set()
+        for got in streamed.values():
+            want = whole.choices[0]
+            assert got["content"] is None and got["finish_reason"] == want.finish_reason
+            assert want.message.tool_calls is not None and len(got["tool_calls"]) == len(want.message.tool_calls)
+            call = got["tool_calls"][0]
+            assert (call["name"], call["arguments"]) == (
+                want.message.tool_calls[0].function.name, want.message.tool_calls[0].function.arguments
+            )
+            ids.add(call["id"])
+        assert len(ids) == 2 and all(i.startswith("call_") for i in ids)  # a choice's job names its call
+        if tool_choice is named:
+            pieces = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls and c.choices[0].index == 0]
+            assert len(pieces) > 1  # the arguments streamed, not held
+    text = list(client.chat.completions.create(
+        messages=MESSAGES, tools=TOOLS, tool_choice="auto", stream=True, **{**GREEDY, "max_tokens": 8}
+    ))  # type: ignore[arg-type]
+    alone = client.chat.completions.create(messages=MESSAGES, tools=TOOLS, tool_choice="auto", **{**GREEDY, "max_tokens": 8})  # type: ignore[arg-type]
+    got = _streamed_choices(text)[0]
+    assert got["tool_calls"] == {} and (got["content"] or "") == alone.choices[0].message.content
+
+
 def test_a_conversation_sends_the_call_and_its_result_back(client: openai.OpenAI) -> None:  # noqa: F811
     """The second turn of the tools workflow: the assistant's call (content null) and the tool's result go back
     in `messages`, and the model answers from them."""
@@ -135,7 +186,7 @@ def test_bad_schemas_and_tools_are_400_before_a_job(client: openai.OpenAI, serve
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "missing"),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
-        ({"tools": TOOLS, "tool_choice": "required", "stream": True}, "stream"),
+        ({"tools": TOOLS, "tool_choice": "required", "stream": True, "logprobs": True}, "logprobs"),
     ]
     for extra, named in bad_bodies:
         response = httpx.post(

@@ -138,6 +138,37 @@ def test_result_lines_in_openai_shapes() -> None:
     assert failed["response"] is None and failed["error"] == {"code": "engine_error", "message": "boom"}
 
 
+def test_a_chat_line_with_tools_answers_its_calls_as_the_route_does() -> None:
+    """A line's tool choice is kept with it (stored, read back) so that its result line reads the answer as
+    function calls, as POST /v1/chat/completions answers the same body (it was the text)."""
+    params = {"type": "object", "properties": {"zone": {"enum": ["UTC"]}}, "required": ["zone"]}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": params}}]
+    messages = [{"role": "user", "content": "time?"}]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    text = (
+        line("named", "/v1/chat/completions", messages=messages, tools=tools, tool_choice=named)
+        + "\n" + line("auto", "/v1/chat/completions", messages=messages, tools=tools)
+        + "\n" + line("none", "/v1/chat/completions", messages=messages, tools=tools, tool_choice="none")
+    )
+    lines, errors = parse_batch(text.encode(), 5)
+    assert not errors
+    stored = [BatchLine.from_json(one.to_json()) for one in lines]  # as the finalize task reads them
+    assert stored[2].calls is None and "calls" not in json.loads(lines[2].to_json())
+    call = _job(JobStatus.SUCCEEDED, output=JobOutput(text='{"name":"get_time","arguments":{"zone":"UTC"}}',
+                                                       token_ids=[1], finish_reason="stop"))
+    arguments = _job(JobStatus.SUCCEEDED, output=JobOutput(text='{"zone":"UTC"}', token_ids=[1], finish_reason="stop"))
+    named_body = result_line(stored[0], arguments, "tiny")["response"]["body"]["choices"][0]
+    assert named_body["finish_reason"] == "stop" and named_body["message"]["content"] is None
+    assert named_body["message"]["tool_calls"] == [
+        {"id": "call_j1_0", "type": "function", "function": {"name": "get_time", "arguments": '{"zone":"UTC"}'}}
+    ]
+    auto_body = result_line(stored[1], call, "tiny")["response"]["body"]["choices"][0]
+    assert auto_body["finish_reason"] == "tool_calls"
+    assert auto_body["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    none_body = result_line(stored[2], call, "tiny")["response"]["body"]["choices"][0]
+    assert none_body["message"] == {"role": "assistant", "content": call.output.text}  # type: ignore[union-attr]
+
+
 def test_batch_transitions() -> None:
     assert can_transition(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
     assert can_transition(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
