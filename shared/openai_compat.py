@@ -6,10 +6,11 @@ Request: `prompt` (a string or its token ids: the job's `prompt` or `prompt_toke
 content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `stop`
 (string or list), `seed`, `n` (a job a choice: choice_requests; batch lines take 1), `stream` +
 `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
-chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), and specfleet's
+chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
+added to its logit wherever the target samples: workers/engine/logit_bias.py), and specfleet's
 own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
-an empty `logit_bias`, `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
+`logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (a penalty, `best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
 sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
@@ -61,6 +62,7 @@ from shared.response_format import (
     tool_calls_of,
 )
 from shared.schemas import (
+    MAX_LOGIT_BIAS_TOKENS,
     MAX_SEED,
     MAX_STREAM_INTERVAL_MS,
     MAX_TIMEOUT_S,
@@ -69,6 +71,7 @@ from shared.schemas import (
     MIN_SEED,
     Job,
     JobRequest,
+    LogitBias,
     Message,
     Priority,
     Usage,
@@ -124,7 +127,7 @@ class _Common(BaseModel):
     service_tier: str | None = Field(None, max_length=64)
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
-    logit_bias: dict[str, StrictFloat] | None = None
+    logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
 
     @field_validator("n")
     @classmethod
@@ -154,13 +157,6 @@ class _Common(BaseModel):
     def _no_penalty(cls, value: StrictFloat | None) -> float | None:
         if value:
             raise ValueError("penalties are not supported (only 0)")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, value: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
-        if value:
-            raise ValueError("logit_bias is not supported (only an empty one)")
         return value
 
     @model_validator(mode="after")
@@ -434,6 +430,8 @@ def to_job_request(
         fields["timeout_s"] = float(req.timeout_s)
     if req.stream_interval_ms is not None:
         fields["stream_interval_ms"] = req.stream_interval_ms
+    if req.logit_bias:
+        fields["logit_bias"] = req.logit_bias
     if isinstance(req, CompletionRequest):
         fields["prompt"], fields["prompt_token_ids"] = req.prompt_text(), req.prompt_token_ids()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS

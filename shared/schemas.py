@@ -28,6 +28,9 @@ MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch's generators take (a 64-b
 MAX_TOP_K = 2**63 - 1  # the engine holds top_k in a 64-bit tensor; any k >= the vocabulary keeps every token
 MAX_TOKEN_ID = 2**31 - 1  # a prompt's token ids (`prompt_token_ids`): the model's vocabulary bounds them further
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bound on a request's logit_bias entries
+# OpenAI's logit_bias: token id (a JSON object's keys are strings: "50256") -> a bias in [-100, 100]
+LogitBias = dict[TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]]
 
 
 class Priority(StrEnum):
@@ -112,6 +115,9 @@ class JobRequest(BaseModel):
     # the target's logprobs (shared/logprobs.py): of each output token with N alternatives, of each prompt token
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # added to the target's logits of these tokens wherever it samples (workers/engine/logit_bias.py); the
+    # worker checks the ids against its model's vocabulary
+    logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":

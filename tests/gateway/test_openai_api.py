@@ -272,6 +272,49 @@ def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_spell(
     assert "".join(c.choices[0].text for c in streamed) == by_ids[0].text
 
 
+def test_logit_bias_reaches_the_engine_and_a_bad_one_is_a_400_before_the_queue(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str, engine_thread: EngineThread
+) -> None:
+    """OpenAI's `logit_bias` (it was a 400 "not supported"): +100 forces its token, on completions and chat,
+    streamed or not; /v1/jobs takes it too. A token id past the vocabulary, a bias out of [-100, 100], a key
+    that is no token id, or over 300 entries: a 400 naming `logit_bias`, before any job."""
+    forced = {"logit_bias": {"42": 100}}
+    raw = client.completions.with_raw_response.create(prompt="def f(x):", **GREEDY, **forced)  # type: ignore[arg-type]
+    job = _job(served, secret, raw.headers["x-specfleet-job-id"])
+    assert job["output"]["token_ids"] == [42] * GREEDY["max_tokens"]
+    text = raw.parse().choices[0].text
+    assert text != client.completions.create(prompt="def f(x):", **GREEDY).choices[0].text
+    streamed = client.completions.create(prompt="def f(x):", stream=True, **GREEDY, **forced)  # type: ignore[arg-type,call-overload]
+    assert "".join(c.choices[0].text for c in streamed) == text
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.with_raw_response.create(messages=messages, **GREEDY, **forced)  # type: ignore[arg-type]
+    assert _job(served, secret, chat.headers["x-specfleet-job-id"])["output"]["token_ids"] == [42] * GREEDY["max_tokens"]
+    submitted = httpx.post(
+        f"{served.url}/v1/jobs",
+        json={"prompt": "def f(x):", "max_tokens": 4, "temperature": 0, "logit_bias": {"42": 100}},
+        headers={"Authorization": f"Bearer {secret}", "Prefer": "wait=60"},
+        timeout=90,
+    ).json()
+    assert submitted["output"]["token_ids"] == [42] * 4
+    vocab = int(engine_thread.client.hget(keys.MODEL_INFO, "vocab_size"))
+    bad = (
+        ({str(vocab): 1}, f"token id {vocab} is not in the model's vocabulary of {vocab}"),
+        ({"42": 100.5}, "less than or equal to 100"),
+        ({"x": 1}, "valid integer"),
+        ({str(i): 1 for i in range(301)}, "at most 300"),
+    )
+    for bias, reason in bad:
+        response = httpx.post(
+            f"{served.url}/v1/completions",
+            json={"prompt": "def f(x):", **GREEDY, "logit_bias": bias},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400, (bias, response.text)
+        error = response.json()["error"]
+        assert error["param"].startswith("logit_bias") and reason in error["message"], error
+        assert "x-specfleet-job-id" not in response.headers
+
+
 def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
     client: openai.OpenAI, served: ThreadedGateway, secret: str
 ) -> None:

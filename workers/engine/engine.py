@@ -31,6 +31,7 @@ from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.fusing import FusingStats, fuse_runner
 from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_logits
 from workers.engine.head_runner import HeadRunner
+from workers.engine.logit_bias import bias_target_logits, check_logit_bias
 from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
@@ -350,6 +351,7 @@ class Engine:
         if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
             raise InvalidRequestError("priority", f"must be an integer >= 0, got {priority!r}")
         params.validate()
+        check_logit_bias(params.logit_bias, min(len(self.tokenizer), self.runner.model.cfg.vocab_size))
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             field = "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens"
@@ -454,9 +456,14 @@ class Engine:
         if rows is not None:
             rows = rows.to(logits.device)
         verify_logits = logits if rows is None else logits.index_select(0, rows)  # [sum(1 + drafts), V]
-        if any(s.seq.grammar is not None for s in sampling):  # structured output: refused tokens get p = 0
-            if verify_logits is logits:
-                verify_logits = logits.clone()  # logprobs stay the target's raw ones
+        is_biased = any(s.seq.params.logit_bias for s in sampling)
+        is_constrained = any(s.seq.grammar is not None for s in sampling)
+        if (is_biased or is_constrained) and verify_logits is logits:
+            verify_logits = logits.clone()  # logprobs stay the target's raw ones
+        if is_biased:  # logit_bias, before any grammar: a refused token stays refused
+            bias_target_logits(verify_logits, [(s.seq.params.logit_bias, len(e.proposal.tokens) if e.proposal else 0)
+                                               for s, e in zip(sampling, entries, strict=True)])
+        if is_constrained:  # structured output: refused tokens get p = 0
             mask_target_logits(verify_logits, [(s.seq.grammar, e.proposal.tokens if e.proposal else [])
                                                for s, e in zip(sampling, entries, strict=True)])
         verdicts = self.speculator.verify(entries, verify_logits)
@@ -551,6 +558,7 @@ def _reads_argmax_only(plan: SchedulerOutput, entries: list[VerifyEntry]) -> boo
         return False
     return not any(
         s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
+        or s.seq.params.logit_bias
         for s in plan.scheduled
     )
 

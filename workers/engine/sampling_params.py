@@ -29,6 +29,9 @@ class SamplingParams:
     grammar: str | None = None
     # a job resumed elsewhere: its last num_resumed_tokens prompt tokens are output the grammar already consumed
     num_resumed_tokens: int = 0
+    # OpenAI's logit_bias: token id -> a bias in [-100, 100] added to its logit (workers/engine/logit_bias.py);
+    # the engine checks it against its vocabulary in add_request
+    logit_bias: dict[int, float] | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -43,6 +43,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
         grammar=grammar_of(request.response_format),
+        logit_bias=dict(request.logit_bias) if request.logit_bias else None,
     )
 
 
