@@ -7,11 +7,12 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 (string or list), `seed`, `n` (a job a choice: choice_requests; batch lines take 1), `stream` +
 `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
-added to its logit wherever the target samples: workers/engine/logit_bias.py), and specfleet's
-own `priority`, `top_k`, `ignore_eos` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
-`stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`, zero penalties,
+added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
+`frequency_penalty` (workers/engine/penalties.py), and specfleet's
+own `priority`, `top_k`, `ignore_eos`, `repetition_penalty` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
+`stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
-(a penalty, `best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
+(`best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
 refused (it would silently change nothing). Types are strict (no `0` for false, no `"2"` for 2): a client
 sending the wrong type has a bug worth hearing about. Chat messages go to the job as `messages`: the worker renders them
 with the tokenizer's chat template, or without one as `"{role}: {content}\\n"` per message, then `"assistant:"`
@@ -63,6 +64,7 @@ from shared.response_format import (
 )
 from shared.schemas import (
     MAX_LOGIT_BIAS_TOKENS,
+    MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_STREAM_INTERVAL_MS,
     MAX_TIMEOUT_S,
@@ -120,14 +122,16 @@ class _Common(BaseModel):
     ignore_eos: StrictBool | None = None
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
+    repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's (1: off)
+    # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
     store: StrictBool | None = None
     service_tier: str | None = Field(None, max_length=64)
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
-    logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
 
     @field_validator("n")
     @classmethod
@@ -150,13 +154,6 @@ class _Common(BaseModel):
             raise ValueError("stop sequences must not be empty")
         for s in stops:
             _valid_text(s)
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: StrictFloat | None) -> float | None:
-        if value:
-            raise ValueError("penalties are not supported (only 0)")
         return value
 
     @model_validator(mode="after")
@@ -432,6 +429,9 @@ def to_job_request(
         fields["stream_interval_ms"] = req.stream_interval_ms
     if req.logit_bias:
         fields["logit_bias"] = req.logit_bias
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if (value := getattr(req, name)) is not None:
+            fields[name] = value
     if isinstance(req, CompletionRequest):
         fields["prompt"], fields["prompt_token_ids"] = req.prompt_text(), req.prompt_token_ids()
         default_max_tokens = default_max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS

@@ -29,6 +29,7 @@ MAX_TOP_K = 2**63 - 1  # the engine holds top_k in a 64-bit tensor; any k >= the
 MAX_TOKEN_ID = 2**31 - 1  # a prompt's token ids (`prompt_token_ids`): the model's vocabulary bounds them further
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bound on a request's logit_bias entries
+MAX_REPETITION_PENALTY = 10.0  # vLLM's repetition_penalty is any positive number; past this a token is banned anyway
 # OpenAI's logit_bias: token id (a JSON object's keys are strings: "50256") -> a bias in [-100, 100]
 LogitBias = dict[TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]]
 
@@ -118,6 +119,11 @@ class JobRequest(BaseModel):
     # added to the target's logits of these tokens wherever it samples (workers/engine/logit_bias.py); the
     # worker checks the ids against its model's vocabulary
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)
+    # OpenAI's penalties on tokens the output already has, and vLLM's on the prompt's and output's (CTRL's):
+    # workers/engine/penalties.py; 0, 0 and 1 are off
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=MAX_REPETITION_PENALTY)
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":

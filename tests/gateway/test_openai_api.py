@@ -140,10 +140,11 @@ def test_errors_in_openai_shape(client: openai.OpenAI, served: ThreadedGateway) 
             messages=[{"role": "user", "content": "x"}], extra_body={"bogus": 1}, **GREEDY
         )
     assert unknown.value.body["param"] == "bogus"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as penalty:
         client.chat.completions.create(
-            messages=[{"role": "user", "content": "x"}], presence_penalty=0.5, **GREEDY
+            messages=[{"role": "user", "content": "x"}], presence_penalty=2.5, **GREEDY
         )
+    assert penalty.value.body["param"] == "presence_penalty"  # type: ignore[index]
     ignored = client.chat.completions.create(
         messages=[{"role": "user", "content": "x"}], user="u1", presence_penalty=0, logit_bias={}, **GREEDY
     )
@@ -313,6 +314,35 @@ def test_logit_bias_reaches_the_engine_and_a_bad_one_is_a_400_before_the_queue(
         error = response.json()["error"]
         assert error["param"].startswith("logit_bias") and reason in error["message"], error
         assert "x-specfleet-job-id" not in response.headers
+
+
+def test_penalties_reach_the_engine(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
+    """OpenAI's presence and frequency penalties (they were a 400 past 0) and vLLM's repetition_penalty: a
+    penalized call answers what the same job through /v1/jobs answers, and not the unpenalized text (a random
+    model repeats itself greedily; a strong penalty stops that); out of range is a 400 naming the field."""
+    prompt = "def f(x):"
+    long = {**GREEDY, "max_tokens": 24}
+    plain = client.completions.create(prompt=prompt, **long).choices[0].text
+    for penalties in ({"frequency_penalty": 2.0, "presence_penalty": 1.0}, {"repetition_penalty": 2.0}):
+        extra = {k: v for k, v in penalties.items() if k == "repetition_penalty"}
+        standard = {k: v for k, v in penalties.items() if k != "repetition_penalty"}
+        raw = client.completions.with_raw_response.create(prompt=prompt, extra_body=extra, **long, **standard)  # type: ignore[arg-type]
+        text = raw.parse().choices[0].text
+        assert text != plain, penalties
+        job = httpx.post(
+            f"{served.url}/v1/jobs",
+            json={"prompt": prompt, "max_tokens": 24, "temperature": 0, **penalties},
+            headers={"Authorization": f"Bearer {secret}", "Prefer": "wait=60"},
+            timeout=90,
+        ).json()
+        assert job["output"]["token_ids"] == _job(served, secret, raw.headers["x-specfleet-job-id"])["output"]["token_ids"]
+    for bad, param in (({"frequency_penalty": -2.1}, "frequency_penalty"), ({"repetition_penalty": 0}, "repetition_penalty")):
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], **GREEDY, **bad},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(

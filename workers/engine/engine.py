@@ -36,6 +36,7 @@ from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
+from workers.engine.penalties import penalize_target_logits
 from workers.engine.priority import PriorityPolicy
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
@@ -457,15 +458,19 @@ class Engine:
             rows = rows.to(logits.device)
         verify_logits = logits if rows is None else logits.index_select(0, rows)  # [sum(1 + drafts), V]
         is_biased = any(s.seq.params.logit_bias for s in sampling)
+        is_penalized = any(s.seq.params.has_penalties for s in sampling)
         is_constrained = any(s.seq.grammar is not None for s in sampling)
-        if (is_biased or is_constrained) and verify_logits is logits:
+        if (is_biased or is_penalized or is_constrained) and verify_logits is logits:
             verify_logits = logits.clone()  # logprobs stay the target's raw ones
-        if is_biased:  # logit_bias, before any grammar: a refused token stays refused
-            bias_target_logits(verify_logits, [(s.seq.params.logit_bias, len(e.proposal.tokens) if e.proposal else 0)
-                                               for s, e in zip(sampling, entries, strict=True)])
+        drafts = [e.proposal.tokens if e.proposal else [] for e in entries]  # [B] each one's draft tokens, in order
+        if is_biased:  # logit_bias, then penalties (as vLLM), then the grammar: a refused token stays refused
+            bias_target_logits(verify_logits, [(s.seq.params.logit_bias, len(d))
+                                               for s, d in zip(sampling, drafts, strict=True)])
+        if is_penalized:
+            penalize_target_logits(verify_logits, [(s.seq.params, s.seq.token_ids, s.seq.output_start, d)
+                                                   for s, d in zip(sampling, drafts, strict=True)])
         if is_constrained:  # structured output: refused tokens get p = 0
-            mask_target_logits(verify_logits, [(s.seq.grammar, e.proposal.tokens if e.proposal else [])
-                                               for s, e in zip(sampling, entries, strict=True)])
+            mask_target_logits(verify_logits, [(s.seq.grammar, d) for s, d in zip(sampling, drafts, strict=True)])
         verdicts = self.speculator.verify(entries, verify_logits)
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
@@ -558,7 +563,7 @@ def _reads_argmax_only(plan: SchedulerOutput, entries: list[VerifyEntry]) -> boo
         return False
     return not any(
         s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
-        or s.seq.params.logit_bias
+        or s.seq.params.logit_bias or s.seq.params.has_penalties
         for s in plan.scheduled
     )
 

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from shared.schemas import MAX_SEED, MAX_TOP_K, MIN_SEED
+from shared.schemas import MAX_REPETITION_PENALTY, MAX_SEED, MAX_TOP_K, MIN_SEED
 from shared.speculation import SpeculativeMethod
 from workers.engine.errors import InvalidRequestError
 
@@ -32,6 +32,15 @@ class SamplingParams:
     # OpenAI's logit_bias: token id -> a bias in [-100, 100] added to its logit (workers/engine/logit_bias.py);
     # the engine checks it against its vocabulary in add_request
     logit_bias: dict[int, float] | None = None
+    # OpenAI's penalties on tokens the output already has, and vLLM's on tokens of the prompt or output
+    # (workers/engine/penalties.py): 0, 0 and 1 are off
+    presence_penalty: float = 0.0  # in [-2, 2]
+    frequency_penalty: float = 0.0  # in [-2, 2]
+    repetition_penalty: float = 1.0  # in (0, MAX_REPETITION_PENALTY]
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def is_greedy(self) -> bool:
@@ -79,6 +88,13 @@ class SamplingParams:
             self.num_resumed_tokens < 0
         ):
             raise InvalidRequestError("num_resumed_tokens", f"must be an integer >= 0, got {self.num_resumed_tokens!r}")
+        for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+                raise InvalidRequestError(name, f"must be a number in [{low:g}, {high:g}], got {value!r}")
+        value = self.repetition_penalty
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= MAX_REPETITION_PENALTY:
+            raise InvalidRequestError("repetition_penalty", f"must be in (0, {MAX_REPETITION_PENALTY:g}], got {value!r}")
         if self.speculative is not None:
             choices = [m.value for m in SpeculativeMethod]
             if not isinstance(self.speculative, str) or self.speculative not in choices:

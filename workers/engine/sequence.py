@@ -56,6 +56,17 @@ class Sequence:
         if self.spec is not None:
             self.spec.drop_kv()
 
+    @property
+    def drafts_chains_only(self) -> bool:
+        """Whether each verified row depends on the draft tokens before it in order (its grammar's state, its
+        penalties' counts): such a sequence drafts chains, never trees."""
+        return self.grammar is not None or self.params.has_penalties
+
+    @property
+    def output_start(self) -> int:
+        """Where the output starts in token_ids: a resumed job's prompt ends with the output it already had."""
+        return self.num_prompt_tokens - self.params.num_resumed_tokens
+
     def __len__(self) -> int:
         return len(self.token_ids)
 

@@ -195,7 +195,7 @@ class Speculator:
             useful = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq))
             if useful <= 0:  # the step's own token is the last one: nothing to draft
                 continue
-            is_tree_seq = self.uses_tree(spec) and seq.grammar is None  # a constrained sequence drafts chains
+            is_tree_seq = self.uses_tree(spec) and not seq.drafts_chains_only  # constrained or penalized: chains
             tree_size = self.cfg.tree_size if is_tree_seq and useful >= self.cfg.tree_size else 0
             # a lookahead of tree_size or more means a tree (see _propose_with_draft): chains stay shorter
             chain_max = min(self.adaptive.k_max, useful, self.cfg.tree_size - 1 if is_tree_seq else useful)
@@ -353,7 +353,7 @@ class Speculator:
         tree_size = self.cfg.tree_size
         by_shape: dict[bool, list[ScheduledSeq]] = {True: [], False: []}  # is a tree -> entries
         for s in entries:
-            by_shape[bool(tree_size) and s.num_lookahead >= tree_size and s.seq.grammar is None].append(s)
+            by_shape[bool(tree_size) and s.num_lookahead >= tree_size and not s.seq.drafts_chains_only].append(s)
         made: dict[str, Proposal] = {}
         try:
             for is_tree, group in by_shape.items():

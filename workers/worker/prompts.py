@@ -44,6 +44,9 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         prompt_logprobs=request.prompt_logprobs,
         grammar=grammar_of(request.response_format),
         logit_bias=dict(request.logit_bias) if request.logit_bias else None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
     )
 
 
