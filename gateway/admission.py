@@ -81,11 +81,18 @@ def check_sizes(request: JobRequest, gw: Gateway) -> None:
 
 
 async def submit(
-    gw: Gateway, caller: Caller, request: JobRequest, idempotency_key: str | None, expect_events: bool = False
+    gw: Gateway,
+    caller: Caller,
+    request: JobRequest,
+    idempotency_key: str | None,
+    expect_events: bool = False,
+    counts_request: bool = True,
 ) -> Admitted:
     """Check, admit and queue one job for the caller's key -> the job (or the earlier one of the same
     Idempotency-Key). expect_events: the caller will stream the job's events (the hub holds them from the start,
-    gateway/streaming.py EventHub.expect)."""
+    gateway/streaming.py EventHub.expect). counts_request False: the job is another of a call that counted
+    against the key's requests per minute already (an OpenAI call's choices and prompts are one request, as
+    OpenAI counts them; each job still counts its tokens and its concurrency slot)."""
     check_sizes(request, gw)
     await gw.prompt_limit.check(request)
     cost = reserved_tokens(request)
@@ -93,7 +100,7 @@ async def submit(
     if expect_events:
         gw.hub.expect(job_id)
     # ONE round trip: the key, its limits, then the job (not created: its reservation is given back in the script)
-    answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost)
+    answer = await gw.store.auth_admit_submit(request, caller.digest, idempotency_key, job_id, cost, counts_request)
     caller.is_read = True
     key = key_of(answer.key_fields)  # 401: unknown or revoked
     if answer.verdict == "too_large":

@@ -140,7 +140,8 @@ class Call:
         keys = [f"{idempotency_key}:{i}" if i and idempotency_key is not None else idempotency_key
                 for i in range(len(requests))]  # fmt: skip
         results = await asyncio.gather(
-            *(admission.submit(self.gw, caller, job_request, key) for job_request, key in zip(requests, keys, strict=True)),
+            *(admission.submit(self.gw, caller, job_request, key, counts_request=i == 0)  # the call: one request
+              for i, (job_request, key) in enumerate(zip(requests, keys, strict=True))),
             return_exceptions=True,
         )
         admitted = [result for result in results if not isinstance(result, BaseException)]

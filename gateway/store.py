@@ -99,7 +99,13 @@ class JobStore:
                         raise
 
     async def auth_admit_submit(
-        self, request: JobRequest, key_digest: str, idempotency_key: str | None, job_id: str, cost: int
+        self,
+        request: JobRequest,
+        key_digest: str,
+        idempotency_key: str | None,
+        job_id: str,
+        cost: int,
+        counts_request: bool = True,  # False: another job of a call already counted (an OpenAI call's choices)
     ) -> AuthSubmit:
         """Who is calling (the record of the key with this digest), its limits and the submit: ONE round trip
         (AUTH_ADMIT_SUBMIT) -> the verdict. A job not created gave its reservation back. `job_id` names the
@@ -108,7 +114,8 @@ class JobStore:
         keys_, args = submit_call(request, job_id, idempotency_key, self.settings, self._ctx(partition))
         reply = await self.auth_submits.run(
             [keys.api_key_record(key_digest, partition), keys_[0], keys_[1]],
-            [*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S],
+            [*args, idempotency_key or "", cost, repr(self.settings.rate_limit_period_s), keys.INFLIGHT_TTL_S,
+             int(counts_request)],
         )
         verdict, record, result, decision = cast(tuple[str, list[str], list[str], list[object]], reply)
         return AuthSubmit(verdict, dict(zip(record[::2], record[1::2], strict=True)), result, decision)

@@ -491,13 +491,13 @@ return 'ok'
 
 # -- per-key limits (gateway/rate_limit.py says what they mean) ------------------------------------------------
 # admit(state hash, in-flight hash, job_prefix, period_s, requests_limit, tokens_limit, concurrency_limit, job_id,
-#       cost, inflight_ttl_s)
+#       cost, inflight_ttl_s, requests (1; 0 for a call's further jobs: an OpenAI call of n choices is one request))
 # -> {admitted 0|1, refused_by ('' | requests | tokens | concurrency), retry_after_ms,
 #     remaining_requests, remaining_tokens, reset_requests_ms, reset_tokens_ms}   (numbers as strings)
 _ADMIT_FN = (
     _lua_set("TERMINAL", sorted(TERMINAL, key=lambda s: s.value))
     + """
-local function admit(state, inflight, jprefix, period, rpm, tpm, maxc, job_id, cost, inflight_ttl)
+local function admit(state, inflight, jprefix, period, rpm, tpm, maxc, job_id, cost, inflight_ttl, requests)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
   local rtat = tonumber(redis.call('HGET', state, 'requests_tat') or '0')
@@ -524,7 +524,7 @@ local function admit(state, inflight, jprefix, period, rpm, tpm, maxc, job_id, c
     end
   end
 
-  local rnew = math.max(rtat, now) + rT
+  local rnew = math.max(rtat, now) + requests * rT
   local tnew = math.max(ttat, now) + cost * tT
   local refused, wait = '', 0
   if rT > 0 and rnew - now > period then refused, wait = 'requests', rnew - now - period end
@@ -577,7 +577,7 @@ end
 # same slot as KEYS on Redis Cluster too.
 # KEYS: key record, job hash, queue stream.
 # ARGV: SUBMIT's 11 (ctx ... owner (ignored: the key's id) request_hash), then idempotency_key ('' = none),
-#       cost (tokens reserved), period_s, inflight_ttl_s
+#       cost (tokens reserved), period_s, inflight_ttl_s, requests counted (1, or 0: another job of the same call)
 # -> {verdict, the key record (HGETALL's flat list; {} when unknown), submit()'s answer ({} unless submitted),
 #     admit()'s answer ({} unless the limits were checked)}
 #    verdict: 'unknown' | 'revoked' | 'too_large' | 'refused' (the limits) | 'submitted' (submit()'s answer says how)
@@ -597,7 +597,7 @@ local cost = tonumber(ARGV[13])
 if tpm > 0 and cost > tpm then return {'too_large', record, {}, {}} end
 local state, inflight = ctx.rlprefix .. key.id, ctx.inflightprefix .. key.id
 local decision = admit(state, inflight, ctx.jprefix, tonumber(ARGV[14]), tonumber(key.requests_per_min or '0') or 0,
-  tpm, tonumber(key.max_concurrent_jobs or '0') or 0, ARGV[2], cost, ARGV[15])
+  tpm, tonumber(key.max_concurrent_jobs or '0') or 0, ARGV[2], cost, ARGV[15], tonumber(ARGV[16]))
 if decision[1] ~= '1' then return {'refused', record, {}, decision} end
 local idem = ARGV[12] ~= '' and (ctx.idemprefix .. key.id .. ':' .. ARGV[12]) or ''
 local result = submit(KEYS[2], KEYS[3], idem, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],

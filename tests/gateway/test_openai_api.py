@@ -425,6 +425,22 @@ def test_a_choice_refused_by_the_keys_limits_cancels_the_ones_queued(
     assert [job["status"] for job in listed] == ["cancelled", "cancelled"]  # the two queued before the refusal
 
 
+def test_a_call_of_n_choices_counts_once_against_requests_per_minute(
+    served: ThreadedGateway, settings: ServiceSettings
+) -> None:
+    """As OpenAI counts it: a call is one request, whatever its `n` or its prompts (each choice counted as one:
+    a key of 2 requests a minute could not make one call of n=3)."""
+    assert settings.redis_url is not None
+    limited = create_key(settings.redis_url, "two a minute", requests_per_min=2)[1]
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key=limited, max_retries=0, timeout=60) as oai:
+        many = oai.completions.create(prompt="def f(x):", n=3, model=MODEL, max_tokens=2)
+        assert len(many.choices) == 3
+        prompts = oai.completions.create(prompt=["a", "b", "c"], model=MODEL, max_tokens=2)
+        assert len(prompts.choices) == 3
+        with pytest.raises(openai.RateLimitError):  # the third call
+            oai.completions.create(prompt="def f(x):", model=MODEL, max_tokens=2)
+
+
 def test_closing_a_stream_of_n_choices_cancels_every_job(
     client: openai.OpenAI, served: ThreadedGateway, secret: str
 ) -> None:
