@@ -54,6 +54,7 @@ from shared.openai_logprobs import (
 from shared.response_format import (
     CallReading,
     ResponseFormat,
+    StructuredOutputs,
     Tool,
     ToolCall,
     ToolCallDelta,
@@ -100,6 +101,7 @@ class StreamOptions(BaseModel):
     include_obfuscation: StrictBool | None = None  # OpenAI's padding of chunks against length side channels: none here
 
 
+GUIDED = ("json", "regex", "choice", "grammar")  # vLLM's guided_<x>: structured_outputs' <x>
 MAX_CHOICES = 16  # `n`: each choice is a job of its own (choice_requests)
 MAX_JOBS_PER_CALL = 64  # prompts x n of one completions call
 
@@ -127,6 +129,13 @@ class _Common(BaseModel):
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
+    # vLLM's structured output: a regex, a choice, a Lark grammar or a JSON schema (shared/response_format.py);
+    # its older spellings, one field each, mean the same
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # OpenAI's fields that change nothing here: accepted and ignored (refused where they would change output)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
@@ -160,6 +169,24 @@ class _Common(BaseModel):
     def _stream_options_need_stream(self) -> "_Common":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
+        return self
+
+    @model_validator(mode="after")
+    def _one_structure(self) -> "_Common":
+        """vLLM's older `guided_*` fields become `structured_outputs` (one of them, and not both spellings); it
+        does not combine with a `response_format` that constrains the answer."""
+        guided = {name: getattr(self, f"guided_{name}") for name in GUIDED if getattr(self, f"guided_{name}") is not None}
+        if guided:
+            if self.structured_outputs is not None or len(guided) > 1:
+                raise ValueError(f"give one of structured_outputs, {', '.join('guided_' + n for n in GUIDED)}")
+            name, value = next(iter(guided.items()))
+            try:
+                self.structured_outputs = StructuredOutputs.model_validate({name: value})
+            except ValidationError as exc:
+                raise ValueError(f"guided_{name}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from exc
+        fmt = getattr(self, "response_format", None)
+        if self.structured_outputs is not None and fmt is not None and fmt.type != "text":
+            raise ValueError("give one of structured_outputs or a response_format that constrains the answer")
         return self
 
     def stop_list(self) -> list[str]:
@@ -382,8 +409,8 @@ class ChatCompletionRequest(_Common):
             raise ValueError("tool_choice needs tools")
         if tools is not None and tools.is_active:
             is_json = self.response_format is not None and self.response_format.type != "text"
-            if is_json and tools.response_format() is not None:
-                raise ValueError("response_format cannot be combined with a tool_choice that forces a call")
+            if (is_json or self.structured_outputs is not None) and tools.response_format() is not None:
+                raise ValueError("response_format or structured_outputs cannot be combined with a tool_choice that forces a call")
             if self.stream and self.logprobs:  # a held answer (openai_stream_tools.py) would hold its logprobs too
                 raise ValueError("logprobs: not supported on a stream with tools (use stream: false)")
         return self
@@ -429,6 +456,8 @@ def to_job_request(
         fields["stream_interval_ms"] = req.stream_interval_ms
     if req.logit_bias:
         fields["logit_bias"] = req.logit_bias
+    if req.structured_outputs is not None:
+        fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
         if (value := getattr(req, name)) is not None:
             fields[name] = value

@@ -92,6 +92,61 @@ def grammar_of(fmt: ResponseFormat | None) -> str | None:
     return grammar
 
 
+def _checked(grammar: str, what: str) -> str:
+    """`grammar` when llguidance compiles it; else ValueError naming `what` and the problem."""
+    try:
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except Exception as exc:  # whatever a hostile grammar makes it raise is the client's 400, never a 500
+        raise ValueError(f"invalid {what}: {exc}") from exc
+    if is_error:
+        raise ValueError(f"invalid {what}: {messages[0] if messages else 'it does not compile'}")
+    return grammar
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (its older `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`
+    fields mean the same): the answer matches a regular expression (Rust `regex` syntax, whole answer), is one of
+    the given strings, is derived from a Lark grammar (llguidance's dialect, `start` rule), or is a JSON value of
+    the given schema. Exactly one. Compiled by llguidance while the request is validated (a 400 naming the
+    problem before any job), then enforced by the engine exactly as a `response_format` is."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_schema: dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = Field(None, min_length=1, max_length=MAX_SCHEMA_CHARS)
+    choice: list[str] | None = Field(None, min_length=1, max_length=1024)
+    grammar: str | None = Field(None, min_length=1, max_length=MAX_SCHEMA_CHARS)
+
+    @model_validator(mode="after")
+    def _one_that_compiles(self) -> "StructuredOutputs":
+        given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of `json`, `regex`, `choice` or `grammar`")
+        if self.choice is not None and (any(not c for c in self.choice) or len(set(self.choice)) != len(self.choice)):
+            raise ValueError("choice: the strings must be distinct and not empty")
+        self.compiled()  # raises ValueError naming the problem
+        return self
+
+    def compiled(self) -> str:
+        """llguidance's grammar for it."""
+        if self.json_schema is not None:
+            return grammar_of(ResponseFormat.model_validate(
+                {"type": "json_schema", "json_schema": {"name": "structured_outputs", "schema": self.json_schema}}
+            )) or ""  # fmt: skip
+        if self.regex is not None:
+            return _checked(llguidance.LLMatcher.grammar_from_regex(self.regex), "regex")
+        if self.choice is not None:  # Lark string literals take JSON's escapes
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in self.choice)
+            return _checked(llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}"), "choice")
+        assert self.grammar is not None
+        return _checked(llguidance.LLMatcher.grammar_from_lark(self.grammar), "grammar")
+
+
+def answer_grammar(fmt: ResponseFormat | None, structured: StructuredOutputs | None) -> str | None:
+    """The grammar a request's answer follows (its `structured_outputs`, else its `response_format`); None = free."""
+    return structured.compiled() if structured is not None else grammar_of(fmt)
+
+
 # -- tools ------------------------------------------------------------------------------------------------------
 class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -16,7 +16,7 @@ from pydantic import (
 
 from shared.job_state import JobStatus
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
-from shared.response_format import ResponseFormat
+from shared.response_format import ResponseFormat, StructuredOutputs
 from shared.speculation import SpeculativeMethod
 
 MAX_METADATA_KEYS = 16
@@ -98,6 +98,9 @@ class JobRequest(BaseModel):
     speculative: bool | SpeculativeMethod = True
     # structured output (OpenAI's shape): json_object / json_schema constrain the output; text or None: free
     response_format: ResponseFormat | None = None
+    # vLLM's: a regex, a choice of strings, a Lark grammar or a JSON schema the output follows (not with a
+    # response_format that constrains it)
+    structured_outputs: StructuredOutputs | None = None
     # only a worker serving this model version (settings.model_version) takes the job; None: any worker
     model_version: str | None = Field(None, pattern=MODEL_VERSION_PATTERN)
     priority: Priority = Priority.DEFAULT
@@ -129,6 +132,8 @@ class JobRequest(BaseModel):
     def _one_input(self) -> "JobRequest":
         if sum(given is not None for given in (self.prompt, self.messages, self.prompt_token_ids)) != 1:
             raise ValueError("give exactly one of `prompt`, `messages` or `prompt_token_ids`")
+        if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("give one of `structured_outputs` or a `response_format` that constrains the output")
         return self
 
     @field_validator("prompt")

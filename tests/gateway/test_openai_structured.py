@@ -223,3 +223,40 @@ def test_job_api_takes_response_format(client: openai.OpenAI, served: ThreadedGa
         headers=headers,
     )
     assert bad.status_code == 422 and "objec" in bad.json()["error"]["message"]
+
+
+def test_vllm_structured_outputs_and_guided_fields(client: openai.OpenAI, served: ThreadedGateway) -> None:  # noqa: F811
+    """vLLM's `structured_outputs` (regex, choice, Lark grammar, JSON) and its older `guided_*` fields, through the
+    fleet: the answers follow them; a regex that does not compile, two at once, or one with a constraining
+    response_format is a 400 naming the problem before any job; /v1/jobs takes `structured_outputs`."""
+    import re
+
+    choices = ["positive", "negative", "neutral"]
+    chat = client.chat.completions.create(messages=MESSAGES, extra_body={"guided_choice": choices}, **GREEDY)  # type: ignore[arg-type]
+    assert chat.choices[0].message.content in choices and chat.choices[0].finish_reason == "stop"
+    for extra, pattern in (
+        ({"structured_outputs": {"regex": r"[0-9]{2}:[0-9]{2}"}}, r"[0-9]{2}:[0-9]{2}"),
+        ({"guided_regex": r"(ab){1,3}c"}, r"(ab){1,3}c"),  # bounded: a random model would loop on `ab`
+        ({"structured_outputs": {"grammar": 'start: item ("," item)?\nitem: "x" | "yz"'}}, r"(x|yz)(,(x|yz))?"),
+    ):
+        text = client.completions.create(prompt="time:", extra_body=extra, **GREEDY).choices[0].text  # type: ignore[arg-type]
+        assert re.fullmatch(pattern, text), (extra, text)
+    answer = client.completions.create(prompt="weather:", extra_body={"guided_json": SCHEMA}, **GREEDY).choices[0].text  # type: ignore[arg-type]
+    assert jsonschema_rs.validator_for(SCHEMA).is_valid(json.loads(answer)), answer
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    for bad, reason in (
+        ({"guided_regex": "["}, "invalid regex"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "give one of"),
+        ({"structured_outputs": {"choice": []}}, "choice"),
+        ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "give one of"),
+    ):
+        response = httpx.post(f"{served.url}/v1/chat/completions", json={"messages": MESSAGES, **GREEDY, **bad}, headers=headers)
+        assert response.status_code == 400 and reason in response.json()["error"]["message"], (bad, response.text)
+        assert "x-specfleet-job-id" not in response.headers
+    job = httpx.post(
+        f"{served.url}/v1/jobs",
+        json={"prompt": "mood:", "max_tokens": 16, "temperature": 0, "structured_outputs": {"choice": choices}},
+        headers={**headers, "Prefer": "wait=60"},
+        timeout=90,
+    ).json()
+    assert job["status"] == "succeeded" and job["output"]["text"] in choices, job

@@ -3,7 +3,7 @@ queue as the engine's priority number (lower = more urgent: interactive 0, defau
 
 from typing import Any
 
-from shared.response_format import grammar_of
+from shared.response_format import answer_grammar
 from shared.schemas import JobRequest, Priority
 from workers.engine.sampling_params import SamplingParams
 
@@ -42,7 +42,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         speculative=request.speculative_method,
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
-        grammar=grammar_of(request.response_format),
+        grammar=answer_grammar(request.response_format, request.structured_outputs),
         logit_bias=dict(request.logit_bias) if request.logit_bias else None,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,

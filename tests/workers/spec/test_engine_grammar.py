@@ -144,3 +144,38 @@ def test_a_resumed_request_continues_its_grammar(eagle_models, plain) -> None:
     params = SamplingParams(max_tokens=48 - 5, temperature=0.0, grammar=g, num_resumed_tokens=5)
     out = run_all(engine, {"r": (prompt + done[:5], params)})["r"]
     assert done[:5] + tokens(out) == done
+
+
+STRUCTURED = {  # vLLM's structured_outputs: how each answer must read
+    "choice": ({"choice": ["yes", "no", "maybe so", 'a "quoted"\nline']}, None),
+    "escaped": ({"choice": ['say "hi"\n\\ü']}, None),  # one string: JSON's escapes read as Lark's
+    "regex": ({"regex": r"[0-9]{3}-[a-z]{2,4}"}, r"[0-9]{3}-[a-z]{2,4}"),
+    "grammar": ({"grammar": 'start: "(" item ("," item)* ")"\nitem: /[a-c]/'}, r"\([a-c](,[a-c])*\)"),
+}
+
+
+@pytest.mark.parametrize("method", ["none", "draft-chain", "ngram", "eagle-chain"])
+def test_structured_outputs_regex_choice_and_lark_grammars(eagle_models, method) -> None:
+    """A regex, a choice and a Lark grammar (shared/response_format.py StructuredOutputs) constrain the answer as
+    a JSON schema does: greedy and seeded sampled answers match, and greedy ones are the same with speculation."""
+    import re
+
+    from shared.response_format import StructuredOutputs
+
+    engine = engine_for(eagle_models, method)
+    requests = {}
+    for name, (spec, _) in STRUCTURED.items():
+        g = StructuredOutputs.model_validate(spec).compiled()
+        for i in range(3):
+            params = SamplingParams(max_tokens=48, temperature=0.0 if i == 0 else 1.0, seed=i, grammar=g)
+            requests[f"{name}-{i}"] = (make_prompts()[i * 7], params)
+    outs = run_all(engine, requests)
+    for rid, o in outs.items():
+        name = rid.rsplit("-", 1)[0]
+        text = "".join(x.new_text for x in o)
+        spec, pattern = STRUCTURED[name]
+        assert o[-1].finish_reason == "stop", (rid, text)
+        assert text in spec["choice"] if pattern is None else re.fullmatch(pattern, text), (rid, text)
+    greedy = {rid: tokens(o) for rid, o in outs.items() if rid.endswith("-0")}
+    plain = run_all(engine_for(eagle_models, "none"), {rid: requests[rid] for rid in greedy})
+    assert greedy == {rid: tokens(o) for rid, o in plain.items()}
