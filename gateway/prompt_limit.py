@@ -1,5 +1,5 @@
 """413 at submit for a prompt beyond the model's context (422 for a token id beyond its vocabulary, in the
-prompt or in `logit_bias`).
+prompt, `logit_bias` or `stop_token_ids`).
 
 Workers publish the model's `max_model_len`, vocabulary size and tokenizer path in Redis (keys.MODEL_INFO); the
 gateway reads that every few seconds and counts tokens with the `tokenizers` library (as the engine does: no
@@ -87,13 +87,14 @@ class PromptLimit:
         """Raise 413 when prompt tokens + max_tokens exceed max_model_len (the engine's own rule), 422 for a token
         id past the vocabulary."""
         await self._refresh()
-        if request.logit_bias and self._vocab_size is not None and (largest := max(request.logit_bias)) >= self._vocab_size:
-            raise ApiError(
-                422,
-                ErrorCode.INVALID_REQUEST,
-                f"logit_bias: token id {largest} is not in the model's vocabulary of {self._vocab_size}",
-                field="logit_bias",
-            )
+        for name, ids in (("logit_bias", list(request.logit_bias or ())), ("stop_token_ids", request.stop_token_ids)):
+            if ids and self._vocab_size is not None and (largest := max(ids)) >= self._vocab_size:
+                raise ApiError(
+                    422,
+                    ErrorCode.INVALID_REQUEST,
+                    f"{name}: token id {largest} is not in the model's vocabulary of {self._vocab_size}",
+                    field=name,
+                )
         if request.prompt_token_ids is not None:
             self._check_token_ids(request, request.prompt_token_ids)
             return

@@ -9,7 +9,8 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's
-own `priority`, `top_k`, `ignore_eos`, `repetition_penalty` (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
+own `priority`, `top_k`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `structured_outputs`
+(and its older `guided_*` spellings) (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
@@ -125,6 +126,8 @@ class _Common(BaseModel):
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
     repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's (1: off)
+    min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor stop_token_ids before
+    stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
@@ -172,6 +175,19 @@ class _Common(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _min_within_max(self) -> "_Common":
+        """min_tokens past the answer's max_tokens (given, or the endpoint's default) could never hold."""
+        most = self.requested_max_tokens() or (
+            COMPLETIONS_DEFAULT_MAX_TOKENS if isinstance(self, CompletionRequest) else JobRequest.model_fields["max_tokens"].default
+        )
+        if self.min_tokens and self.min_tokens > most:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({most})")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @model_validator(mode="after")
     def _one_structure(self) -> "_Common":
         """vLLM's older `guided_*` fields become `structured_outputs` (one of them, and not both spellings); it
         does not combine with a `response_format` that constrains the answer."""
@@ -193,9 +209,6 @@ class _Common(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
@@ -458,7 +471,7 @@ def to_job_request(
         fields["logit_bias"] = req.logit_bias
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids"):
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

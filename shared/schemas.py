@@ -93,6 +93,8 @@ class JobRequest(BaseModel):
     top_k: int = Field(-1, ge=-1, le=MAX_TOP_K)
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)  # vLLM's: these tokens end it too
+    min_tokens: int = Field(0, ge=0, le=1_000_000)  # vLLM's: no EOS nor stop_token_ids before this many tokens
     ignore_eos: bool = False
     # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
     speculative: bool | SpeculativeMethod = True
@@ -132,6 +134,8 @@ class JobRequest(BaseModel):
     def _one_input(self) -> "JobRequest":
         if sum(given is not None for given in (self.prompt, self.messages, self.prompt_token_ids)) != 1:
             raise ValueError("give exactly one of `prompt`, `messages` or `prompt_token_ids`")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":
             raise ValueError("give one of `structured_outputs` or a `response_format` that constrains the output")
         return self

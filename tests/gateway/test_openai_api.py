@@ -345,6 +345,33 @@ def test_penalties_reach_the_engine(client: openai.OpenAI, served: ThreadedGatew
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
+def test_min_tokens_and_stop_token_ids(client: openai.OpenAI, served: ThreadedGateway, secret: str, engine_thread: EngineThread) -> None:
+    """vLLM's `min_tokens` and `stop_token_ids` (they were 400 "Extra inputs are not permitted"): a stop token
+    pushed by logit_bias ends the answer at once, or only once min_tokens tokens came; out of bounds is a 400."""
+    body = {"prompt": "def f(x):", "logit_bias": {"42": 100}, "stop_token_ids": [42]}
+    for min_tokens, want in ((0, [42]), (3, None)):
+        raw = client.completions.with_raw_response.create(
+            extra_body={k: v for k, v in {**body, "min_tokens": min_tokens}.items() if k != "prompt"},
+            prompt="def f(x):", **GREEDY,
+        )  # type: ignore[arg-type]
+        answer = raw.parse().choices[0]
+        ids = _job(served, secret, raw.headers["x-specfleet-job-id"])["output"]["token_ids"]
+        assert answer.finish_reason == "stop"
+        if want is not None:
+            assert ids == want
+        else:
+            assert len(ids) == 4 and ids[-1] == 42 and 42 not in ids[:-1], ids
+    vocab = int(engine_thread.client.hget(keys.MODEL_INFO, "vocab_size"))
+    for bad, param in (({"min_tokens": 13}, None), ({"stop_token_ids": [vocab]}, "stop_token_ids")):
+        response = httpx.post(
+            f"{served.url}/v1/completions",
+            json={"prompt": "x", **GREEDY, **bad},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400, response.text
+        assert next(iter(bad)) in response.json()["error"]["message"] and response.json()["error"]["param"] == param
+
+
 def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
     client: openai.OpenAI, served: ThreadedGateway, secret: str
 ) -> None:

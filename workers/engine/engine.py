@@ -33,6 +33,7 @@ from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_
 from workers.engine.head_runner import HeadRunner
 from workers.engine.logit_bias import bias_target_logits, check_logit_bias
 from workers.engine.logprobs import StepLogits, verify_rows, widen
+from workers.engine.min_tokens import hold_stop_tokens
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
@@ -352,7 +353,10 @@ class Engine:
         if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
             raise InvalidRequestError("priority", f"must be an integer >= 0, got {priority!r}")
         params.validate()
-        check_logit_bias(params.logit_bias, min(len(self.tokenizer), self.runner.model.cfg.vocab_size))
+        num_token_ids = min(len(self.tokenizer), self.runner.model.cfg.vocab_size)
+        check_logit_bias(params.logit_bias, num_token_ids)
+        if not all(0 <= t < num_token_ids for t in params.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids", f"token ids must be integers in [0, {num_token_ids})")
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             field = "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens"
@@ -460,7 +464,8 @@ class Engine:
         is_biased = any(s.seq.params.logit_bias for s in sampling)
         is_penalized = any(s.seq.params.has_penalties for s in sampling)
         is_constrained = any(s.seq.grammar is not None for s in sampling)
-        if (is_biased or is_penalized or is_constrained) and verify_logits is logits:
+        is_held = any(s.seq.holds_stop_tokens for s in sampling)
+        if (is_biased or is_penalized or is_constrained or is_held) and verify_logits is logits:
             verify_logits = logits.clone()  # logprobs stay the target's raw ones
         drafts = [e.proposal.tokens if e.proposal else [] for e in entries]  # [B] each one's draft tokens, in order
         if is_biased:  # logit_bias, then penalties (as vLLM), then the grammar: a refused token stays refused
@@ -469,6 +474,9 @@ class Engine:
         if is_penalized:
             penalize_target_logits(verify_logits, [(s.seq.params, s.seq.token_ids, s.seq.output_start, d)
                                                    for s, d in zip(sampling, drafts, strict=True)])
+        if is_held:  # min_tokens: no stop token yet
+            hold_stop_tokens(verify_logits, [(s.seq.params, len(s.seq.token_ids) - s.seq.output_start, len(d))
+                                             for s, d in zip(sampling, drafts, strict=True)], self.eos_token_ids)
         if is_constrained:  # structured output: refused tokens get p = 0
             mask_target_logits(verify_logits, [(s.seq.grammar, d) for s, d in zip(sampling, drafts, strict=True)])
         verdicts = self.speculator.verify(entries, verify_logits)
@@ -563,7 +571,7 @@ def _reads_argmax_only(plan: SchedulerOutput, entries: list[VerifyEntry]) -> boo
         return False
     return not any(
         s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
-        or s.seq.params.logit_bias or s.seq.params.has_penalties
+        or s.seq.params.logit_bias or s.seq.params.has_penalties or s.seq.params.min_tokens
         for s in plan.scheduled
     )
 

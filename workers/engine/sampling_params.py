@@ -37,6 +37,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]
     frequency_penalty: float = 0.0  # in [-2, 2]
     repetition_penalty: float = 1.0  # in (0, MAX_REPETITION_PENALTY]
+    # vLLM's: no EOS and no stop_token_ids before the output has this many tokens (workers/engine/min_tokens.py)
+    min_tokens: int = 0
 
     @property
     def has_penalties(self) -> bool:
@@ -95,6 +97,10 @@ class SamplingParams:
         value = self.repetition_penalty
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= MAX_REPETITION_PENALTY:
             raise InvalidRequestError("repetition_penalty", f"must be in (0, {MAX_REPETITION_PENALTY:g}], got {value!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or (
+            not 0 <= self.min_tokens <= self.max_tokens + self.num_resumed_tokens
+        ):
+            raise InvalidRequestError("min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         if self.speculative is not None:
             choices = [m.value for m in SpeculativeMethod]
             if not isinstance(self.speculative, str) or self.speculative not in choices:

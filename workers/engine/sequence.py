@@ -59,8 +59,14 @@ class Sequence:
     @property
     def drafts_chains_only(self) -> bool:
         """Whether each verified row depends on the draft tokens before it in order (its grammar's state, its
-        penalties' counts): such a sequence drafts chains, never trees."""
-        return self.grammar is not None or self.params.has_penalties
+        penalties' counts, its position while min_tokens holds stop tokens back): such a sequence drafts chains,
+        never trees."""
+        return self.grammar is not None or self.params.has_penalties or self.holds_stop_tokens
+
+    @property
+    def holds_stop_tokens(self) -> bool:
+        """min_tokens: its output is still too short to stop (workers/engine/min_tokens.py)."""
+        return self.params.min_tokens > len(self.token_ids) - self.output_start
 
     @property
     def output_start(self) -> int:

@@ -38,6 +38,8 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         top_k=request.top_k,
         seed=request.seed,
         stop=list(request.stop),
+        stop_token_ids=list(request.stop_token_ids),
+        min_tokens=request.min_tokens,
         ignore_eos=request.ignore_eos,
         speculative=request.speculative_method,
         logprobs=request.logprobs,

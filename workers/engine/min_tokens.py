@@ -1,0 +1,30 @@
+"""vLLM's `min_tokens`: no EOS (unless `ignore_eos`, where EOS stops nothing) and no `stop_token_ids` before the
+output has `min_tokens` tokens. Their logits are -inf at each row verification reads whose position comes
+before that (the output so far plus the draft tokens before the row), so verification samples from what plain
+decoding with the rule samples from (greedy output token-identical with speculation on and off). Stop strings
+and a grammar's end still end the output, as vLLM documents the field ("before EOS or stop_token_ids can be
+generated"). A resumed job counts the output it already had.
+"""
+
+import torch
+
+from workers.engine.sampling_params import SamplingParams
+
+HoldEntry = tuple[SamplingParams, int, int]  # params, output tokens so far, draft tokens this step
+
+
+def hold_stop_tokens(
+    logits: torch.Tensor,  # [S, V] the target's logits: each entry's 1 + drafts rows, entries in order
+    entries: list[HoldEntry],  # [B] one per verified sequence, in order
+    eos_token_ids: frozenset[int],
+) -> None:
+    """Refuse the stop tokens, in place, at every row whose position is short of its sequence's min_tokens."""
+    row = 0
+    with torch.inference_mode():  # the runner's logits are inference tensors
+        for params, num_output, num_drafts in entries:
+            num_held = min(num_drafts + 1, params.min_tokens - num_output)  # rows r with num_output + r < min
+            if num_held > 0:
+                stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+                ids = torch.tensor(sorted(stops), dtype=torch.long, device=logits.device)  # [K]
+                logits[row : row + num_held, ids] = float("-inf")
+            row += num_drafts + 1
