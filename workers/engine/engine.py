@@ -29,15 +29,13 @@ from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.fusing import FusingStats, fuse_runner
-from workers.engine.grammar import GrammarCompiler, GrammarMatcher, mask_target_logits
+from workers.engine.grammar import GrammarCompiler, GrammarMatcher
 from workers.engine.head_runner import HeadRunner
-from workers.engine.logit_bias import bias_target_logits, check_logit_bias
+from workers.engine.logit_bias import check_logit_bias
 from workers.engine.logprobs import StepLogits, verify_rows, widen
-from workers.engine.min_tokens import hold_stop_tokens
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
-from workers.engine.penalties import penalize_target_logits
 from workers.engine.priority import PriorityPolicy
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
@@ -45,6 +43,7 @@ from workers.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from workers.engine.sequence import Sequence
 from workers.engine.small_pass_threads import ThreadChoice, choose_threads
 from workers.engine.speculator import Speculator
+from workers.engine.target_logits import processed_logits, reads_only_raw_logits
 from workers.engine.tp_runner import load_target, make_runner
 from workers.models import native_attention
 from workers.models.device import resolve_device, to_host
@@ -461,24 +460,9 @@ class Engine:
         if rows is not None:
             rows = rows.to(logits.device)
         verify_logits = logits if rows is None else logits.index_select(0, rows)  # [sum(1 + drafts), V]
-        is_biased = any(s.seq.params.logit_bias for s in sampling)
-        is_penalized = any(s.seq.params.has_penalties for s in sampling)
-        is_constrained = any(s.seq.grammar is not None for s in sampling)
-        is_held = any(s.seq.holds_stop_tokens for s in sampling)
-        if (is_biased or is_penalized or is_constrained or is_held) and verify_logits is logits:
-            verify_logits = logits.clone()  # logprobs stay the target's raw ones
         drafts = [e.proposal.tokens if e.proposal else [] for e in entries]  # [B] each one's draft tokens, in order
-        if is_biased:  # logit_bias, then penalties (as vLLM), then the grammar: a refused token stays refused
-            bias_target_logits(verify_logits, [(s.seq.params.logit_bias, len(d))
-                                               for s, d in zip(sampling, drafts, strict=True)])
-        if is_penalized:
-            penalize_target_logits(verify_logits, [(s.seq.params, s.seq.token_ids, s.seq.output_start, d)
-                                                   for s, d in zip(sampling, drafts, strict=True)])
-        if is_held:  # min_tokens: no stop token yet
-            hold_stop_tokens(verify_logits, [(s.seq.params, len(s.seq.token_ids) - s.seq.output_start, len(d))
-                                             for s, d in zip(sampling, drafts, strict=True)], self.eos_token_ids)
-        if is_constrained:  # structured output: refused tokens get p = 0
-            mask_target_logits(verify_logits, [(s.seq.grammar, d) for s, d in zip(sampling, drafts, strict=True)])
+        # each request's rules (logit_bias, penalties, min_tokens, grammar) on the rows verification reads
+        verify_logits = processed_logits(logits, verify_logits, sampling, drafts, self.eos_token_ids)
         verdicts = self.speculator.verify(entries, verify_logits)
         if proposals:
             self.speculator.stats.verify_time_s += time.perf_counter() - start_s
@@ -567,13 +551,7 @@ def _reads_argmax_only(plan: SchedulerOutput, entries: list[VerifyEntry]) -> boo
     """Whether the step reads nothing of its logits but each verified row's argmax: greedy chains only, no
     grammar masking them, no logprobs asked for. A CUDA step's logits then stay on the device: its argmax
     comes back as S integers instead of S x V floats, and the host does not scan the vocabulary."""
-    if not reads_argmax_only(entries):
-        return False
-    return not any(
-        s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
-        or s.seq.params.logit_bias or s.seq.params.has_penalties or s.seq.params.min_tokens
-        for s in plan.scheduled
-    )
+    return reads_argmax_only(entries) and reads_only_raw_logits(plan.scheduled)
 
 
 def forward_item(s: ScheduledSeq, proposal: Proposal | None) -> ForwardItem:
