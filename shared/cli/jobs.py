@@ -19,7 +19,7 @@ def submit(
     max_tokens: Annotated[int, typer.Option()] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     priority: Annotated[str, typer.Option(help="interactive | default | batch")] = "default",
-    speculative: Annotated[str | None, typer.Option(help="none | draft | ngram")] = None,
+    speculative: Annotated[str | None, typer.Option(help="none | draft | ngram | eagle")] = None,
     idempotency_key: Annotated[str | None, typer.Option()] = None,
     stream_interval_ms: Annotated[
         int | None, typer.Option(help="Token events at most this often, each with the tokens since the last")
@@ -27,6 +27,14 @@ def submit(
     stream: Annotated[
         bool, typer.Option("--stream", help="Stream the text instead of printing the job id")
     ] = False,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any other field of the job, FIELD=VALUE (VALUE read as JSON, else as text); repeatable: "
+            "--set seed=7 --set 'stop=[\"\\n\"]' --set 'structured_outputs={\"choice\": [\"yes\", \"no\"]}'",
+        ),
+    ] = None,
     url: UrlOpt = None,
 ) -> None:
     """Queue a job; print its id (or stream its text with --stream)."""
@@ -42,12 +50,27 @@ def submit(
         body["speculative"] = speculative
     if stream_interval_ms is not None:
         body["stream_interval_ms"] = stream_interval_ms
+    body.update(_set_fields(fields or []))
     with FleetClient(gateway_url(url)) as client:
         if stream:  # one request: the submit answers with the job's events
             _print_events(lambda: client.submit_stream(body, idempotency_key=idempotency_key))
             return
         job = call(lambda: client.submit(body, idempotency_key=idempotency_key))
         typer.echo(job["id"])
+
+
+def _set_fields(pairs: list[str]) -> dict[str, object]:
+    """--set FIELD=VALUE pairs -> the body's fields (a VALUE that is not JSON is text: `--set priority=batch`)."""
+    fields: dict[str, object] = {}
+    for pair in pairs:
+        name, is_pair, raw = pair.partition("=")
+        if not is_pair or not name:
+            raise typer.BadParameter(f"{pair!r} is not FIELD=VALUE", param_hint="--set")
+        try:
+            fields[name] = json.loads(raw)
+        except ValueError:
+            fields[name] = raw
+    return fields
 
 
 def status(job_id: str, url: UrlOpt = None) -> None:

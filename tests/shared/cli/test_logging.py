@@ -34,6 +34,21 @@ def test_submit_prints_only_the_job_id(gateway: ThreadedGateway) -> None:
     assert HTTPX_LINE not in proc.stderr and proc.stderr.strip() == ""
 
 
+def test_submit_sets_any_field_of_the_job(gateway: ThreadedGateway) -> None:
+    """`--set FIELD=VALUE`: a JSON value, or text; the gateway's refusal of a field is printed, not a traceback."""
+    import json
+
+    proc = run_cli("submit", "x", "--set", 'metadata={"team": "search"}', "--set", "seed=7", "--set", "priority=batch",
+                   "--url", gateway.url)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(run_cli("status", proc.stdout.strip(), "--url", gateway.url).stdout)
+    assert job["metadata"] == {"team": "search"} and job["priority"] == "batch"  # JSON, and text
+    refused = run_cli("submit", "x", "--set", "bogus=1", "--url", gateway.url)
+    assert refused.returncode != 0 and "bogus" in refused.stderr and "Traceback" not in refused.stderr
+    malformed = run_cli("submit", "x", "--set", "seed", "--url", gateway.url)
+    assert malformed.returncode != 0 and "FIELD=VALUE" in malformed.stderr
+
+
 def test_jobs_lists_the_keys_jobs_newest_first_page_by_page(gateway: ThreadedGateway) -> None:
     submitted = [run_cli("submit", f"p{i}", "--max-tokens", "2", "--url", gateway.url).stdout.strip() for i in range(3)]
     first = run_cli("jobs", "--limit", "2", "--url", gateway.url)
