@@ -15,6 +15,7 @@ import torch
 from workers.engine.grammar import DraftGrammar
 from workers.engine.model_runner import ForwardItem, ModelRunner
 from workers.engine.sequence import Sequence
+from workers.engine.target_logits import ProposerRules
 from workers.spec.distributions import GreedyRows, row_distributions
 from workers.spec.proposal import Proposal
 from workers.spec.row_max import RowMax, torch_row_max
@@ -71,10 +72,13 @@ def draw_chain_step(
     ks: list[int],  # [B] each sequence's chain length; cut where its grammar completes
     depth: int,  # j: the draft position this step fills
     row_max: RowMax = torch_row_max,  # each row's max and argmax (the engine's is native where it can be)
+    rules: ProposerRules = ProposerRules(),  # the requests' logit_bias, penalties, min_tokens (target_logits.py)
 ) -> None:
     """Depth j of the draft model's and the EAGLE head's chains alike: draw a token per active sequence (under
     its grammar), advance the grammar, and end a chain whose grammar completes, or whose grammar takes no token
-    the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j."""
+    the proposer drafts (a head's draft vocabulary can lack them all): that chain ends before depth j. Each row
+    takes its request's logit_bias, penalties and min_tokens first, as the target's will (ProposerRules)."""
+    logits = rules.apply(logits, [seqs[i] for i in active], [tokens[i] for i in active])
     allowed = grammar.allowed(active) if grammar.is_active else None  # [A, V] | None
     if allowed is None and all(seqs[i].params.is_greedy for i in active):  # the argmax is the draft: no q rows
         best, argmax = row_max(logits)  # [A] each: the check and the draws in one pass over the rows
@@ -114,7 +118,8 @@ def grow_trees(
     builders = [
         TreeBuilder(size, branching, seq.params.is_greedy, seq.generator) for seq, size in zip(seqs, sizes, strict=True)
     ]
-    q = draft_distributions(logits, seqs, GreedyRows.SOFTMAX)  # [B, V]
+    rules = ProposerRules()  # a tree's sequence: its logit_bias alone applies (ProposerRules)
+    q = draft_distributions(rules.apply(logits, seqs, [[] for _ in seqs]), seqs, GreedyRows.SOFTMAX)  # [B, V]
     for b, builder in enumerate(builders):
         builder.expand(q[b : b + 1])
     while True:
@@ -123,6 +128,7 @@ def grow_trees(
             return builders
         logits = forward_frontiers(active, builders)  # [F, V]
         owners = [seqs[b] for b in active for _ in builders[b].frontier]
+        logits = rules.apply(logits, owners, [[] for _ in owners])  # [F, V]
         q = draft_distributions(logits, owners, GreedyRows.SOFTMAX)  # [F, V]
         row = 0
         for b in active:
@@ -132,7 +138,11 @@ def grow_trees(
 
 
 class DraftProposer:
-    def __init__(self, runner: ModelRunner, row_max: RowMax = torch_row_max) -> None:
+    def __init__(
+        self, runner: ModelRunner, row_max: RowMax = torch_row_max, eos_token_ids: frozenset[int] = frozenset()
+    ) -> None:
+        # the requests' rules on its rows: its own logits' scale is not the target's (ProposerRules)
+        self.rules = ProposerRules(eos_token_ids, takes_repetition=False)
         self.runner = runner
         self.row_max = row_max  # the greedy drafts: each logits row's max and argmax
 
@@ -183,7 +193,7 @@ class DraftProposer:
                         for i in active
                     ]
                     logits = self.runner.forward(items)  # [A, V]
-                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max)
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max, self.rules)
                 active = [i for i in active if ks[i] > j + 1]
         finally:
             grammar.rollback()

@@ -16,13 +16,17 @@ from workers.engine.grammar import DraftGrammar
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem
 from workers.engine.sequence import Sequence
+from workers.engine.target_logits import ProposerRules
 from workers.spec.proposal import Proposal
 from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.tree import ROOT, TreeBuilder
 
 
 class EagleProposer:
-    def __init__(self, runner: HeadRunner, row_max: RowMax = torch_row_max) -> None:
+    def __init__(
+        self, runner: HeadRunner, row_max: RowMax = torch_row_max, eos_token_ids: frozenset[int] = frozenset()
+    ) -> None:
+        self.rules = ProposerRules(eos_token_ids)  # the requests' rules on its rows (the target's LM head's scale)
         self.runner = runner
         self.row_max = row_max  # the greedy drafts: each logits row's max and argmax
 
@@ -89,7 +93,7 @@ class EagleProposer:
                         for i in active
                     ]
                     logits, hidden = self.runner.forward(items, hidden)  # [A, V], [A, hidden]
-                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max)
+                draw_chain_step(logits, active, seqs, tokens, probs, grammar, ks, j, self.row_max, self.rules)
                 keep = [row for row, i in enumerate(active) if ks[i] > j + 1]
                 if len(keep) < len(active):  # a chain ended: its row leaves the next pass
                     hidden = hidden[keep]  # [A', hidden]

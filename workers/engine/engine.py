@@ -108,13 +108,14 @@ class Engine:
         self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
         native = native_attention.load(self.compile_cache_dir / "native") if cfg.attention_backend == "native" else None
         row_max = native.row_max if native is not None else torch_row_max  # greedy tokens: each row's max, argmax
+        eos_ids = frozenset(model.cfg.eos_token_ids)  # min_tokens holds them back in drafts too
         draft_proposer = (
-            DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads), row_max)
+            DraftProposer(ModelRunner(draft, num_cache_blocks, cfg.block_size, threads), row_max, eos_ids)
             if draft is not None
             else None
         )
         eagle = (
-            EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads), row_max)
+            EagleProposer(HeadRunner(head, num_cache_blocks, cfg.block_size, threads), row_max, eos_ids)
             if head is not None
             else None
         )

@@ -9,6 +9,8 @@ from what plain decoding with the same rules samples from. The logits the step r
 target's raw ones (a processed step works on a copy).
 """
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from workers.engine.grammar import mask_target_logits
@@ -16,6 +18,7 @@ from workers.engine.logit_bias import bias_target_logits
 from workers.engine.min_tokens import hold_stop_tokens
 from workers.engine.penalties import penalize_target_logits
 from workers.engine.scheduler_output import ScheduledSeq
+from workers.engine.sequence import Sequence
 
 
 def processed_logits(
@@ -45,6 +48,46 @@ def processed_logits(
     if is_constrained:
         mask_target_logits(verify_logits, [(seq.grammar, d) for seq, d in pairs])
     return verify_logits
+
+
+@dataclass(frozen=True)
+class ProposerRules:
+    """The same rules but the grammar (the proposers mask that themselves, grammar.DraftGrammar) on a draft model's
+    or EAGLE head's rows, so it drafts from (nearly) the distribution the target verifies under: a banned or
+    penalized token is not drafted only to be refused. The proposer's q is what it draws from, so rejection
+    sampling stays exact whatever it applies; this only moves acceptance. The additive rules (logit_bias,
+    presence and frequency penalties) and min_tokens' held stop tokens transfer to any proposer; the repetition
+    penalty scales logits, and only a head reading the target's own LM head (EAGLE) has the target's scale: on
+    the demo pair at 35c8d74 (2026-12-05) it raised EAGLE's accepted tokens 266 -> 327 and cut the draft model's 184 -> 116,
+    so the draft model does without it. A tree's rows take the bias alone: a penalized or held sequence drafts
+    chains (Sequence.drafts_chains_only)."""
+
+    eos_token_ids: frozenset[int] = frozenset()
+    takes_repetition: bool = True  # the proposer's logits are on the target's scale (EAGLE)
+
+    def apply(
+        self,
+        logits: torch.Tensor,  # [A, V] a proposer's logits: one row per sequence, at the position after its drafts
+        seqs: list[Sequence],  # [A] the sequence of each row
+        drafted: list[list[int]],  # [A] the tokens each one drafted before this row (a tree's rows: [])
+    ) -> torch.Tensor:  # [A, V]
+        params = [p if self.takes_repetition or p.repetition_penalty == 1.0 else replace(p, repetition_penalty=1.0)
+                  for p in (seq.params for seq in seqs)]  # fmt: skip
+        is_biased = any(p.logit_bias for p in params)
+        is_penalized = any(p.has_penalties for p in params)
+        is_held = any(p.min_tokens for p in params)
+        if not (is_biased or is_penalized or is_held):
+            return logits
+        logits = logits.clone()  # [A, V] the runner's own buffer stays as it was
+        if is_biased:
+            bias_target_logits(logits, [(p.logit_bias, 0) for p in params])
+        if is_penalized:
+            penalize_target_logits(logits, [(p, seq.token_ids + d, seq.output_start, [])
+                                            for p, seq, d in zip(params, seqs, drafted, strict=True)])  # fmt: skip
+        if is_held:
+            hold_stop_tokens(logits, [(p, len(seq.token_ids) - seq.output_start + len(d), 0)
+                                      for p, seq, d in zip(params, seqs, drafted, strict=True)], self.eos_token_ids)  # fmt: skip
+        return logits
 
 
 def reads_only_raw_logits(seqs: list[ScheduledSeq]) -> bool:
