@@ -29,8 +29,8 @@ from gateway.deps import Gateway
 from gateway.errors import ApiError
 from gateway.event_stream import EventStreamResponse
 from gateway.openai_errors import OpenAIError, OpenAIErrorBody
+from gateway.openai_stream_chat import ChoiceText
 from gateway.openai_stream_logprobs import StreamLogprobs
-from gateway.openai_stream_tools import ToolCallStream
 from gateway.streaming import Event, Wake
 from shared import openai_compat as oa
 from shared.job_record import job_from_fields
@@ -110,8 +110,8 @@ class Call:
                 raise error
         n = self.body.num_choices
         if isinstance(self.body, oa.ChatCompletionRequest):
-            reading = self.body.call_reading()
-            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, reading) for job in jobs], n)
+            reading, parser = self.body.call_reading(), self.gw.settings.reasoning_parser
+            answer: BaseModel = oa.merged([oa.chat_completion_of(job, self.model, reading, parser) for job in jobs], n)
         else:
             answers = [
                 oa.completion_of(job, self.model, oa.echoed_prompt(body, job.output.prompt_logprobs if job.output else None))
@@ -201,12 +201,16 @@ class Call:
         (the client left)."""
         extras = [StreamLogprobs(body) for body in self.bodies]  # logprobs and echo (openai_stream_logprobs.py)
         reading = self.body.call_reading() if isinstance(self.body, oa.ChatCompletionRequest) else None
-        calls = [ToolCallStream(reading, job_id) for job_id in self.job_ids] if reading is not None else None
+        parser = self.gw.settings.reasoning_parser
+        texts = (  # a chat choice's thinking apart, its content as text or calls (openai_stream_chat.py)
+            [ChoiceText(parser, reading, job_id) for job_id in self.job_ids]
+            if self.is_chat and (reading is not None or parser != "none") else None
+        )  # fmt: skip
         usages: list[Usage | None] = [None] * len(self.job_ids)
         try:
             for choice, extra in enumerate(extras):
                 if self.is_chat:  # an answer that may be a call opens without content, as OpenAI's
-                    yield self._chunk(choice, oa.ChatDelta(role="assistant", content=None if calls else ""))
+                    yield self._chunk(choice, oa.ChatDelta(role="assistant", content=None if reading else ""))
                 if (prompt := extra.opening_echo()) is not None:
                     yield self._chunk(choice, prompt)
             async with aclosing(self._events(wake)) as events:
@@ -218,9 +222,12 @@ class Call:
                         if (echoed := extras[choice].echo_with_logprobs(token)) is not None:
                             yield self._chunk(choice, echoed[0], logprobs=echoed[1])
                         logprobs = extras[choice].of(token)
-                        if calls is not None:  # function calls (openai_stream_tools.py; no logprobs: refused)
-                            if token.text and (piece := calls[choice].on_text(token.text)) is not None:
-                                yield self._chunk(choice, piece)
+                        if texts is not None:
+                            deltas = texts[choice].on_text(token.text) if token.text else []
+                            if logprobs is not None and not deltas:  # held text: its logprobs go now
+                                deltas = [oa.ChatDelta()]
+                            for i, piece in enumerate(deltas):  # the token's logprobs ride its last delta
+                                yield self._chunk(choice, piece, logprobs=logprobs if i == len(deltas) - 1 else None)
                         elif token.text or logprobs is not None:
                             delta = oa.ChatDelta(content=token.text) if self.is_chat else token.text
                             yield self._chunk(choice, delta, logprobs=logprobs)
@@ -229,10 +236,10 @@ class Call:
                         self.unfinished.discard(self.job_ids[choice])
                         usages[choice] = done.usage
                         reason = oa.finish_reason(done.finish_reason)
-                        if calls is not None:
-                            last, reason = calls[choice].on_done(reason)
-                            if last is not None:
-                                yield self._chunk(choice, last)
+                        if texts is not None:
+                            last, reason = texts[choice].on_done(reason)
+                            for piece in last:
+                                yield self._chunk(choice, piece)
                         yield self._chunk(choice, oa.ChatDelta() if self.is_chat else "", reason)
                     elif event.type is EventType.ERROR:
                         failed = ErrorEvent.model_validate_json(event.data)

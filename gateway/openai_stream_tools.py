@@ -1,5 +1,6 @@
 """Function calls on chat streams: a choice's chunks under active `tools`, written so that they add up to the
-message the same call answers without `stream` (shared/openai_compat.py `chat_answer`).
+message the same call answers without `stream` (shared/openai_compat.py `answer_of`; the text it reads is the
+answer's content, its thinking already apart: shared/reasoning.py).
 
 - a named function (`tool_choice: {"type": "function", ...}`): the answer is the call's arguments, so they stream
   as they come: the first chunk opens the call (its id, type and name), each later one extends its arguments;
@@ -40,7 +41,7 @@ class ToolCallStream:
         """The last delta (what was held, or a named call that got no text) and the answer's finish reason."""
         if self.is_text or self.is_open:
             return None, reason
-        message, reason = oa.chat_answer(self.job_id, self.held, reason, self.calls)
+        message, reason = oa.answer_of(self.job_id, self.held, reason, self.calls)
         if message.tool_calls is None:
             return (oa.ChatDelta(content=self.held) if self.held else None), reason
         calls = [ToolCallDelta.opening(i, c.id, c.function.name, c.function.arguments)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from shared import openai_compat
 from shared.batch_schemas import BatchLineError
 from shared.job_state import JobStatus
+from shared.reasoning import ReasoningParser
 from shared.response_format import CallReading
 from shared.schemas import MAX_METADATA_KEYS, Job, JobRequest, Priority
 
@@ -166,10 +167,11 @@ def parse_batch(
     return lines, errors
 
 
-def result_line(line: BatchLine, job: Job, model: str) -> dict[str, Any]:
-    """The result line of a finished job: `response` when it succeeded, else `error`."""
+def result_line(line: BatchLine, job: Job, model: str, reasoning_parser: ReasoningParser = "none") -> dict[str, Any]:
+    """The result line of a finished job: `response` when it succeeded (a chat's thinking apart as the route
+    answers it: settings.reasoning_parser), else `error`."""
     if job.status is JobStatus.SUCCEEDED:
-        body = openai_compat.response_body(line.url, job, line.model or model, line.calls)
+        body = openai_compat.response_body(line.url, job, line.model or model, line.calls, reasoning_parser)
         response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": body}
         error = None
     else:

@@ -52,6 +52,7 @@ from shared.openai_logprobs import (
     chat_logprobs,
     completion_logprobs,
 )
+from shared.reasoning import ReasoningParser, split_reasoning
 from shared.response_format import (
     CallReading,
     ResponseFormat,
@@ -589,12 +590,14 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None  # the functions the answer calls (tools); then content is None
+    reasoning_content: str | None = None  # a reasoning model's thinking (shared/reasoning.py), as vLLM returns it
 
     @model_serializer(mode="wrap")
     def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if self.tool_calls is None:
-            data.pop("tool_calls", None)  # a text answer keeps its plain shape
+        for name in ("tool_calls", "reasoning_content"):
+            if data.get(name) is None:
+                data.pop(name, None)  # a plain text answer keeps its plain shape
         return data
 
 
@@ -619,12 +622,14 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None  # a streamed function call (gateway/openai_stream_tools.py)
+    reasoning_content: str | None = None  # a reasoning model's thinking, streamed (shared/reasoning.py)
 
     @model_serializer(mode="wrap")
     def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if self.tool_calls is None:
-            data.pop("tool_calls", None)  # a text chunk keeps its plain shape
+        for name in ("tool_calls", "reasoning_content"):
+            if data.get(name) is None:
+                data.pop(name, None)  # a plain text chunk keeps its plain shape
         return data
 
 
@@ -706,6 +711,21 @@ def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Compl
 
 
 def chat_answer(
+    job_id: str,
+    text: str,
+    reason: FinishReason | None,
+    calls: CallReading | None,
+    reasoning_parser: ReasoningParser = "none",
+) -> tuple[AssistantMessage, FinishReason | None]:
+    """The answer with its thinking apart (`reasoning_content`, shared/reasoning.py), then its content read as
+    below (answer_of)."""
+    reasoning, content = split_reasoning(text, reasoning_parser)
+    message, reason = answer_of(job_id, content, reason, calls)
+    message.reasoning_content = reasoning or None  # an empty thought (`<think></think>`): none, as a stream shows it
+    return message, reason
+
+
+def answer_of(
     job_id: str, text: str, reason: FinishReason | None, calls: CallReading | None
 ) -> tuple[AssistantMessage, FinishReason | None]:
     """A job's answer as a chat message, and its finish reason. Under active `tools` (`calls`, ToolSet.reading):
@@ -724,10 +744,14 @@ def chat_answer(
     return AssistantMessage(content=None, tool_calls=tool_call_objects(job_id, made)), "tool_calls"
 
 
-def chat_completion_of(job: Job, model: str, calls: CallReading | None = None) -> ChatCompletion:
-    """The `chat.completion` object of a finished job (its answer read as function calls: `calls`)."""
+def chat_completion_of(
+    job: Job, model: str, calls: CallReading | None = None, reasoning_parser: ReasoningParser = "none"
+) -> ChatCompletion:
+    """The `chat.completion` object of a finished job (its thinking apart, its answer read as function calls:
+    `calls`)."""
     text = job.output.text if job.output else ""
-    message, reason = chat_answer(job.id, text, finish_reason(job.output.finish_reason if job.output else None), calls)
+    reason = finish_reason(job.output.finish_reason if job.output else None)
+    message, reason = chat_answer(job.id, text, reason, calls, reasoning_parser)
     return ChatCompletion(
         id=chat_completion_id(job.id),
         created=int(job.created_at),
@@ -747,17 +771,21 @@ def completion_response(job: Job, model: str) -> dict[str, Any]:
     return completion_of(job, model).model_dump(mode="json")
 
 
-def chat_completion_response(job: Job, model: str, calls: CallReading | None = None) -> dict[str, Any]:
-    return chat_completion_of(job, model, calls).model_dump(mode="json")
+def chat_completion_response(
+    job: Job, model: str, calls: CallReading | None = None, reasoning_parser: ReasoningParser = "none"
+) -> dict[str, Any]:
+    return chat_completion_of(job, model, calls, reasoning_parser).model_dump(mode="json")
 
 
-def response_body(url: str, job: Job, model: str, calls: CallReading | None = None) -> dict[str, Any]:
-    """What the endpoint at `url` answers for a finished job (the job itself for /v1/jobs; a chat's answer read
-    as function calls: `calls`)."""
+def response_body(
+    url: str, job: Job, model: str, calls: CallReading | None = None, reasoning_parser: ReasoningParser = "none"
+) -> dict[str, Any]:
+    """What the endpoint at `url` answers for a finished job (the job itself for /v1/jobs; a chat's answer with
+    its thinking apart and read as function calls: `calls`)."""
     if url == COMPLETIONS_URL:
         return completion_response(job, model)
     if url == CHAT_COMPLETIONS_URL:
-        return chat_completion_response(job, model, calls)
+        return chat_completion_response(job, model, calls, reasoning_parser)
     return job.model_dump(mode="json")
 
 

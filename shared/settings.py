@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from shared import keys
 from shared.cpu_placement import parse_cpu_list
+from shared.reasoning import ReasoningParser
 from shared.redis_url import parse as parse_redis_url
 from shared.schemas import MAX_STREAM_INTERVAL_MS, MODEL_VERSION_PATTERN, Priority
 from shared.webhook_signing import DEV_WEBHOOK_SECRET
@@ -204,6 +205,8 @@ class ServiceSettings(BaseSettings):
     openai_priority: Priority = Priority.INTERACTIVE  # of their jobs unless the body says `priority`
     cancel_on_disconnect: bool = True  # a client that goes away cancels its job (frees the GPU)
     served_model_name: str | None = None  # `model` of /v1/models; None: the workers' model dir name
+    # a reasoning model's thinking as chat answers' `reasoning_content` (shared/reasoning.py): none | qwen3 | deepseek_r1
+    reasoning_parser: ReasoningParser = "none"
 
     @field_validator("webhook_allow_hosts", "cors_allow_origins", mode="before")
     @classmethod

@@ -42,11 +42,14 @@ def _accumulate(deltas: list[oa.ChatDelta]) -> dict[str, Any]:
     """What a client makes of a choice's deltas (as the openai SDK's stream accumulator): content concatenated,
     each call by index, its arguments concatenated."""
     content: str | None = None
+    reasoning: str | None = None
     calls: dict[int, dict[str, Any]] = {}
     for delta in deltas:
         wire = json.loads(delta.model_dump_json())  # what goes out: null fields dropped where OpenAI drops them
         if wire.get("content") is not None:
             content = (content or "") + wire["content"]
+        if wire.get("reasoning_content") is not None:
+            reasoning = (reasoning or "") + wire["reasoning_content"]
         for piece in wire.get("tool_calls") or []:
             call = calls.setdefault(piece["index"], {"function": {"arguments": ""}})
             for name in ("id", "type"):
@@ -55,7 +58,8 @@ def _accumulate(deltas: list[oa.ChatDelta]) -> dict[str, Any]:
             if "name" in piece["function"]:
                 call["function"]["name"] = piece["function"]["name"]
             call["function"]["arguments"] += piece["function"].get("arguments", "")
-    return {"content": content, "tool_calls": [calls[i] for i in sorted(calls)] or None}
+    answer = {"content": content, "tool_calls": [calls[i] for i in sorted(calls)] or None}
+    return {**answer, "reasoning_content": reasoning} if reasoning is not None else answer
 
 
 def _reading(choice: Any) -> CallReading:
@@ -125,3 +129,30 @@ def test_a_named_call_cut_by_length_is_still_a_call() -> None:
     assert message.tool_calls[0].function.arguments == '{"zone":"U'
     message, reason = oa.chat_answer("job1", '{"name":"get_time","arguments":{"zone":', "length", _reading("auto"))
     assert reason == "length" and message.tool_calls is None  # auto and required: a cut text is text
+
+
+THOUGHTS = ["<think>which tool?</think>", "  <think></think>", "<think>cut", ""]
+
+
+@pytest.mark.parametrize("choice", [None, *CHOICES], ids=["no-tools", "auto", "required", "named"])
+def test_thinking_then_the_answer_add_up_to_the_answer_without_stream(choice: Any) -> None:
+    """gateway/openai_stream_chat.py: a reasoning model's thinking (qwen3's convention) comes apart as
+    reasoning_content, the rest is read as text or calls, each piece size giving the message without stream."""
+    from gateway.openai_stream_chat import ChoiceText
+
+    calls = _reading(choice) if choice is not None else None
+    for thought, text, reason in itertools.product(THOUGHTS, TEXTS[:6], ("stop", "length")):
+        whole = thought + text
+        message, want_reason = oa.chat_answer("job1", whole, reason, calls, "qwen3")  # type: ignore[arg-type]
+        want = message.model_dump(mode="json", exclude={"role"})
+        want.setdefault("tool_calls", None)
+        if want["content"] == "" and calls is not None:  # the role chunk of a tools answer carries no content
+            want["content"] = None
+        for pieces in _splits(whole):
+            stream = ChoiceText("qwen3", calls, "job1")
+            deltas = [d for piece in pieces if piece for d in stream.on_text(piece)]
+            last, got_reason = stream.on_done(reason)  # type: ignore[arg-type]
+            got = _accumulate(deltas + last)
+            if calls is None and got["content"] is None:
+                got["content"] = ""  # a text answer's role chunk opens its content with ""
+            assert (got, got_reason) == (want, want_reason), (choice, whole, pieces, reason)

@@ -13,7 +13,9 @@ import pytest
 
 from shared.openai_compat import ChatMessage
 from shared.response_format import ToolCall, ToolCallFunction
+from shared.settings import ServiceSettings
 from tests.gateway.test_openai_api import MODEL, client, secret, served  # noqa: F401 (fixtures)
+from tests.helpers.engine_worker import EngineThread
 from tests.helpers.gateway import ThreadedGateway
 
 SCHEMA = {
@@ -260,3 +262,32 @@ def test_vllm_structured_outputs_and_guided_fields(client: openai.OpenAI, served
         timeout=90,
     ).json()
     assert job["status"] == "succeeded" and job["output"]["text"] in choices, job
+
+
+def test_a_reasoning_models_thinking_comes_apart(
+    engine_thread: EngineThread, settings: ServiceSettings, secret: str  # noqa: F811
+) -> None:
+    """settings.reasoning_parser `qwen3`: a chat answer's `<think>...</think>` is `reasoning_content`, the rest
+    `content` (read as a function call under tools), streamed or not (the answers forced by a choice: the tiny
+    model does not think); an answer without it has no `reasoning_content`."""
+    thought = '<think>the user wants Paris</think>{"name":"get_time","arguments":{"zone":"UTC"}}'
+    thinking = settings.model_copy(update={"reasoning_parser": "qwen3"})
+    with ThreadedGateway(thinking, default_key=False).start() as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key=secret, max_retries=0, timeout=60) as oai:
+            forced = {"guided_choice": ["<think>rain, mostly</think>It will rain."]}
+            whole = oai.chat.completions.create(messages=MESSAGES, extra_body=forced, **GREEDY).choices[0].message  # type: ignore[arg-type]
+            assert (whole.model_extra or {}).get("reasoning_content") == "rain, mostly"
+            assert whole.content == "It will rain."
+            chunks = list(oai.chat.completions.create(messages=MESSAGES, extra_body=forced, stream=True, **GREEDY))  # type: ignore[arg-type]
+            deltas = [c.choices[0].delta for c in chunks if c.choices]
+            assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == "rain, mostly"
+            assert "".join(d.content or "" for d in deltas) == "It will rain."
+            call = oai.chat.completions.create(
+                messages=MESSAGES, tools=TOOLS, extra_body={"guided_choice": [thought]}, **GREEDY
+            ).choices[0]  # type: ignore[arg-type]
+            assert call.finish_reason == "tool_calls" and call.message.tool_calls is not None
+            assert call.message.tool_calls[0].function.name == "get_time"
+            assert (call.message.model_extra or {}).get("reasoning_content") == "the user wants Paris"
+            plain = oai.chat.completions.create(messages=MESSAGES, extra_body={"guided_choice": ["no thinking"]}, **GREEDY)  # type: ignore[arg-type]
+            assert plain.choices[0].message.content == "no thinking"
+            assert "reasoning_content" not in plain.choices[0].message.model_dump(exclude_unset=True)

@@ -181,3 +181,14 @@ def test_batch_transitions() -> None:
     }
     assert all(status in TRANSITIONS for status in BatchStatus)
     assert BatchStatus.IN_PROGRESS.timestamp_field == "in_progress_at"
+
+
+def test_a_chat_lines_thinking_comes_apart_as_on_the_route() -> None:
+    """settings.reasoning_parser reaches batch result lines: `reasoning_content` apart from `content`."""
+    lines, _ = parse_batch(line("c", "/v1/chat/completions", messages=[{"role": "user", "content": "q"}]).encode(), 5)
+    done = _job(JobStatus.SUCCEEDED, output=JobOutput(text="<think>hm</think>yes", token_ids=[1], finish_reason="stop"))
+    message = result_line(lines[0], done, "tiny", "qwen3")["response"]["body"]["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "yes", "reasoning_content": "hm"}
+    assert result_line(lines[0], done, "tiny")["response"]["body"]["choices"][0]["message"]["content"] == (
+        "<think>hm</think>yes"  # the default: no parser, the text as it came
+    )

@@ -190,7 +190,8 @@ def reconcile(batch_id: str) -> str:
     if not fields or BatchStatus(fields["status"]).is_terminal:
         return "ended"
     status = BatchStatus(fields["status"])
-    handler = OutboxHandler(r, runtime.base_url(), runtime.settings().served_model_name)
+    settings = runtime.settings()
+    handler = OutboxHandler(r, runtime.base_url(), settings.served_model_name, settings.reasoning_parser)
     num_recovered = 0
     lines_jobs: list[tuple[int, str]] = []
     for line, job_id in r.hscan_iter(keys.batch_jobs(batch_id), count=FILL_CHUNK_LINES):

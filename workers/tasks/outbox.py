@@ -30,6 +30,7 @@ from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
 from shared.outbox import BatchEvent, Notice, NoticeKind
+from shared.reasoning import ReasoningParser
 from shared.schemas import Job, WebhookEvent, WebhookTarget
 from workers.tasks import registry
 from workers.tasks.registry import BatchAction
@@ -45,7 +46,14 @@ ERROR_PAUSE_S = 1.0
 class OutboxHandler:
     """What one notice does (no Celery worker needed to test it: it only enqueues tasks)."""
 
-    def __init__(self, client: redis.Redis, base_url: str, served_model_name: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        base_url: str,
+        served_model_name: str | None = None,
+        reasoning_parser: ReasoningParser = "none",  # settings.reasoning_parser: chat lines' thinking apart
+    ) -> None:
+        self.reasoning_parser = reasoning_parser
         self.redis = client
         self.base_url = base_url
         self.served_model_name = served_model_name  # settings.served_model_name: what the gateway calls the model
@@ -102,7 +110,7 @@ class OutboxHandler:
         if raw is None:  # the batch was finalized (or expired) already
             return
         model = str(batch_model or self.served_model_name or openai_compat.served_name(published or "specfleet"))
-        line = result_line(BatchLine.from_json(str(raw)), job, model)
+        line = result_line(BatchLine.from_json(str(raw)), job, model, self.reasoning_parser)
         outcome = "completed" if job.status is JobStatus.SUCCEEDED else "failed"
         res = self._line_done(
             keys=[keys.batch_hash(batch_id), keys.batch_results(batch_id)],
@@ -226,7 +234,8 @@ class OutboxStep(bootsteps.StartStopStep):
 
         parent.app.loader.import_default_modules()  # the app's task modules, which fill the registry
         client = runtime.redis_client()
-        handler = OutboxHandler(client, runtime.base_url(), runtime.settings().served_model_name)
+        settings = runtime.settings()
+        handler = OutboxHandler(client, runtime.base_url(), settings.served_model_name, settings.reasoning_parser)
         for partition in range(runtime.settings().redis_partitions):
             bridge = OutboxBridge(client, handler, str(parent.hostname), partition)
             bridge.start()
