@@ -26,7 +26,7 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 import json
 from collections.abc import Sequence
 from pathlib import PurePath
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -586,19 +586,26 @@ class Completion(BaseModel):
     system_fingerprint: str | None = None
 
 
-class AssistantMessage(BaseModel):
+class _PlainWhenAbsent(BaseModel):
+    """A message or chunk whose optional parts (OPTIONAL) are left out of its JSON when it has none: a plain text
+    answer keeps OpenAI's plain shape."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("tool_calls", "reasoning_content")
+
+    @model_serializer(mode="wrap")
+    def _without_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self.OPTIONAL:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class AssistantMessage(_PlainWhenAbsent):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None  # the functions the answer calls (tools); then content is None
     reasoning_content: str | None = None  # a reasoning model's thinking (shared/reasoning.py), as vLLM returns it
-
-    @model_serializer(mode="wrap")
-    def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for name in ("tool_calls", "reasoning_content"):
-            if data.get(name) is None:
-                data.pop(name, None)  # a plain text answer keeps its plain shape
-        return data
 
 
 class ChatChoice(BaseModel):
@@ -618,19 +625,11 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_PlainWhenAbsent):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None  # a streamed function call (gateway/openai_stream_tools.py)
     reasoning_content: str | None = None  # a reasoning model's thinking, streamed (shared/reasoning.py)
-
-    @model_serializer(mode="wrap")
-    def _calls_only_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for name in ("tool_calls", "reasoning_content"):
-            if data.get(name) is None:
-                data.pop(name, None)  # a plain text chunk keeps its plain shape
-        return data
 
 
 class ChatChunkChoice(BaseModel):

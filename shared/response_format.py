@@ -84,12 +84,9 @@ def grammar_of(fmt: ResponseFormat | None) -> str | None:
         raise ValueError(f"the JSON schema is over {MAX_SCHEMA_CHARS} characters")
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     except Exception as exc:  # whatever a hostile schema makes it raise is the client's 400, never a 500
         raise ValueError(f"invalid JSON schema: {exc}") from exc
-    if is_error:
-        raise ValueError(f"invalid JSON schema: {messages[0] if messages else 'it does not compile'}")
-    return grammar
+    return _checked(grammar, "JSON schema")
 
 
 def _checked(grammar: str, what: str) -> str:
