@@ -6,6 +6,7 @@ temperature/top-k transform, and the engine's samples are compared with it by a 
 """
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,13 +27,27 @@ def transform(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V]
     return logits_to_probs(logits, torch.full((n,), TEMPERATURE), torch.full((n,), TOP_K), torch.ones(n))
 
 
-def exact_joint(target_dir: Path) -> dict[tuple[int, int], float]:
+def processed(logits: torch.Tensor, outputs: list[list[int]], rules: dict[str, Any] | None) -> torch.Tensor:
+    """[n, V] each row after its output so far, under a request's logit_bias and presence/frequency penalties
+    written out as OpenAI defines them (before temperature and top-k)."""
+    if not rules:
+        return logits
+    out = logits.clone()
+    for row, output in enumerate(outputs):
+        for token, bias in (rules.get("logit_bias") or {}).items():
+            out[row, token] += bias
+        for token in set(output):
+            out[row, token] -= rules.get("frequency_penalty", 0.0) * output.count(token) + rules.get("presence_penalty", 0.0)
+    return out
+
+
+def exact_joint(target_dir: Path, rules: dict[str, Any] | None = None) -> dict[tuple[int, int], float]:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float64).eval()
     with torch.no_grad():
-        p1 = transform(model(torch.tensor([PROMPT])).logits[0, -1:].float())[0]  # [V]
+        p1 = transform(processed(model(torch.tensor([PROMPT])).logits[0, -1:], [[]], rules).float())[0]  # [V]
         firsts = p1.nonzero().flatten().tolist()
         second_inputs = torch.tensor([PROMPT + [t] for t in firsts])  # [F, len + 1]
-        p2 = transform(model(second_inputs).logits[:, -1].float())  # [F, V]
+        p2 = transform(processed(model(second_inputs).logits[:, -1], [[t] for t in firsts], rules).float())  # [F, V]
     return {
         (t1, t2): float(p1[t1] * p2[i, t2])
         for i, t1 in enumerate(firsts)
@@ -74,6 +89,30 @@ def test_speculative_sampling_follows_the_target_distribution(spec_models: dict[
     check_samples_follow_the_target(Engine(cfg, spec_models["target"], spec_models["close_draft"]), spec_models["target"])
 
 
+# t2's position pays for t1 (penalties) and both feel the bias: rows that differ within one draft chain
+RULES = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "logit_bias": {42: 1.5, 99: -2.0}}
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+def test_sampling_under_bias_and_penalties_follows_the_target(
+    spec_models: dict[str, Path], eagle_models: dict[str, Path], method: str
+) -> None:
+    """logit_bias and penalties (workers/engine/target_logits.py) under rejection sampling: the pairs follow the
+    target's processed distribution, the penalties counting t1 at t2's row, whichever proposer drafted t2 (and
+    applied the rules to its own rows: ProposerRules)."""
+    cfg = EngineConfig(
+        dtype="float64", kv_cache_mb=64, block_size=4, max_num_seqs=128, speculative_method=method,
+        is_adaptive=False, num_speculative_tokens=2,
+    )  # fmt: skip
+    if method == "draft":
+        engine = Engine(cfg, spec_models["target"], spec_models["close_draft"])
+        target = spec_models["target"]
+    else:
+        engine = Engine(cfg, eagle_models["target"], None, eagle_models["copy_head"])
+        target = eagle_models["target"]
+    check_samples_follow_the_target(engine, target, rules=RULES)
+
+
 @pytest.mark.parametrize("tree_size", [0, 4])
 def test_eagle_sampling_follows_the_target_distribution(eagle_models: dict[str, Path], tree_size: int) -> None:
     """The same check with an EAGLE head proposing: a chain of 2 (rejection sampling against the head's q),
@@ -109,11 +148,14 @@ def check_eagle_samples(target_dir: Path, head_dir: Path, tree_size: int) -> Non
         assert counts.num_drafted > 2 * counts.num_steps
 
 
-def check_samples_follow_the_target(engine: Engine, target_dir: Path, max_tokens: int = 3) -> None:
+def check_samples_follow_the_target(
+    engine: Engine, target_dir: Path, max_tokens: int = 3, rules: dict[str, Any] | None = None
+) -> None:
     generated: dict[str, list[int]] = {}
     for i in range(NUM_SAMPLES):
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True
+            max_tokens=max_tokens, temperature=TEMPERATURE, top_k=TOP_K, seed=10_000 + i, ignore_eos=True,
+            **(rules or {}),
         )
         engine.add_request(str(i), PROMPT, params)
         generated[str(i)] = []
@@ -123,7 +165,7 @@ def check_samples_follow_the_target(engine: Engine, target_dir: Path, max_tokens
     counts = engine.speculator.stats.counts
     assert counts.num_steps >= NUM_SAMPLES and 0.1 < counts.acceptance_rate < 0.95  # t2 really was verified
 
-    joint = exact_joint(target_dir)
+    joint = exact_joint(target_dir, rules)
     pairs = [(g[0], g[1]) for g in generated.values()]
     assert set(pairs) <= set(joint)  # never a pair the target cannot produce
     keys = sorted(joint)
