@@ -10,7 +10,7 @@ chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (tok
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's
 own `priority`, `top_k`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `structured_outputs`
-(and its older `guided_*` spellings) (as vLLM's extra parameters), `timeout_s` (the execution deadline) and
+(and its older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
@@ -80,7 +80,9 @@ from shared.schemas import (
     Message,
     Priority,
     Usage,
+    speculation_choice,
 )
+from shared.speculation import SpeculativeMethod
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -128,6 +130,7 @@ class _Common(BaseModel):
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
     repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's (1: off)
     min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor stop_token_ids before
+    speculative: bool | SpeculativeMethod | None = None  # the job API's: true (the worker's default), false, a method
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
@@ -174,6 +177,11 @@ class _Common(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
         return self
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculation(cls, value: Any) -> Any:
+        return value if value is None else speculation_choice(value)
 
     @model_validator(mode="after")
     def _min_within_max(self) -> "_Common":
@@ -472,7 +480,8 @@ def to_job_request(
         fields["logit_bias"] = req.logit_bias
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids"):
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
+                 "speculative"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

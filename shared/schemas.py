@@ -78,6 +78,15 @@ class WebhookDelivery(BaseModel):
     at: float  # unix seconds of the last attempt
 
 
+def speculation_choice(value: Any) -> Any:
+    """A `speculative` field's value, or one message for the union (pydantic's names its first branch:
+    `speculative.bool: ...`)."""
+    if isinstance(value, bool) or (isinstance(value, str) and value in {m.value for m in SpeculativeMethod}):
+        return value
+    choices = ", ".join(m.value for m in SpeculativeMethod)
+    raise ValueError(f"must be true (the worker's default method), false, or one of {choices}; got {value!r}")
+
+
 class JobRequest(BaseModel):
     """Body of `POST /v1/jobs`: a prompt or chat messages, sampling parameters and queueing options. A number
     must be finite (Python's JSON reads NaN and Infinity, which every bound would let through or misname)."""
@@ -152,11 +161,7 @@ class JobRequest(BaseModel):
     @field_validator("speculative", mode="before")
     @classmethod
     def _speculation_choice(cls, value: Any) -> Any:
-        """One message for the union (pydantic's names its first branch: `speculative.bool: ...`)."""
-        if isinstance(value, bool) or (isinstance(value, str) and value in {m.value for m in SpeculativeMethod}):
-            return value
-        choices = ", ".join(m.value for m in SpeculativeMethod)
-        raise ValueError(f"must be true (the worker's default method), false, or one of {choices}; got {value!r}")
+        return speculation_choice(value)
 
     @field_validator("stop")
     @classmethod

@@ -372,6 +372,20 @@ def test_min_tokens_and_stop_token_ids(client: openai.OpenAI, served: ThreadedGa
         assert next(iter(bad)) in response.json()["error"]["message"] and response.json()["error"]["param"] == param
 
 
+def test_the_speculation_method_of_a_call(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
+    """The job API's `speculative` on the OpenAI routes too (it was 400 "Extra inputs are not permitted"): each
+    method gives the same greedy answer, `false` decodes plainly; another value is a 400 naming the field."""
+    plain = client.completions.create(prompt="def f(x):", **GREEDY).choices[0].text
+    for method in (False, "none", "ngram", True):
+        raw = client.completions.with_raw_response.create(prompt="def f(x):", extra_body={"speculative": method}, **GREEDY)  # type: ignore[arg-type]
+        assert raw.parse().choices[0].text == plain, method
+        if method is False:
+            assert _job(served, secret, raw.headers["x-specfleet-job-id"])["metrics"]["num_draft_tokens"] in (0, None)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(messages=[{"role": "user", "content": "x"}], extra_body={"speculative": "warp"}, **GREEDY)  # type: ignore[arg-type]
+    assert bad.value.body["param"] == "speculative"  # type: ignore[index]
+
+
 def test_n_choices_are_a_job_each_sampled_with_seeds_of_their_own(
     client: openai.OpenAI, served: ThreadedGateway, secret: str
 ) -> None:
