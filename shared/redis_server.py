@@ -41,6 +41,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def distinct_free_ports(count: int, taken: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """`count` free ports, none twice and none in `taken`: free_port alone may hand out a port it gave a moment
+    ago, since nothing binds it until its process starts (two sentinels of one group once drew the same port)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports and port not in taken:
+            ports.append(port)
+    return ports
+
+
 class RedisServer:
     """`with RedisServer(data_dir) as server: server.url` — a redis-server child process.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import redis
 
 from shared.procs import ProcessGroup, die_with_parent
-from shared.redis_server import RedisServer, find_redis_server, free_port
+from shared.redis_server import RedisServer, distinct_free_ports, find_redis_server, free_port
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,12 @@ def _wait(what: str, is_done: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def cluster_node_port() -> int:
-    """A free port whose cluster bus port (+10000, Redis 6's rule) is free too."""
+def cluster_node_port(taken: frozenset[int] | set[int] = frozenset()) -> int:
+    """A free port whose cluster bus port (+10000, Redis 6's rule) is free too, neither in `taken` (the ports the
+    other nodes drew: nothing binds them before their processes start)."""
     while True:
         port = free_port()
-        if port > 65535 - 10000:
+        if port > 65535 - 10000 or port in taken or port + 10000 in taken:
             continue
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -53,10 +54,13 @@ class LocalCluster(ProcessGroup):
     def __init__(self, data_dir: str | Path, num_masters: int = 3, start_timeout_s: float = 60.0) -> None:
         self.data_dir = Path(data_dir)
         self.start_timeout_s = start_timeout_s
+        ports: list[int] = []
+        for _ in range(num_masters):
+            ports.append(cluster_node_port({*ports, *(p + 10000 for p in ports)}))
         self.nodes = [
             RedisServer(
                 self.data_dir / f"node{i}",
-                port=cluster_node_port(),
+                port=ports[i],
                 appendonly=False,
                 start_timeout_s=start_timeout_s,
                 extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000",
@@ -112,7 +116,8 @@ class LocalSentinel(ProcessGroup):
         self.start_timeout_s = start_timeout_s
         self.master = RedisServer(self.data_dir / "master", start_timeout_s=start_timeout_s)
         self.replica: RedisServer | None = None
-        self.sentinel_ports = [free_port() for _ in range(3)]
+        # five distinct ports: drawn apart, two of them could be the same (nothing binds them yet)
+        self.replica_port, *self.sentinel_ports = distinct_free_ports(4, {self.master.port})
         self.sentinels: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -124,6 +129,7 @@ class LocalSentinel(ProcessGroup):
         self.master.start()
         self.replica = RedisServer(
             self.data_dir / "replica",
+            port=self.replica_port,
             start_timeout_s=self.start_timeout_s,
             extra_args=["--replicaof", "127.0.0.1", str(self.master.port)],
         ).start()

@@ -15,7 +15,7 @@ import redis
 import yaml
 
 from shared.api_keys import new_webhook_secret
-from shared.redis_server import find_redis_server, free_port
+from shared.redis_server import distinct_free_ports, find_redis_server, free_port
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import create_key
 from tests.helpers.waiting import wait_until
@@ -131,7 +131,7 @@ def test_each_service_command_starts(
     """gateway, worker and tasks as compose runs them (prod), each serving its metrics; then the real Prometheus
     with the repository's config (compose's host names pointed at this machine) scrapes all three."""
     services = compose["services"]
-    port, worker_metrics, tasks_metrics = free_port(), free_port(), free_port()
+    port, worker_metrics, tasks_metrics = distinct_free_ports(3)  # drawn apart, two could be the same
     env = {
         **os.environ,
         **_env_file(compose),

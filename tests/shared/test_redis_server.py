@@ -35,3 +35,20 @@ def test_bad_start_fails_with_the_log(tmp_path: Path) -> None:
     with RedisServer(tmp_path, appendonly=False) as first:
         with pytest.raises(RuntimeError, match="exited"):
             RedisServer(tmp_path / "b", port=first.port, appendonly=False).start()
+
+
+def test_a_sentinel_groups_and_a_clusters_ports_are_all_distinct(tmp_path) -> None:
+    """Ports are drawn before any process binds them, so free_port may hand one out twice: two sentinels of a
+    group once drew the same port (one failed to start, and the group never formed in 60 s)."""
+    from shared.redis_server import distinct_free_ports
+    from shared.redis_topologies import LocalCluster, LocalSentinel
+
+    ports = distinct_free_ports(50)
+    assert len(set(ports)) == 50
+    assert not set(distinct_free_ports(20, set(ports))) & set(ports)
+    for _ in range(20):
+        group = LocalSentinel(tmp_path / "s")
+        assert len({group.master.port, group.replica_port, *group.sentinel_ports}) == 5
+        cluster = LocalCluster(tmp_path / "c", num_masters=3)
+        node_ports = [node.port for node in cluster.nodes]
+        assert len({*node_ports, *(p + 10000 for p in node_ports)}) == 6
