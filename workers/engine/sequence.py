@@ -66,12 +66,17 @@ class Sequence:
     @property
     def holds_stop_tokens(self) -> bool:
         """min_tokens: its output is still too short to stop (workers/engine/min_tokens.py)."""
-        return self.params.min_tokens > len(self.token_ids) - self.output_start
+        return self.params.min_tokens > self.num_output_so_far
 
     @property
     def output_start(self) -> int:
         """Where the output starts in token_ids: a resumed job's prompt ends with the output it already had."""
         return self.num_prompt_tokens - self.params.num_resumed_tokens
+
+    @property
+    def num_output_so_far(self) -> int:
+        """The output's tokens, a resumed job's earlier ones included (num_output_tokens counts this run's)."""
+        return len(self.token_ids) - self.output_start
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -43,7 +43,7 @@ def processed_logits(
     if is_penalized:
         penalize_target_logits(verify_logits, [(seq.params, seq.token_ids, seq.output_start, d) for seq, d in pairs])
     if is_held:
-        hold_stop_tokens(verify_logits, [(seq.params, len(seq.token_ids) - seq.output_start, len(d))
+        hold_stop_tokens(verify_logits, [(seq.params, seq.num_output_so_far, len(d))
                                          for seq, d in pairs], eos_token_ids)  # fmt: skip
     if is_constrained:
         mask_target_logits(verify_logits, [(seq.grammar, d) for seq, d in pairs])
@@ -85,7 +85,7 @@ class ProposerRules:
             penalize_target_logits(logits, [(p, seq.token_ids + d, seq.output_start, [])
                                             for p, seq, d in zip(params, seqs, drafted, strict=True)])  # fmt: skip
         if is_held:
-            hold_stop_tokens(logits, [(p, len(seq.token_ids) - seq.output_start + len(d), 0)
+            hold_stop_tokens(logits, [(p, seq.num_output_so_far + len(d), 0)
                                       for p, seq, d in zip(params, seqs, drafted, strict=True)], self.eos_token_ids)  # fmt: skip
         return logits
 
