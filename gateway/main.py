@@ -22,7 +22,16 @@ from gateway.prompt_limit import PromptLimit
 from gateway.rate_limit import RateLimiter
 from gateway.redis_wire import WireConnection
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import batches, files, health, jobs, models, openai_chat, openai_completions
+from gateway.routes import (
+    batches,
+    files,
+    health,
+    jobs,
+    models,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from gateway.served_model import ServedModel
 from gateway.store import JobStore
 from gateway.stream_route import StreamShortPath
@@ -120,7 +129,7 @@ def create_app(settings: ServiceSettings | None = None, *, settle_gc: bool = Fal
     app.include_router(jobs.submit_router)  # its key is read by the submit's own script call (gateway/auth.py)
     app.include_router(jobs.router, dependencies=tenant)
     app.include_router(batches.router, dependencies=tenant)
-    for router in (openai_completions.router, openai_chat.router, models.router, files.router):
+    for router in (openai_completions.router, openai_chat.router, openai_responses.router, models.router, files.router):
         app.include_router(router)
     app.include_router(health.router)
     app.add_middleware(StreamShortPath)  # added first: innermost, beneath the counts, CORS and the body limit

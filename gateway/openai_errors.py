@@ -51,7 +51,7 @@ def openai_error(
     return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
 
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")  # whose every error is in OpenAI's shape
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models")  # whose every error is in OpenAI's shape
 
 
 def http_error(exc: StarletteHTTPException) -> JSONResponse:

@@ -63,6 +63,7 @@ class JobStore:
         self.reads = CommandBatcher(redis, wire=wire)
         self.read_jobs = ScriptBatcher(redis, lua.READ_JOB, wire=wire)  # a job with its output, at one instant
         self._finish = redis.register_script(lua.FINISH)
+        self._hset_if_exists = redis.register_script(lua.HSET_IF_EXISTS)
         cancelled = ErrorInfo(code=ErrorCode.CANCELLED, message="the job was cancelled")
         self._cancel_error = cancelled.model_dump_json(exclude_none=True)
         self._cancel_event = ErrorEvent(status=JobStatus.CANCELLED, error=cancelled).model_dump_json(
@@ -134,6 +135,14 @@ class JobStore:
     async def get(self, job_id: str) -> dict[str, str] | None:
         fields = lua.fields_of(await self.read_jobs.run(lua.read_job_keys(job_id), []))
         return fields or None
+
+    async def keep_response(self, job_id: str, record: str) -> bool:
+        """A stored OpenAI response's record, beside its job (keys.RESPONSE_FIELD) -> False if the job is gone."""
+        return bool(await self._hset_if_exists(keys=[keys.job_hash(job_id)], args=[keys.RESPONSE_FIELD, record]))
+
+    async def drop_response(self, job_id: str) -> bool:
+        """Forget a stored response (its job stays) -> whether there was one."""
+        return bool(await self.redis.hdel(keys.job_hash(job_id), keys.RESPONSE_FIELD))  # type: ignore[misc]
 
     async def page(
         self, owner: str, limit: int, after: str | None, status: JobStatus | None = None

@@ -158,6 +158,9 @@ CELERY_KEY_PREFIX = f"{PREFIX}celery:"  # kombu's global_keyprefix: Celery's own
 CELERY_QUEUE = "tasks"  # the Celery queue name (kombu prefixes it with CELERY_KEY_PREFIX)
 BATCHES_ZSET = f"{PREFIX}batches"  # batch id -> created_at, every partition's (an admin's listing, newest first)
 WEBHOOK_FIELD_PREFIX = "webhook:"  # job/batch hash field prefix + event -> json outcome of its delivery
+# job hash field: a stored OpenAI response's record (shared/openai_response_object.ResponseRecord, JSON); it
+# lives and expires with its job's hash (result_ttl_s after the job ends)
+RESPONSE_FIELD = "openai_response"
 
 
 def outbox_stream(partition: int) -> str:

@@ -390,6 +390,14 @@ return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 # and its end folds them into the hash: two separate reads could see neither or both).
 # KEYS: job hash, output text, output ids (shared/keys.py) -> the hash as HGETALL's flat list (empty: no such job),
 # its text and token_ids the whole output
+# KEYS[1] a job's hash; ARGV[1] a field, ARGV[2] its value: set only while the hash exists, so a field written
+# beside a job (a stored response's record) never outlives it (a hash created here would have no TTL). -> 1 | 0
+HSET_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
 READ_JOB = (
     _OUTPUT_OF
     + """
