@@ -247,7 +247,7 @@ class ResponseRequest(_Common):
             return [_item_of(i, raw) for i, raw in enumerate(value)]
         return value
 
-    @field_validator("n", "max_tokens", "stop", "stream_options", "logit_bias", mode="before")
+    @field_validator("n", "max_tokens", "stop", "logit_bias", mode="before")
     @classmethod
     def _not_here(cls, value: Any, info: Any) -> Any:
         if value is not None:

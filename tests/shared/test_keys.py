@@ -40,7 +40,7 @@ def test_no_key_of_the_module_escapes_the_hash_tag() -> None:
 
     not_keys = {"NAMESPACE", "PREFIX", "CONSUMER_GROUP", "EVENTS_SUFFIX", "OUTPUT_TEXT_SUFFIX", "OUTPUT_IDS_SUFFIX",
                 "OUTBOX_GROUP", "CELERY_QUEUE",
-                "WEBHOOK_FIELD_PREFIX", "OWNER_FIELD", "batch_line_idempotency", "PARTITION_MARK",
+                "WEBHOOK_FIELD_PREFIX", "OWNER_FIELD", "RESPONSE_FIELD", "batch_line_idempotency", "PARTITION_MARK",
                 "mark", "partition_of", "by_partition", "spread", "tenant_partition", "prefix"}  # names, fields, partitions
     names = [n for n in dir(keys) if not n.startswith("_") and n not in not_keys]
     constants = [getattr(keys, n) for n in names if n.isupper() and isinstance(getattr(keys, n), str)]
