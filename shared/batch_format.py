@@ -1,7 +1,7 @@
 """The OpenAI Batch line format: validate an input file into job requests; write result lines.
 
 Input line:  {"custom_id": "...", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions" |
-              "/v1/jobs", "body": {...}}
+              "/v1/responses" | "/v1/jobs", "body": {...}}
 Result line: {"id": "batch_req_<job>", "custom_id": "...", "response": {"status_code": 200, "request_id":
               "<job>", "body": {...}} | null, "error": {"code", "message"} | null}
 
@@ -17,12 +17,14 @@ from pydantic import ValidationError
 from shared import openai_compat
 from shared.batch_schemas import BatchLineError
 from shared.job_state import JobStatus
+from shared.openai_response_object import kept_request, request_of, response_of
+from shared.openai_responses import RESPONSES_URL, batch_line_request
 from shared.reasoning import ReasoningParser
 from shared.response_format import CallReading
 from shared.schemas import MAX_METADATA_KEYS, Job, JobRequest, Priority
 
 JOBS_URL = "/v1/jobs"
-URLS = (openai_compat.COMPLETIONS_URL, openai_compat.CHAT_COMPLETIONS_URL, JOBS_URL)
+URLS = (openai_compat.COMPLETIONS_URL, openai_compat.CHAT_COMPLETIONS_URL, RESPONSES_URL, JOBS_URL)
 MAX_CUSTOM_ID_CHARS = 512
 # Job metadata a batch line's job carries (so GET /v1/jobs/{id} says where it came from).
 BATCH_ID_KEY, BATCH_LINE_KEY, CUSTOM_ID_KEY = "batch_id", "batch_line", "custom_id"
@@ -44,12 +46,16 @@ class BatchLine:
     model: str | None = None
     stored_request: dict[str, Any] | None = None  # the request as stored, where `request` is None
     calls: CallReading | None = None  # a chat with active tools: how its answer reads as function calls
+    # a /v1/responses line: its request but `input` (openai_response_object.kept_request), to write its response
+    responses: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         stored = self.request.model_dump(mode="json", exclude_none=True) if self.request else self.stored_request
         data = {"custom_id": self.custom_id, "url": self.url, "model": self.model, "request": stored}
         if self.calls is not None:
             data["calls"] = self.calls.model_dump(mode="json")
+        if self.responses is not None:
+            data["responses"] = self.responses
         return json.dumps(data)
 
     @classmethod
@@ -60,11 +66,12 @@ class BatchLine:
         still ends with a result for every line."""
         data = json.loads(raw)
         calls = CallReading.model_validate(data["calls"]) if data.get("calls") is not None else None
+        kept = {"calls": calls, "responses": data.get("responses")}
         try:
             request = JobRequest.model_validate(data["request"])
         except ValidationError:
-            return cls(data["custom_id"], data["url"], None, data["model"], stored_request=data["request"], calls=calls)
-        return cls(data["custom_id"], data["url"], request, data["model"], calls=calls)
+            return cls(data["custom_id"], data["url"], None, data["model"], stored_request=data["request"], **kept)
+        return cls(data["custom_id"], data["url"], request, data["model"], **kept)
 
 
 def _pydantic_message(exc: ValidationError) -> str:
@@ -113,17 +120,21 @@ def parse_line(number: int, text: str) -> tuple[BatchLine | None, BatchLineError
     body = data.get("body")
     if not isinstance(body, dict):
         return bad("invalid_body", "body is a JSON object")
-    calls = None
+    calls, responses = None, None
     try:
         if url == JOBS_URL:
             request = _job_line(body)
+        elif url == RESPONSES_URL:
+            asked = batch_line_request(body)
+            request = openai_compat.to_job_request(asked.chat_request([]), Priority.BATCH)
+            responses = kept_request(asked)
         else:
             request, calls = openai_compat.job_request_for(url, body, Priority.BATCH)
     except ValidationError as exc:
         return bad("invalid_body", _pydantic_message(exc))
     except ValueError as exc:
         return bad("invalid_body", str(exc))
-    return BatchLine(custom_id, url, request, openai_compat.model_of(body), calls=calls), None
+    return BatchLine(custom_id, url, request, openai_compat.model_of(body), calls=calls, responses=responses), None
 
 
 def parse_batch(
@@ -170,9 +181,13 @@ def parse_batch(
 def result_line(line: BatchLine, job: Job, model: str, reasoning_parser: ReasoningParser = "none") -> dict[str, Any]:
     """The result line of a finished job: `response` when it succeeded (a chat's thinking apart as the route
     answers it: settings.reasoning_parser), else `error`."""
-    if job.status is JobStatus.SUCCEEDED:
+    if job.status is JobStatus.SUCCEEDED and line.url == RESPONSES_URL:
+        answer = response_of(job, request_of(line.responses or {}), line.model or model, reasoning_parser)
+        response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": answer.model_dump(mode="json")}
+        error = None
+    elif job.status is JobStatus.SUCCEEDED:
         body = openai_compat.response_body(line.url, job, line.model or model, line.calls, reasoning_parser)
-        response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": body}
+        response = {"status_code": 200, "request_id": job.id, "body": body}
         error = None
     else:
         response = None

@@ -112,7 +112,7 @@ class FileBatchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     input_file_id: str = Field(min_length=1, max_length=128)
-    endpoint: Literal["/v1/completions", "/v1/chat/completions", "/v1/jobs"]  # every line's url
+    endpoint: Literal["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/jobs"]  # every line's url
     completion_window: str = Field("24h", min_length=1, max_length=32)  # a duration: 24h, 90m, 3600s
     metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
     webhook: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^https?://")  # ours

@@ -61,6 +61,21 @@ def input_item_id(job_id: str, index: int) -> str:
     return f"in_{job_id}_{index}"
 
 
+def kept_request(body: ResponseRequest) -> dict[str, Any]:
+    """What a response keeps of its request to write its answer later: every field given but `input`, as JSON."""
+    return body.model_dump(mode="json", exclude={"input", *GUIDED_FIELDS}, exclude_unset=True, by_alias=True)
+
+
+def request_of(kept: dict[str, Any]) -> ResponseRequest:
+    """A kept request (kept_request) as it was validated; one that no longer validates (a setting or a schema that
+    changed since) keeps what reads the output: the request with no options."""
+    try:
+        return ResponseRequest.model_validate({**kept, "input": "."})
+    except ValueError as exc:
+        log.warning("a kept Responses request no longer validates (%s); read without its options", exc)
+        return ResponseRequest.model_validate({"input": "."})
+
+
 class ResponseRecord(BaseModel):
     """What a stored response keeps beside its job: the request (as validated), the conversation before it (a
     previous response's items and output, as input items) and its own input items, each with an id."""
@@ -79,19 +94,13 @@ class ResponseRecord(BaseModel):
                 dumped["content"] = [{"type": kind, "text": item.content}]
             items.append({**dumped, "id": dumped.get("id") or input_item_id(job_id, i)})
         return cls(
-            request=body.model_dump(mode="json", exclude={"input", *GUIDED_FIELDS}, exclude_unset=True, by_alias=True),
+            request=kept_request(body),
             history=[item.model_dump(mode="json", exclude_none=True, by_alias=True) for item in history],
             input=items,
         )
 
     def body(self) -> ResponseRequest:
-        """The request (its input aside) as it was validated; one that no longer validates (a setting or a schema
-        that changed since) keeps what reads the output: the request with no options."""
-        try:
-            return ResponseRequest.model_validate({**self.request, "input": "."})
-        except ValueError as exc:
-            log.warning("a stored response's request no longer validates (%s); read without its options", exc)
-            return ResponseRequest.model_validate({"input": "."})
+        return request_of(self.request)
 
 
 class OutputText(BaseModel):

@@ -11,6 +11,7 @@ function tools in the Responses shape (`{"type": "function", "name", "parameters
 answer's format (`text`, `json_object`, `json_schema` with its name and schema at the top), `max_output_tokens`
 bounds the answer, `include: ["message.output_text.logprobs"]` + `top_logprobs` ask for logprobs. `store`
 (default true) keeps the response for GET, chaining and `input_items`; `background: true` answers at once, queued.
+A batch line's body is the same request, with what a line cannot be refused (batch_line_request).
 specfleet's and vLLM's extra fields (priority, top_k, structured_outputs, ...) are the chat route's.
 
 What would change the answer and is not done here is refused with its reason: tools other than functions,
@@ -210,6 +211,8 @@ class ReasoningConfig(_Item):
     generate_summary: None = None
 
 
+RESPONSES_URL = "/v1/responses"
+
 # -- the request ---------------------------------------------------------------------------------------------------
 class ResponseRequest(_Common):
     """`POST /v1/responses`' body. The fields it shares with chat (model, temperature, top_p, stream, metadata,
@@ -327,3 +330,15 @@ class ResponseRequest(_Common):
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}" if where else first["msg"]) from None
+
+
+def batch_line_request(body: dict[str, Any]) -> "ResponseRequest":
+    """A batch line's Responses body, validated: a line is a whole conversation answered in its batch (no stream,
+    no background, no previous response) and its response is in the batch's output, not stored for GET."""
+    request = ResponseRequest.model_validate(body)
+    for name, why in (("stream", "a batch line cannot stream (stream must be false)"),
+                      ("background", "a batch line runs in its batch (leave background out)"),
+                      ("previous_response_id", "a batch line is a conversation of its own: send its whole input")):  # fmt: skip
+        if getattr(request, name):
+            raise ValueError(f"{name}: {why}")
+    return request.model_copy(update={"store": False, "priority": None})

@@ -128,6 +128,24 @@ def test_a_batch_and_its_lines_name_the_model_as_the_openai_routes_do(
     assert [line["response"]["body"]["model"] for line in results(http, created["id"])] == [tiny_target.name] * 2
 
 
+def test_responses_lines_answer_response_objects(
+    http: httpx.Client, celery_worker: CeleryWorker, engine_worker: EngineThread
+) -> None:
+    """A batch of /v1/responses lines (its file form's endpoint too): each result is the route's `response`."""
+    body = {"input": "def f(", "instructions": "Write Python.", "max_output_tokens": 3, "temperature": 0, "ignore_eos": True}
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses", "body": body} for i in range(2)]
+    created = post_jsonl(http, jsonl(lines)).json()
+    batch = wait_status(http, created["id"], ("completed", "failed", "expired", "cancelled"))
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 2
+    for result in results(http, created["id"]):
+        answer = result["response"]["body"]
+        job = http.get(f"/v1/jobs/{result['response']['request_id']}").json()
+        assert answer["object"] == "response" and answer["status"] == "incomplete"
+        assert answer["output"][0]["content"][0]["text"] == job["output"]["text"]
+        assert answer["usage"]["output_tokens"] == 3 and answer["instructions"] == "Write Python."
+        assert http.get(f"/v1/responses/{answer['id']}").status_code == 404  # in the batch's output, not stored
+
+
 def test_a_line_whose_stored_request_does_not_validate_fails_alone(
     http: httpx.Client, hook_settings: ServiceSettings, rclient: redis.Redis, engine_worker: EngineThread,
     tmp_path: Path,

@@ -192,3 +192,34 @@ def test_a_chat_lines_thinking_comes_apart_as_on_the_route() -> None:
     assert result_line(lines[0], done, "tiny")["response"]["body"]["choices"][0]["message"]["content"] == (
         "<think>hm</think>yes"  # the default: no parser, the text as it came
     )
+
+
+def test_a_responses_line_is_its_conversation_and_answers_a_response() -> None:
+    """/v1/responses lines (OpenAI's Batch API takes them): the job is the route's conversation (instructions,
+    then the input), the result body the route's `response` object (output items, usage, the request's fields),
+    not stored for GET; what a line cannot be (a stream, a background run, a previous response's next turn) is a
+    bad line naming the field."""
+    tools = [{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}]
+    text = "\n".join([
+        line("r", "/v1/responses", input="time?", instructions="Be brief.", max_output_tokens=7, metadata={"k": "v"}),
+        line("t", "/v1/responses", input=[{"role": "user", "content": "time?"}], tools=tools,
+             tool_choice={"type": "function", "name": "get_time"}),
+        line("s", "/v1/responses", input="x", stream=True),
+        line("b", "/v1/responses", input="x", background=True),
+        line("p", "/v1/responses", input="x", previous_response_id="resp_abc"),
+        line("i", "/v1/responses", input=[{"type": "web_search_call"}]),
+    ])  # fmt: skip
+    lines, errors = parse_batch(text.encode(), 10)
+    assert [(e.line, e.code) for e in errors] == [(n, "invalid_body") for n in (3, 4, 5, 6)]
+    assert [e.message.split(":")[0] for e in errors[:3]] == ["stream", "background", "previous_response_id"]
+    r, t = [BatchLine.from_json(one.to_json()) for one in lines]  # as the finalize task reads them
+    assert r.request is not None and r.request.priority is Priority.BATCH and r.request.max_tokens == 7
+    assert [(m.role, m.content) for m in r.request.messages or []] == [("system", "Be brief."), ("user", "time?")]
+    done = _job(JobStatus.SUCCEEDED, output=JobOutput(text="noon", token_ids=[1], finish_reason="stop"),
+                usage=Usage(prompt_tokens=5, completion_tokens=1))  # fmt: skip
+    body = result_line(r, done, "tiny")["response"]["body"]
+    assert body["object"] == "response" and body["id"] == "resp_j1" and body["status"] == "completed"
+    assert body["output"][0]["content"][0]["text"] == "noon" and body["usage"]["total_tokens"] == 6
+    assert body["instructions"] == "Be brief." and body["metadata"] == {"k": "v"} and body["store"] is False
+    call = result_line(t, done.model_copy(update={"output": JobOutput(text="{}", token_ids=[1], finish_reason="stop")}), "tiny")
+    assert [(i["type"], i["name"], i["arguments"]) for i in call["response"]["body"]["output"]] == [("function_call", "get_time", "{}")]
