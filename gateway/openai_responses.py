@@ -76,6 +76,7 @@ class ResponseCall(Call):
         super().__init__(gw, request, chat, is_chat=True)
         self.response_body = body
         self.history = history
+        self.starting_after = -1  # a replay's (GET ...?stream=true&starting_after=N): the events it leaves out
 
     async def respond(self, caller: Caller, idempotency_key: str | None) -> Response:
         self.model = await self.gw.served_model.check(self.response_body.model)
@@ -110,11 +111,26 @@ class ResponseCall(Call):
             raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
         return job_from_fields(fields, self.gw.base_url(self.request))
 
+    @classmethod
+    def replay(cls, gw: Gateway, request: Request, stored: StoredResponse, model: str, starting_after: int) -> "ResponseCall":
+        """A stored response's events again, from its job's first (`GET ...?stream=true`), those after
+        `starting_after`; the job is not this connection's to cancel."""
+        call = cls(gw, request, stored.body, [])
+        call.job_ids, call.model, call.starting_after = [stored.job.id], model, starting_after
+        return call
+
     async def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
+        async with aclosing(self._frames(wake)) as frames:
+            async for frame in frames:
+                if frame:  # b"": an event up to `starting_after`
+                    yield frame
+
+    async def _frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
         """The response's events as the job's tokens come; the last one the response as GET reads it."""
-        events = ResponseEvents(self.job_id)
+        events = ResponseEvents(self.job_id, self.starting_after)
         text = ChoiceText(self.gw.settings.reasoning_parser, self.body.call_reading(), self.job_id)  # type: ignore[union-attr]
-        for frame in events.opening(self.answer(await self._job())):
+        job = await self._job()  # opened in progress, as OpenAI's streams open (a replay of an ended one too)
+        for frame in events.opening(self.answer(job.model_copy(update={"status": JobStatus.RUNNING, "output": None}))):
             yield frame
         try:
             async with aclosing(self._events(wake)) as stream:

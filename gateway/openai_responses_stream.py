@@ -11,7 +11,8 @@ stored response has (shared/openai_response_object.py: same ids, same texts).
       response.output_item.done (the item as the stored response has it)
     response.completed | response.incomplete | response.failed (the whole response)
 
-Each event is `event: <type>` + `data: <json>` with a `sequence_number` counted from 0.
+Each event is `event: <type>` + `data: <json>` with a `sequence_number` counted from 0. A job's events are kept, so
+the same job gives the same events again: a stream resumed `starting_after` N is the events after the N-th.
 """
 
 import json
@@ -22,8 +23,9 @@ from shared import openai_response_object as ro
 
 
 class ResponseEvents:
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, starting_after: int = -1) -> None:
         self.job_id = job_id
+        self.starting_after = starting_after  # a resumed stream: the events up to this sequence_number are b""
         self.num_sent = 0  # the next event's sequence_number
         self.num_items = 0  # output items opened so far (the next one's output_index)
         self.open: dict[str, Any] | None = None  # the item being streamed (its `output_item.added` went out)
@@ -34,6 +36,8 @@ class ResponseEvents:
     def frame(self, kind: str, **data: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.num_sent, **data}
         self.num_sent += 1
+        if payload["sequence_number"] <= self.starting_after:
+            return b""
         return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
     def opening(self, response: ro.Response) -> list[bytes]:

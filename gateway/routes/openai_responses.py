@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from gateway.deps import ApiKeyDep, GatewayDep, SubmitCallerDep
 from gateway.errors import ApiError
+from gateway.openai_api import JOB_ID_HEADER, ChunkStream
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from gateway.openai_responses import ResponseCall, history_of, load
 from shared import openai_response_object as ro
@@ -51,11 +52,25 @@ async def create_response(
     return await ResponseCall(gw, request, body, history).respond(caller, idempotency_key)
 
 
-@router.get("/{response_id}", response_model=ro.Response)
-async def get_response(response_id: ResponseId, request: Request, gw: GatewayDep, key: ApiKeyDep) -> ro.Response:
-    """A stored response, as it stands (queued, in progress, or its output)."""
+@router.get("/{response_id}", response_model=ro.Response, responses=EVENTS_RESPONSE)
+async def get_response(
+    response_id: ResponseId,
+    request: Request,
+    gw: GatewayDep,
+    key: ApiKeyDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response | ro.Response:
+    """A stored response, as it stands (queued, in progress, or its output); with `stream=true` its events from
+    the first (as the stream that made it; `starting_after`: those after that sequence number), to its end."""
     stored = await load(gw, request, key, response_id)
-    return ro.response_of(stored.job, stored.body, await gw.served_model.check(None), gw.settings.reasoning_parser)
+    model = await gw.served_model.check(None)
+    if stream:
+        events = ResponseCall.replay(gw, request, stored, model, -1 if starting_after is None else starting_after)
+        return ChunkStream(events, {JOB_ID_HEADER: stored.job.id})
+    if starting_after is not None:
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, "starting_after needs stream=true", field="starting_after")
+    return ro.response_of(stored.job, stored.body, model, gw.settings.reasoning_parser)
 
 
 @router.post("/{response_id}/cancel", response_model=ro.Response)

@@ -139,6 +139,25 @@ def test_background_cancel_delete_and_other_keys(
         client.responses.retrieve(unstored.id)
 
 
+def test_a_background_response_streams_again_from_any_event(client: openai.OpenAI) -> None:  # noqa: F811
+    """GET /v1/responses/{id}?stream=true: the response's events from the first (its job's are kept), or after
+    `starting_after`, as OpenAI resumes a background stream; the last one is the stored response."""
+    started = client.responses.create(input="def f(x):", background=True, extra_body={"ignore_eos": True}, **GREEDY)
+    whole = list(client.responses.retrieve(started.id, stream=True))  # follows the job to its end
+    assert [e.sequence_number for e in whole] == list(range(len(whole))) and whole[-1].type == "response.incomplete"
+    stored = client.responses.retrieve(started.id)
+    assert whole[-1].response.model_dump() == stored.model_dump()  # type: ignore[union-attr]
+    text = "".join(e.delta for e in whole if e.type == "response.output_text.delta")
+    assert text == stored.output_text and len(text) > 0
+    again = list(client.responses.retrieve(started.id, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in whole]
+    assert whole[0].response.status == "in_progress" and whole[0].response.output == []  # type: ignore[union-attr]
+    resumed = list(client.responses.retrieve(started.id, stream=True, starting_after=4))
+    assert [e.model_dump() for e in resumed] == [e.model_dump() for e in whole[5:]]
+    with pytest.raises(openai.BadRequestError, match="starting_after"):
+        client.responses.retrieve(started.id, starting_after=4)
+
+
 def test_a_reasoning_models_thought_is_an_item(engine_thread: EngineThread, settings: ServiceSettings, secret: str) -> None:  # noqa: F811
     thinking = settings.model_copy(update={"reasoning_parser": "qwen3"})
     forced = {"guided_choice": ["<think>noon in Paris</think>It is noon."]}
