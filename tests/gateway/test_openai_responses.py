@@ -4,10 +4,11 @@ cancelled, deleted; tools, formats, logprobs and a reasoning model's thoughts as
 is a 400 naming the field, before any job. A real gateway (uvicorn), Redis and worker (tiny random model pair)."""
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from shared.settings import ServiceSettings
@@ -21,6 +22,10 @@ ZONE = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "req
 NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
 TOOLS: Any = [{"type": "function", "name": "get_time", "parameters": ZONE},
               {"type": "function", "name": "get_date", "parameters": NOTHING}]  # fmt: skip
+
+
+class Zone(pydantic.BaseModel):
+    zone: Literal["UTC", "CET"]
 
 
 def _job(server: ThreadedGateway, key: str, job_id: str) -> dict[str, Any]:
@@ -101,6 +106,8 @@ def test_text_format_and_logprobs(client: openai.OpenAI) -> None:  # noqa: F811
     schema = {"name": "time", "type": "json_schema", "schema": ZONE}
     shaped = client.responses.create(input="zone?", text={"format": schema}, **GREEDY | {"max_output_tokens": 32})  # type: ignore[arg-type]
     assert json.loads(shaped.output_text)["zone"] in ("UTC", "CET") and shaped.text.format.type == "json_schema"  # type: ignore[union-attr]
+    parsed = client.responses.parse(input="zone?", text_format=Zone, **GREEDY | {"max_output_tokens": 32})  # the SDK's
+    assert parsed.output_parsed is not None and parsed.output_parsed.zone in ("UTC", "CET")  # strict schema helper
     scored = client.responses.create(input="def f(x):", include=["message.output_text.logprobs"], top_logprobs=2,
                                      extra_body={"ignore_eos": True}, **GREEDY)  # fmt: skip
     logprobs = scored.output[0].content[0].logprobs  # type: ignore[union-attr]
