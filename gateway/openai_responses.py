@@ -64,7 +64,12 @@ async def history_of(gw: Gateway, request: Request, key: ApiKey, body: ResponseR
     if answer.status not in ("completed", "incomplete"):
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"previous_response_id: the response is {answer.status}; "
                        "a conversation goes on from a completed one", field="previous_response_id")  # fmt: skip
-    return [*items_of([*previous.record.history, *previous.record.input]), *ro.output_as_input(answer)]
+    try:
+        before = items_of([*previous.record.history, *previous.record.input])
+    except ValueError as exc:  # stored by another version of specfleet, or changed in Redis
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"previous_response_id: its stored conversation does not "
+                       f"read any more ({exc})", field="previous_response_id") from None  # fmt: skip
+    return [*before, *ro.output_as_input(answer)]
 
 
 class ResponseCall(Call):

@@ -10,7 +10,9 @@ import httpx
 import openai
 import pydantic
 import pytest
+import redis
 
+from shared import keys
 from shared.settings import ServiceSettings
 from tests.gateway.test_openai_api import MODEL, client, secret, served  # noqa: F401 (fixtures)
 from tests.helpers.engine_worker import EngineThread
@@ -163,6 +165,24 @@ def test_a_background_response_streams_again_from_any_event(client: openai.OpenA
     assert [e.model_dump() for e in resumed] == [e.model_dump() for e in whole[5:]]
     with pytest.raises(openai.BadRequestError, match="starting_after"):
         client.responses.retrieve(started.id, starting_after=4)
+
+
+def test_a_stored_record_that_no_longer_validates_still_reads(client: openai.OpenAI, settings: ServiceSettings) -> None:  # noqa: F811
+    """A record stored by another version (or changed in Redis): GET answers its output without the options that
+    no longer validate, and going on from it is a 400 naming previous_response_id, never a 500."""
+    first = client.responses.create(input="hi", **GREEDY)
+    assert settings.redis_url is not None
+    job_hash = keys.job_hash(first.id.removeprefix("resp_"))
+    with redis.Redis.from_url(settings.redis_url) as rclient:
+        record = json.loads(rclient.hget(job_hash, keys.RESPONSE_FIELD))  # type: ignore[arg-type]
+        record["request"]["temperature"] = 99.0  # past today's bound
+        record["input"][0]["type"] = "an_item_of_tomorrow"
+        rclient.hset(job_hash, keys.RESPONSE_FIELD, json.dumps(record))
+    read = client.responses.retrieve(first.id)
+    assert read.output_text == first.output_text and read.temperature == 1.0  # its options fell back to defaults
+    with pytest.raises(openai.BadRequestError) as chained:
+        client.responses.create(input="more", previous_response_id=first.id, **GREEDY)
+    assert chained.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_a_reasoning_models_thought_is_an_item(engine_thread: EngineThread, settings: ServiceSettings, secret: str) -> None:  # noqa: F811
