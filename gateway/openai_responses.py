@@ -29,7 +29,8 @@ from shared import openai_response_object as ro
 from shared.api_keys import ApiKey
 from shared.job_record import job_from_fields
 from shared.job_state import ErrorCode, JobStatus
-from shared.openai_responses import InputItem, ResponseRequest, items_of, job_id_of
+from shared.openai_response_items import InputItem, items_of
+from shared.openai_responses import ResponseRequest, job_id_of
 from shared.schemas import DoneEvent, EventType, Job, TokenEvent
 
 log = logging.getLogger(__name__)

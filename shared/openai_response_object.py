@@ -18,16 +18,8 @@ from pydantic import BaseModel, Field
 from shared import openai_compat as oa
 from shared.job_state import ErrorCode, JobStatus
 from shared.openai_logprobs import chat_logprobs
-from shared.openai_responses import (
-    GUIDED_FIELDS,
-    FunctionCallItem,
-    InputItem,
-    MessageItem,
-    ReasoningItem,
-    ResponseRequest,
-    TextContent,
-    response_id,
-)
+from shared.openai_response_items import FunctionCallItem, InputItem, MessageItem, ReasoningItem, TextContent
+from shared.openai_responses import GUIDED_FIELDS, ResponseRequest, response_id
 from shared.reasoning import ReasoningParser
 from shared.schemas import Job
 

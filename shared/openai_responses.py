@@ -21,7 +21,6 @@ What would change the answer and is not done here is refused with its reason: to
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -33,7 +32,8 @@ from pydantic import (
 )
 
 from shared.openai_compat import GUIDED, ChatCompletionRequest, ChatMessage, _Common
-from shared.response_format import FUNCTION_NAME_PATTERN, ToolCall, ToolCallFunction
+from shared.openai_response_items import InputItem, MessageItem, Strict, chat_messages, item_of
+from shared.response_format import FUNCTION_NAME_PATTERN
 
 RESPONSE_ID_PREFIX = "resp_"
 RESPONSE_ID_PATTERN = r"^resp_[A-Za-z0-9_-]{1,64}$"
@@ -52,116 +52,8 @@ def job_id_of(resp_id: str) -> str:
     return resp_id.removeprefix(RESPONSE_ID_PREFIX)
 
 
-# -- input items ---------------------------------------------------------------------------------------------------
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextContent(_Item):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[Any] | None = None  # an output_text sent back: kept as it came, read for its text only
-    logprobs: list[Any] | None = None
-
-
-class MessageItem(_Item):
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextContent]
-    id: str | None = Field(None, max_length=256)
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-
-    @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class FunctionCallItem(_Item):
-    type: Literal["function_call"]
-    call_id: str = Field(min_length=1, max_length=256)
-    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
-    arguments: str
-    id: str | None = Field(None, max_length=256)
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-
-
-class FunctionCallOutputItem(_Item):
-    type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1, max_length=256)
-    output: str | list[TextContent]
-    id: str | None = Field(None, max_length=256)
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-
-    @property
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-class ReasoningItem(_Item):
-    type: Literal["reasoning"]
-    id: str | None = Field(None, max_length=256)
-    summary: list[Any] = Field(default_factory=list)
-    content: list[Any] | None = None
-    encrypted_content: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-
-
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
-_ITEM_TYPES: dict[str, type[_Item]] = {
-    "message": MessageItem,
-    "function_call": FunctionCallItem,
-    "function_call_output": FunctionCallOutputItem,
-    "reasoning": ReasoningItem,
-}
-_TEXT_PARTS = ("input_text", "output_text")
-
-
-def _item_of(i: int, raw: Any) -> Any:
-    """One input item, its kind read from `type` (a message may leave it out) -> the typed item's input; a kind
-    or a part that is not text is named."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"input[{i}]: an item is an object")
-    kind = raw.get("type", "message" if "role" in raw else None)
-    if not isinstance(kind, str) or kind not in _ITEM_TYPES:
-        raise ValueError(
-            f"input[{i}]: items of type `{kind}` are not supported (messages, function_call and "
-            "function_call_output items are)"
-        )
-    for field in ("content", "output"):
-        parts = raw.get(field)
-        for j, part in enumerate(parts if isinstance(parts, list) and kind != "reasoning" else []):
-            part_kind = part.get("type") if isinstance(part, dict) else None
-            if part_kind not in _TEXT_PARTS:
-                raise ValueError(f"input[{i}].{field}[{j}]: parts of type `{part_kind}` are not supported (the models read text)")
-    return _ITEM_TYPES[kind].model_validate({**raw, "type": kind})
-
-
-def items_of(raw: list[Any]) -> list[InputItem]:
-    """Input items from their JSON (a stored conversation's)."""
-    return [_item_of(i, item) for i, item in enumerate(raw)]
-
-
-def chat_messages(items: list[InputItem]) -> list[ChatMessage]:
-    """A conversation's items as chat messages: consecutive function calls are one assistant message's
-    `tool_calls`, each output a `tool` message; thoughts are left out."""
-    messages: list[ChatMessage] = []
-    for item in items:
-        if isinstance(item, MessageItem):
-            messages.append(ChatMessage.model_validate({"role": item.role, "content": item.text}))
-        elif isinstance(item, FunctionCallItem):
-            call = ToolCall(id=item.call_id, function=ToolCallFunction(name=item.name, arguments=item.arguments))
-            last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant" and last.tool_calls is not None:
-                last.tool_calls.append(call)
-            else:
-                messages.append(ChatMessage.model_validate({"role": "assistant", "tool_calls": [call]}))
-        elif isinstance(item, FunctionCallOutputItem):
-            messages.append(ChatMessage.model_validate({"role": "tool", "tool_call_id": item.call_id, "content": item.text}))
-    return messages
-
-
 # -- tools and formats ---------------------------------------------------------------------------------------------
-class FunctionTool(_Item):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
     description: str | None = Field(None, max_length=4096)
@@ -173,7 +65,7 @@ class FunctionTool(_Item):
         return {"type": "function", "function": function}
 
 
-class NamedFunctionChoice(_Item):
+class NamedFunctionChoice(Strict):
     type: Literal["function"]
     name: str
 
@@ -181,7 +73,7 @@ class NamedFunctionChoice(_Item):
 ResponseToolChoice = Literal["none", "auto", "required"] | NamedFunctionChoice
 
 
-class TextFormat(_Item):
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, pattern=FUNCTION_NAME_PATTERN)
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -200,12 +92,12 @@ class TextFormat(_Item):
         return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
 
 
-class TextConfig(_Item):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # the served models have no verbosity setting: medium, or unset
 
 
-class ReasoningConfig(_Item):
+class ReasoningConfig(Strict):
     effort: None = None  # the served models have no reasoning modes
     summary: None = None
     generate_summary: None = None
@@ -247,7 +139,7 @@ class ResponseRequest(_Common):
                 raise ValueError("input: at least one item")
             if len(value) > MAX_INPUT_ITEMS:
                 raise ValueError(f"input: at most {MAX_INPUT_ITEMS} items")
-            return [_item_of(i, raw) for i, raw in enumerate(value)]
+            return [item_of(i, raw) for i, raw in enumerate(value)]
         return value
 
     @field_validator("n", "max_tokens", "stop", "logit_bias", mode="before")
