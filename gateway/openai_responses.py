@@ -11,6 +11,7 @@ answers at once with the queued response and leaves the job running whatever the
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 from fastapi import Request, Response
@@ -22,6 +23,7 @@ from gateway.errors import ApiError
 from gateway.openai_api import JOB_ID_HEADER, Call, ChunkStream, _job_failure
 from gateway.openai_responses_stream import ResponseEvents
 from gateway.openai_stream_chat import ChoiceText
+from gateway.openai_stream_logprobs import StreamLogprobs
 from gateway.streaming import Wake
 from shared import keys
 from shared import openai_compat as oa
@@ -134,6 +136,16 @@ class ResponseCall(Call):
     async def _frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
         """The response's events as the job's tokens come; the last one the response as GET reads it."""
         events = ResponseEvents(self.job_id, self.starting_after)
+        scores = StreamLogprobs(self.body) if self.response_body.wants_logprobs else None
+        pending: list[dict[str, Any]] = []  # logprobs of tokens whose text has not gone out as the answer's yet
+
+        def with_logprobs(delta: oa.ChatDelta) -> list[bytes]:
+            """A delta's events, the answer's text carrying every logprob since the last (a thought's, a held
+            piece's: the deltas' logprobs add up to the message's, one a token)."""
+            nonlocal pending
+            scored, pending = (pending, []) if delta.content and pending else (None, pending)
+            return events.on_delta(delta, scored)
+
         text = ChoiceText(self.gw.settings.reasoning_parser, self.body.call_reading(), self.job_id)  # type: ignore[union-attr]
         job = await self._job()  # opened in progress, as OpenAI's streams open (a replay of an ended one too)
         for frame in events.opening(self.answer(job.model_copy(update={"status": JobStatus.RUNNING, "output": None}))):
@@ -145,16 +157,22 @@ class ResponseCall(Call):
                         yield b": keepalive\n\n"
                     elif event.type is EventType.TOKEN:
                         token = TokenEvent.model_validate_json(event.data)
+                        if scores is not None and (got := scores.of(token)) is not None:
+                            pending += [t.model_dump(mode="json") for t in getattr(got, "content", None) or []]
                         for delta in text.on_text(token.text) if token.text else []:
-                            for frame in events.on_delta(delta):
+                            for frame in with_logprobs(delta):
                                 yield frame
                     elif event.type.is_final:
                         self.unfinished.discard(self.job_id)
                         if event.type is EventType.DONE:
                             reason = oa.finish_reason(DoneEvent.model_validate_json(event.data).finish_reason)
                             for delta in text.on_done(reason)[0]:  # what the splitter and the call reading held
-                                for frame in events.on_delta(delta):
+                                for frame in with_logprobs(delta):
                                     yield frame
+                            if pending:  # tokens whose text never went out as the answer's (the last, or a thought)
+                                for frame in events.on_delta(oa.ChatDelta(), pending):
+                                    yield frame
+                                pending = []
                         for frame in events.closing(self.answer(await self._job())):
                             yield frame
                         break

@@ -44,12 +44,13 @@ class ResponseEvents:
         body = response.model_dump(mode="json")
         return [self.frame("response.created", response=body), self.frame("response.in_progress", response=body)]
 
-    def on_delta(self, delta: oa.ChatDelta) -> list[bytes]:
+    def on_delta(self, delta: oa.ChatDelta, logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
+        """The events of one delta; `logprobs` (include `message.output_text.logprobs`) ride its text."""
         frames: list[bytes] = []
         if delta.reasoning_content:
             frames += self._text("reasoning", ro.reasoning_id(self.job_id), delta.reasoning_content)
-        if delta.content:
-            frames += self._text("message", ro.message_id(self.job_id), delta.content)
+        if delta.content or logprobs:
+            frames += self._text("message", ro.message_id(self.job_id), delta.content or "", logprobs)
         for call in delta.tool_calls or []:
             if call.id is not None:  # a call's first piece: a new item
                 frames += self._close()
@@ -88,7 +89,7 @@ class ResponseEvents:
                                      content_index=0, part=part))  # fmt: skip
         return frames
 
-    def _text(self, kind: str, item_id: str, text: str) -> list[bytes]:
+    def _text(self, kind: str, item_id: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
         frames: list[bytes] = []
         if self.open is None or self.open_kind != kind:
             frames += self._close()
@@ -99,8 +100,8 @@ class ResponseEvents:
             frames += self._open(kind, item)
         self.open_text += text
         event = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
-        if text:
+        extra: dict[str, Any] = {"logprobs": logprobs or []} if kind == "message" else {}
+        if text or logprobs:
             frames.append(self.frame(event, item_id=item_id, output_index=self.num_items - 1, content_index=0,
                                      delta=text, **extra))  # fmt: skip
         return frames
@@ -116,7 +117,7 @@ class ResponseEvents:
         if self.open_kind == "message":
             part = final["content"][0] if final else {"type": "output_text", "text": text, "annotations": []}
             frames.append(self.frame("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
-                                     text=part["text"], logprobs=[]))  # fmt: skip
+                                     text=part["text"], logprobs=part.get("logprobs") or []))  # fmt: skip
             frames.append(self.frame("response.content_part.done", item_id=item_id, output_index=index,
                                      content_index=0, part=part))  # fmt: skip
             final = final or {**self.open, "status": "completed", "content": [part]}

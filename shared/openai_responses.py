@@ -171,8 +171,8 @@ class ResponseRequest(_Common):
             raise ValueError("background: a background response is stored (store must not be false)")
         if self.top_logprobs and not self.wants_logprobs:
             raise ValueError(f"top_logprobs needs include: [\"{LOGPROBS_INCLUDE}\"]")
-        if self.wants_logprobs and self.stream:
-            raise ValueError(f"include `{LOGPROBS_INCLUDE}`: not supported with stream: true (use stream: false)")
+        if self.wants_logprobs and self.stream and self.tools and self.tool_choice != "none":
+            raise ValueError(f"include `{LOGPROBS_INCLUDE}`: not supported on a stream with tools (use stream: false)")
         self._chat = self.chat_request([])  # the chat route's checks (tools, formats, extras), named as they fail
         return self
 

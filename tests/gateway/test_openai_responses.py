@@ -115,6 +115,18 @@ def test_text_format_and_logprobs(client: openai.OpenAI) -> None:  # noqa: F811
     logprobs = scored.output[0].content[0].logprobs  # type: ignore[union-attr]
     assert logprobs is not None and len(logprobs) == 12 and all(len(t.top_logprobs) == 2 for t in logprobs)
     assert all(t.logprob <= 0 and t.logprob >= t.top_logprobs[-1].logprob for t in logprobs)  # greedy: the top one
+    # on a stream, each delta carries its tokens' logprobs: they add up to the stored message's
+    with client.responses.stream(input="def f(x):", include=["message.output_text.logprobs"], top_logprobs=2,
+                                 extra_body={"ignore_eos": True}, **GREEDY) as stream:  # fmt: skip
+        events = list(stream)
+    def scored(lp: Any) -> tuple[Any, ...]:
+        return lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs or []]
+
+    streamed = [scored(lp) for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    stored = client.responses.retrieve(events[-1].response.id).output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert len(streamed) == 12 and streamed == [scored(lp) for lp in stored or []]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert len(done.logprobs) == 12
 
 
 def test_background_cancel_delete_and_other_keys(
@@ -196,6 +208,14 @@ def test_a_reasoning_models_thought_is_an_item(engine_thread: EngineThread, sett
             with oai.responses.stream(input="time?", extra_body=forced, **GREEDY | {"max_output_tokens": 32}) as stream:
                 events = list(stream)
             assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "noon in Paris"
+            # the thought's logprobs ride the answer's first text: the deltas' add up to the message's, a token each
+            scored = {"include": ["message.output_text.logprobs"], **GREEDY, "max_output_tokens": 32}
+            with oai.responses.stream(input="time?", extra_body=forced, **scored) as stream:  # type: ignore[arg-type]
+                events = list(stream)
+            streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+            stored = oai.responses.retrieve(events[-1].response.id)  # type: ignore[union-attr]
+            assert streamed == [lp.token for lp in stored.output[1].content[0].logprobs or []]  # type: ignore[union-attr]
+            assert stored.usage is not None and len(streamed) == stored.usage.output_tokens
             # the next turn reads the answer, not the thought
             oai.responses.create(previous_response_id=first.id, input="and now?", **GREEDY)
 
@@ -213,7 +233,7 @@ def test_a_reasoning_models_thought_is_an_item(engine_thread: EngineThread, sett
         ({"truncation": "auto"}, "truncation"),
         ({"background": True, "store": False}, "store"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"stream": True, "include": ["message.output_text.logprobs"]}, "stream"),
+        ({"stream": True, "include": ["message.output_text.logprobs"], "tools": TOOLS}, "tools"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "missing"}}, "missing"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objec"}}}}, "objec"),
         ({"text": {"format": {"type": "json_schema"}}}, "name"),
