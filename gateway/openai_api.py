@@ -190,6 +190,10 @@ class Call:
                         await task
                     except asyncio.CancelledError:
                         pass
+        return await self.jobs()
+
+    async def jobs(self) -> list[Job]:
+        """The call's jobs as they stand, by choice."""
         records = await asyncio.gather(*(self.gw.store.get(job_id) for job_id in self.job_ids))
         if any(fields is None for fields in records):
             raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")

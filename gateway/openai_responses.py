@@ -78,7 +78,7 @@ async def history_of(gw: Gateway, request: Request, key: ApiKey, body: ResponseR
 class ResponseCall(Call):
     def __init__(self, gw: Gateway, request: Request, body: ResponseRequest, history: list[InputItem]) -> None:
         try:
-            chat = body.chat_request(history)
+            chat = body.chat_request(history) if history else body.chat
         except ValueError as exc:  # the conversation with its history (the request alone was checked)
             raise ApiError(400, ErrorCode.INVALID_REQUEST, str(exc), field="previous_response_id") from None
         super().__init__(gw, request, chat, is_chat=True)
@@ -114,10 +114,7 @@ class ResponseCall(Call):
         return ro.response_of(job, self.response_body, self.model, self.gw.settings.reasoning_parser)
 
     async def _job(self) -> Job:
-        fields = await self.gw.store.get(self.job_id)
-        if fields is None:
-            raise ApiError(500, ErrorCode.INTERNAL, "the job vanished")
-        return job_from_fields(fields, self.gw.base_url(self.request))
+        return (await self.jobs())[0]
 
     @classmethod
     def replay(cls, gw: Gateway, request: Request, stored: StoredResponse, model: str, starting_after: int) -> "ResponseCall":

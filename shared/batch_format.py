@@ -181,13 +181,13 @@ def parse_batch(
 def result_line(line: BatchLine, job: Job, model: str, reasoning_parser: ReasoningParser = "none") -> dict[str, Any]:
     """The result line of a finished job: `response` when it succeeded (a chat's thinking apart as the route
     answers it: settings.reasoning_parser), else `error`."""
-    if job.status is JobStatus.SUCCEEDED and line.url == RESPONSES_URL:
-        answer = response_of(job, request_of(line.responses or {}), line.model or model, reasoning_parser)
-        response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": answer.model_dump(mode="json")}
-        error = None
-    elif job.status is JobStatus.SUCCEEDED:
-        body = openai_compat.response_body(line.url, job, line.model or model, line.calls, reasoning_parser)
-        response = {"status_code": 200, "request_id": job.id, "body": body}
+    if job.status is JobStatus.SUCCEEDED:
+        if line.url == RESPONSES_URL:
+            answer = response_of(job, request_of(line.responses or {}), line.model or model, reasoning_parser)
+            body = answer.model_dump(mode="json")
+        else:
+            body = openai_compat.response_body(line.url, job, line.model or model, line.calls, reasoning_parser)
+        response: dict[str, Any] | None = {"status_code": 200, "request_id": job.id, "body": body}
         error = None
     else:
         response = None

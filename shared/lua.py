@@ -386,10 +386,6 @@ return emit_tokens(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 """
 )
 
-# A job's record with its whole output, read at one instant (a running job's new tokens are in the output strings,
-# and its end folds them into the hash: two separate reads could see neither or both).
-# KEYS: job hash, output text, output ids (shared/keys.py) -> the hash as HGETALL's flat list (empty: no such job),
-# its text and token_ids the whole output
 # KEYS[1] a job's hash; ARGV[1] a field, ARGV[2] its value: set only while the hash exists, so a field written
 # beside a job (a stored response's record) never outlives it (a hash created here would have no TTL). -> 1 | 0
 HSET_IF_EXISTS = """
@@ -398,6 +394,10 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 
+# A job's record with its whole output, read at one instant (a running job's new tokens are in the output strings,
+# and its end folds them into the hash: two separate reads could see neither or both).
+# KEYS: job hash, output text, output ids (shared/keys.py) -> the hash as HGETALL's flat list (empty: no such job),
+# its text and token_ids the whole output
 READ_JOB = (
     _OUTPUT_OF
     + """

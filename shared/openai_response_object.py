@@ -192,7 +192,7 @@ def output_items(job: Job, body: ResponseRequest, reasoning_parser: ReasoningPar
     """A finished job's output items, and whether the answer was cut (`max_output_tokens`)."""
     text = job.output.text if job.output else ""
     reason = oa.finish_reason(job.output.finish_reason if job.output else None)
-    message, reason = oa.chat_answer(job.id, text, reason, body.chat_request([]).call_reading(), reasoning_parser)
+    message, reason = oa.chat_answer(job.id, text, reason, body.chat.call_reading(), reasoning_parser)
     is_cut = reason == "length"
     status: ItemStatus = "incomplete" if is_cut else "completed"
     items: list[OutputItem] = []

@@ -27,6 +27,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -144,10 +145,10 @@ class ResponseRequest(_Common):
 
     @field_validator("n", "max_tokens", "stop", "logit_bias", mode="before")
     @classmethod
-    def _not_here(cls, value: Any, info: Any) -> Any:
+    def _not_here(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
             other = {"max_tokens": "use max_output_tokens", "n": "a response has one output (n is a chat field)"}
-            raise ValueError(f"not a Responses field: {other.get(info.field_name, 'use /v1/chat/completions')}")
+            raise ValueError(f"not a Responses field: {other.get(str(info.field_name), 'use /v1/chat/completions')}")
         return value
 
     @field_validator("include")
@@ -178,6 +179,12 @@ class ResponseRequest(_Common):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_output_tokens
+
+    @property
+    def chat(self) -> ChatCompletionRequest:
+        """The chat request of this response alone (chat_request without history), as validated."""
+        assert self._chat is not None  # set by _shape
+        return self._chat
 
     @property
     def wants_logprobs(self) -> bool:

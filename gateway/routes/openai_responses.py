@@ -12,7 +12,7 @@ from gateway.openai_api import JOB_ID_HEADER, ChunkStream
 from gateway.openai_errors import OPENAI_ERRORS, OpenAIRoute
 from gateway.openai_responses import ResponseCall, history_of, load
 from shared import openai_response_object as ro
-from shared.job_state import ErrorCode
+from shared.job_state import ErrorCode, JobStatus
 from shared.openai_responses import RESPONSE_ID_PATTERN, ResponseRequest, job_id_of
 
 router = APIRouter(prefix="/v1/responses", tags=["openai"], route_class=OpenAIRoute, responses=OPENAI_ERRORS)
@@ -80,7 +80,7 @@ async def cancel_response(response_id: ResponseId, request: Request, gw: Gateway
     if not stored.body.background:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, "only a response created with background: true can be cancelled",
                        field="response_id")  # fmt: skip
-    if stored.job.status.is_terminal and stored.job.status.value != "cancelled":
+    if stored.job.status.is_terminal and stored.job.status is not JobStatus.CANCELLED:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"the response has ended ({stored.job.status.value}); "
                        "only a queued or in-progress response can be cancelled", field="response_id")  # fmt: skip
     await gw.store.cancel(job_id_of(response_id))
