@@ -129,7 +129,7 @@ class _Common(BaseModel):
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
     repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's (1: off)
-    min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor stop_token_ids before
+    min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor any stop before
     speculative: bool | SpeculativeMethod | None = None  # the job API's: true (the worker's default), false, a method
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)

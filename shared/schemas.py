@@ -103,7 +103,7 @@ class JobRequest(BaseModel):
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[str] = Field(default_factory=list, max_length=16)
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)  # vLLM's: these tokens end it too
-    min_tokens: int = Field(0, ge=0, le=1_000_000)  # vLLM's: no EOS nor stop_token_ids before this many tokens
+    min_tokens: int = Field(0, ge=0, le=1_000_000)  # vLLM's: no EOS, stop_token_ids nor stop string before this many tokens
     ignore_eos: bool = False
     # False: plain decoding; True: the engine's default method; or a method name ("none" | "draft" | "ngram" | "eagle").
     speculative: bool | SpeculativeMethod = True

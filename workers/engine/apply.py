@@ -103,7 +103,8 @@ class StepApplier:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return "stop"
         is_complete = seq.grammar is not None and seq.grammar.advance(token)  # structured output: it is whole
-        if seq.detokenizer.push(token) or is_complete:
+        is_short = seq.num_output_so_far <= params.min_tokens  # min_tokens: no stop string ends in this token's text
+        if seq.detokenizer.push(token, check_stop=not is_short) or is_complete:
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return "length"

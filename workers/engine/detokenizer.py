@@ -3,7 +3,9 @@
 Text is released only once it is final: never half a UTF-8 character (a byte-level BPE token can end
 inside one; its decode then ends in U+FFFD and we wait for the next token), and never a tail that could
 still turn out to be the start of a stop string. A stop string may span any number of tokens; the text
-is cut where it begins and nothing after it is emitted.
+is cut where it begins and nothing after it is emitted. A token pushed with `check_stop` off (vLLM's `min_tokens`:
+the output is still too short to stop) adds its text without a search, so a stop string that ends in that text
+never stops the output; one that ends in a later token's text does.
 """
 
 from collections.abc import Callable, Sequence
@@ -31,8 +33,9 @@ class Detokenizer:
         self.stop = tuple(stop)
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
 
-    def push(self, token_id: int) -> bool:
-        """Add one output token; True when a stop string has just been completed (text is cut there)."""
+    def push(self, token_id: int, check_stop: bool = True) -> bool:
+        """Add one output token; True when a stop string ending in its text has just been completed (the text is
+        cut where it begins). check_stop False: only add its text."""
         self.ids.append(token_id)
         prefix_text = self.decode(self.ids[self.prefix_offset : self.read_offset])
         full_text = self.decode(self.ids[self.prefix_offset :])
@@ -42,7 +45,7 @@ class Detokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         search_from = max(0, len(self.text) - self.max_stop_len + 1)
         self.text += new_text
-        return self._cut_at_stop(search_from)
+        return check_stop and self._cut_at_stop(search_from)
 
     def _cut_at_stop(self, search_from: int) -> bool:
         hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]

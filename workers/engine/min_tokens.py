@@ -1,9 +1,10 @@
 """vLLM's `min_tokens`: no EOS (unless `ignore_eos`, where EOS stops nothing) and no `stop_token_ids` before the
 output has `min_tokens` tokens. Their logits are -inf at each row verification reads whose position comes
 before that (the output so far plus the draft tokens before the row), so verification samples from what plain
-decoding with the rule samples from (greedy output token-identical with speculation on and off). Stop strings
-and a grammar's end still end the output, as vLLM documents the field ("before EOS or stop_token_ids can be
-generated"). A resumed job counts the output it already had.
+decoding with the rule samples from (greedy output token-identical with speculation on and off). A stop string
+that ends in the text of the first min_tokens tokens does not end the output either (apply.py, as vLLM's
+detokenizer since vllm-project/vllm#22014); a grammar's end still does. A resumed job counts the output it
+already had.
 """
 
 import torch

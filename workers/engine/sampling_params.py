@@ -37,7 +37,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]
     frequency_penalty: float = 0.0  # in [-2, 2]
     repetition_penalty: float = 1.0  # in (0, MAX_REPETITION_PENALTY]
-    # vLLM's: no EOS and no stop_token_ids before the output has this many tokens (workers/engine/min_tokens.py)
+    # vLLM's: no EOS, stop_token_ids nor stop string before the output has this many tokens (min_tokens.py; apply.py)
     min_tokens: int = 0
 
     @property

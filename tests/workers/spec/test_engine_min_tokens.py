@@ -1,7 +1,8 @@
 """vLLM's min_tokens and stop_token_ids under speculative decoding (workers/engine/min_tokens.py), on the one-layer
 tiny target in float64 (eagle_models): a stop token pushed by logit_bias comes exactly at the min_tokens-th
-position (never before), greedy output is token-identical with speculation on and off, `ignore_eos` leaves EOS
-alone, a resumed job counts the output it had, and bad values are refused."""
+position (never before), a stop string ending in the first min_tokens tokens' text does not stop the output (one
+ending in a later token's does, vLLM's rule), greedy output is token-identical with speculation on and off,
+`ignore_eos` leaves EOS alone, a resumed job counts the output it had, and bad values are refused."""
 
 from pathlib import Path
 
@@ -71,3 +72,46 @@ def test_bad_values_are_refused(eagle_models) -> None:
             engine.add_request("bad", make_prompts()[0], SamplingParams(**bad))  # type: ignore[arg-type]
         assert err.value.field == field, bad
     assert engine.num_unfinished() == 0
+
+
+def free_run(engine) -> tuple[list[int], list[str]]:
+    """A free greedy answer: its tokens and each one's text (plain decoding: one token a step)."""
+    outs = run_all(engine, {"f": (make_prompts()[6], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))})
+    assert all(len(o.new_token_ids) == 1 for o in outs["f"])
+    return tokens(outs["f"]), [o.new_text for o in outs["f"]]
+
+
+def held_stop(texts: list[str]) -> tuple[str, int]:
+    """A character of the answer whose first occurrence ends in token m's text and which comes again after it:
+    (the character, m)."""
+    full, ends = "", []
+    for text in texts:
+        full += text
+        ends.append(len(full))  # ends[k - 1]: the text's length after k tokens
+    for char in dict.fromkeys(full):
+        m = next(k + 1 for k, end in enumerate(ends) if end > full.index(char))
+        if full.find(char, ends[m - 1]) >= 0:
+            return char, m
+    raise AssertionError(f"no character comes twice in {full!r}")
+
+
+@pytest.mark.parametrize("method", ["none", "draft-chain", "ngram", "eagle-chain"])
+def test_a_stop_string_in_the_first_min_tokens_tokens_does_not_stop(eagle_models, method) -> None:
+    free_tokens, texts = free_run(engine_for(eagle_models, "none"))
+    stop, m = held_stop(texts)
+    full = "".join(texts)
+    second = full.find(stop, len("".join(texts[:m])))
+    j = next(k for k in range(m + 1, len(texts) + 1) if len("".join(texts[:k])) > second)  # the token it ends in
+    engine = engine_for(eagle_models, method)
+    prompt = make_prompts()[6]
+    outs = run_all(engine, {
+        "plain": (prompt, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=[stop])),
+        "held": (prompt, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=[stop], min_tokens=m)),
+        "one-less": (prompt, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=[stop],
+                                            min_tokens=m - 1)),
+    })  # fmt: skip
+    assert tokens(outs["plain"]) == free_tokens[:m] == tokens(outs["one-less"])  # token m may stop: m - 1 before it
+    assert "".join(o.new_text for o in outs["plain"]) == full[: full.index(stop)]
+    assert tokens(outs["held"]) == free_tokens[:j]  # token m's stop is held: the next one ends it
+    assert "".join(o.new_text for o in outs["held"]) == full[:second]
+    assert outs["held"][-1].finish_reason == "stop"
