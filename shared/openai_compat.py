@@ -9,7 +9,7 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's
-own `priority`, `top_k`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `structured_outputs`
+own `priority`, `top_k`, `min_p`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `structured_outputs`
 (and its older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
@@ -125,6 +125,7 @@ class _Common(BaseModel):
     # specfleet's extensions (as vLLM's): the queue of the job behind the call, top-k, generating past EOS
     priority: Priority | None = None
     top_k: StrictInt | None = Field(None, ge=-1, le=MAX_TOP_K)
+    min_p: StrictFloat | None = Field(None, ge=0.0, le=1.0)  # vLLM's (0: off)
     ignore_eos: StrictBool | None = None
     timeout_s: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # deadline (or Cancel-After)
     stream_interval_ms: StrictInt | None = Field(None, ge=0, le=MAX_STREAM_INTERVAL_MS)  # chunks at most this often
@@ -481,7 +482,7 @@ def to_job_request(
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-                 "speculative"):  # fmt: skip
+                 "speculative", "min_p"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

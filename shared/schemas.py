@@ -100,6 +100,7 @@ class JobRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, le=MAX_TOP_K)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM's: drop tokens less likely than min_p x the likeliest; 0 = off
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[str] = Field(default_factory=list, max_length=16)
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)  # vLLM's: these tokens end it too

@@ -372,6 +372,32 @@ def test_min_tokens_and_stop_token_ids(client: openai.OpenAI, served: ThreadedGa
         assert next(iter(bad)) in response.json()["error"]["message"] and response.json()["error"]["param"] == param
 
 
+def test_min_p_reaches_the_engine(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
+    """vLLM's `min_p` (it was 400 "Extra inputs are not permitted"): at 1 it keeps the likeliest token alone (or
+    the tokens tied with it: the tiny target's bf16 logits tie now and then), so every token of a call sampled
+    hot has the top logprob, on both routes, where without it some do not; out of [0, 1] is a 400."""
+    hot = {"model": MODEL, "temperature": 1.8, "seed": 5, "max_tokens": 24}
+    for min_p, want_top in ((None, False), (1.0, True)):
+        extra = {"min_p": min_p} if min_p is not None else {}
+        answer = client.completions.create(prompt="def f(x):", logprobs=1, extra_body=extra, **hot).choices[0]  # type: ignore[arg-type]
+        assert answer.logprobs is not None and answer.logprobs.token_logprobs and answer.logprobs.top_logprobs
+        tops = [max(top.values()) for top in answer.logprobs.top_logprobs]
+        assert all(lp == top for lp, top in zip(answer.logprobs.token_logprobs, tops, strict=True)) is want_top
+    messages = [{"role": "user", "content": "def f(x):"}]
+    chat = client.chat.completions.create(
+        messages=messages, logprobs=True, top_logprobs=1, extra_body={"min_p": 1}, **hot  # type: ignore[arg-type]
+    ).choices[0]
+    assert chat.logprobs is not None and chat.logprobs.content
+    assert all(item.logprob == item.top_logprobs[0].logprob for item in chat.logprobs.content)
+    for bad in (1.5, -0.1, "0.5"):
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"messages": messages, **GREEDY, "min_p": bad},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == "min_p", response.text
+
+
 def test_the_speculation_method_of_a_call(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """The job API's `speculative` on the OpenAI routes too (it was 400 "Extra inputs are not permitted"): each
     method gives the same greedy answer, `false` decodes plainly; another value is a 400 naming the field."""

@@ -15,6 +15,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # in (0, 1]
     top_k: int = -1  # -1 or 0 = off
+    min_p: float = 0.0  # in [0, 1]: vLLM's, a token less likely than min_p x the likeliest is dropped; 0 = off
     seed: int | None = None  # per-request generator: reproducible whatever the batch
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -64,6 +65,8 @@ class SamplingParams:
             self.temperature = 0.0  # gave NaN probabilities and token 0); its distribution is the argmax anyway
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, int | float) or not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p!r}")
         # a value out of these ranges would fail in a later step's tensors and take the engine with it
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_TOP_K:
             raise InvalidRequestError("top_k", f"must be -1 (off) or an integer in [0, 2**63 - 1], got {self.top_k!r}")

@@ -1,9 +1,10 @@
-"""Turning logits into distributions: temperature, top-k, top-p - ONE transform for target and draft alike.
+"""Turning logits into distributions: temperature, min-p, top-k, top-p - ONE transform for target and draft alike.
 
 Lossless rejection sampling needs p (target) and q (draft) after the same post-processing, or the output
 would follow the wrong p; plain decoding is verification of zero draft tokens, so it uses the same path.
-`row_distributions` builds each row's (temperature, top-k, top-p) from the request it belongs to;
-`logits_to_probs` is the transform itself.
+`row_distributions` builds each row's (temperature, min-p, top-k, top-p) from the request it belongs to;
+`logits_to_probs` is the transform itself, in vLLM's order: temperature, then min-p (a token less likely than
+min_p times the row's likeliest is dropped), then top-k and top-p over what min-p kept.
 """
 
 import enum
@@ -21,6 +22,7 @@ class RowSampling(Protocol):
     temperature: float  # 0 = greedy
     top_k: int  # <= 0 = off
     top_p: float  # in (0, 1]; 1 = off
+    min_p: float  # in [0, 1]; 0 = off
 
     @property
     def is_greedy(self) -> bool: ...
@@ -39,12 +41,17 @@ def logits_to_probs(
     temperature: torch.Tensor,  # [n] float; rows with 0 are greedy -> one-hot at argmax
     top_k: torch.Tensor,  # [n] long; <= 0 = off
     top_p: torch.Tensor,  # [n] float in (0, 1]; 1 = off
+    min_p: torch.Tensor | None = None,  # [n] float in [0, 1]; 0 (or None: every row) = off
 ) -> torch.Tensor:  # [n, V] float32, rows sum to 1
     logits = logits.float()
     n, vocab = logits.shape
     is_greedy = temperature <= 0.0  # [n]
     safe_t = torch.where(is_greedy, torch.ones_like(temperature), temperature).float()
     scaled = logits / safe_t.unsqueeze(1)  # [n, V]
+    if min_p is not None and bool((min_p > 0.0).any()):
+        # p_i < min_p * p_max  <=>  logit_i - logit_max < log(min_p): the softmax's normaliser cancels out
+        floor = scaled.amax(dim=-1, keepdim=True) + min_p.float().log().unsqueeze(1)  # [n, 1]; -inf where off
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))  # [n, V]; the likeliest token always stays
 
     needs_k = (top_k > 0) & (top_k < vocab)  # [n]
     needs_p = top_p < 1.0  # [n]
@@ -119,7 +126,7 @@ def row_distributions(
     row_params: Sequence[RowSampling],  # [n] the sampling settings of each row's request
     greedy_rows: GreedyRows,
 ) -> torch.Tensor:  # [n, V]: probabilities (float32); with GreedyRows.LOGITS, greedy rows are the logits
-    """Each row's distribution under its request's temperature/top-k/top-p, for target and draft alike."""
+    """Each row's distribution under its request's temperature/min-p/top-k/top-p, for target and draft alike."""
     if greedy_rows is GreedyRows.LOGITS:
         sampling_rows = [i for i, p in enumerate(row_params) if not p.is_greedy]
         if not sampling_rows:
@@ -144,4 +151,5 @@ def _transform(
         temperature=temperature,
         top_k=torch.tensor([p.top_k for p in row_params], dtype=torch.long),  # [n]
         top_p=torch.tensor([p.top_p for p in row_params], dtype=torch.float32),  # [n]
+        min_p=torch.tensor([p.min_p for p in row_params], dtype=torch.float32),  # [n]
     )

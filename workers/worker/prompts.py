@@ -36,6 +36,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
+        min_p=request.min_p,
         seed=request.seed,
         stop=list(request.stop),
         stop_token_ids=list(request.stop_token_ids),

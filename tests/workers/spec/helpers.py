@@ -42,6 +42,7 @@ def make_pair(
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> tuple[MarkovModel, MarkovModel]:
     """A (target, draft) pair with related but different distributions, both through logits_to_probs."""
     gen = torch.Generator().manual_seed(seed)
@@ -54,6 +55,7 @@ def make_pair(
             torch.full((vocab,), temperature),
             torch.full((vocab,), top_k, dtype=torch.long),
             torch.full((vocab,), top_p),
+            torch.full((vocab,), min_p),
         )
 
     return MarkovModel(transform(target_logits)), MarkovModel(transform(draft_logits))

@@ -1,5 +1,6 @@
-"""row_distributions: one (temperature, top-k, top-p) transform for target and draft, equal bit for bit to the
-two builders it replaced (the target's in verify_batch, the draft's in draft_proposer), copied below."""
+"""row_distributions: one (temperature, min-p, top-k, top-p) transform for target and draft, equal bit for bit to
+the two builders it replaced (the target's in verify_batch, the draft's in draft_proposer), copied below, where
+min-p is off; with it, equal to a full sort of the row with vLLM's min-p first."""
 
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ class Params:
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    min_p: float = 0.0
 
     @property
     def is_greedy(self) -> bool:
@@ -101,10 +103,15 @@ def test_what_greedy_rows_become() -> None:
     assert torch.allclose(one_hot[1], kept[1])  # a sampling row is the same distribution whatever the mode
 
 
-def sorted_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:  # [V]
-    """One row through a full sort of its vocabulary: the top-k, then the smallest prefix whose mass reaches
-    top_p (the token crossing it kept, and always the likeliest)."""
+def sorted_reference(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:  # [V]
+    """One row through a full sort of its vocabulary: min-p (tokens whose probability is below min_p times the
+    likeliest's dropped), the top-k, then the smallest prefix whose mass reaches top_p (the token crossing it
+    kept, and always the likeliest)."""
     scaled = logits.float() / temperature  # [V]
+    probs = scaled.softmax(dim=-1)  # [V]
+    scaled = scaled.masked_fill(probs < min_p * probs.max(), float("-inf"))
     order = scaled.argsort(descending=True)  # [V]
     sorted_logits = scaled[order]
     drop = torch.arange(len(scaled)) >= (top_k if top_k > 0 else len(scaled))
@@ -147,3 +154,40 @@ def test_a_row_of_equal_logits_keeps_as_many_tokens_as_top_p_asks() -> None:
     kept = probs[0][probs[0] > 0]
     # 0.3 of the mass: 300 tokens, or 301 where float32's sum of 300 thousandths falls just short of 0.3
     assert len(kept) in (300, 301) and torch.allclose(kept, torch.full_like(kept, 1 / len(kept)))
+
+
+def test_min_p_drops_the_tokens_below_its_share_of_the_likeliest_before_top_k_and_top_p() -> None:
+    vocab = 600
+    gen = torch.Generator().manual_seed(11)
+    cases = [  # (logit scale, temperature, top_k, top_p, min_p)
+        (3.0, 1.0, 0, 1.0, 0.1), (3.0, 0.7, 0, 1.0, 0.01), (0.05, 1.0, 0, 1.0, 0.99), (3.0, 1.0, 20, 1.0, 0.05),
+        (3.0, 1.3, 0, 0.5, 0.05), (2.0, 1.0, 5, 0.9, 0.2), (3.0, 1.0, 0, 1.0, 1.0), (3.0, 1.0, 0, 0.9, 0.0),
+        (3.0, 0.0, 0, 1.0, 0.5),
+    ]
+    logits = torch.stack([torch.randn(vocab, generator=gen) * scale for scale, *_ in cases])  # [n, V]
+    logits[0, :10] = float("-inf")  # tokens a grammar refused
+    probs = logits_to_probs(
+        logits,
+        torch.tensor([c[1] for c in cases]),
+        torch.tensor([c[2] for c in cases]),
+        torch.tensor([c[3] for c in cases]),
+        torch.tensor([c[4] for c in cases]),
+    )
+    for row, (_, temperature, top_k, top_p, min_p) in enumerate(cases):
+        if temperature == 0.0:  # greedy: min-p never drops the likeliest token
+            assert probs[row].argmax() == logits[row].argmax() and probs[row].max() == 1.0
+            continue
+        expected = sorted_reference(logits[row], temperature, top_k, top_p, min_p)
+        assert torch.equal(probs[row] > 0, expected > 0), row  # the same tokens kept
+        torch.testing.assert_close(probs[row], expected, rtol=1e-5, atol=1e-7)
+    assert int((probs[6] > 0).sum()) == 1  # min_p 1: the likeliest alone
+    assert 1 < int((probs[0] > 0).sum()) < vocab  # a cut that keeps some
+
+
+def test_rows_take_their_own_request_s_min_p() -> None:
+    params = [Params(temperature=1.0, min_p=0.3), Params(temperature=1.0), Params(temperature=0.0, min_p=0.5)]
+    logits = logits_for(3, torch.float32)
+    for greedy_rows in GreedyRows:
+        got = row_distributions(logits, params, greedy_rows)
+        torch.testing.assert_close(got[0], sorted_reference(logits[0], 1.0, 0, 1.0, 0.3), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(got[1], logits[1].softmax(-1), rtol=1e-5, atol=1e-7)

@@ -19,6 +19,10 @@ from workers.spec.verifier import verify_chains, verify_tree
 START = 0
 MIN_P_VALUE = 1e-4
 PROCESSED = {"temperature": 0.8, "top_k": 4, "top_p": 0.9}  # top-k and top-p zero some tokens out
+MIN_P = {"temperature": 1.2, "min_p": 0.2}  # min-p zeroes the tokens below a fifth of the likeliest
+TRANSFORMS = pytest.mark.parametrize(
+    "transform", [{}, PROCESSED, MIN_P], ids=["plain", "temperature-top_k-top_p", "temperature-min_p"]
+)
 
 
 def simulate_chains(
@@ -84,14 +88,14 @@ def assert_target_distribution(samples: torch.Tensor, target: MarkovModel) -> No
     assert chi_square_p_value(pair_counts, target.pair_probs(START)) > MIN_P_VALUE
 
 
-@pytest.mark.parametrize("transform", [{}, PROCESSED], ids=["plain", "temperature-top_k-top_p"])
+@TRANSFORMS
 def test_chain_rejection_sampling_keeps_target_distribution(transform: dict[str, float]) -> None:
     torch.manual_seed(0)
     target, draft = make_pair(vocab=6, seed=1, **transform)  # type: ignore[arg-type]
     assert_target_distribution(simulate_chains(target, draft, k=3, n=30_000, is_one_hot=False), target)
 
 
-@pytest.mark.parametrize("transform", [{}, PROCESSED], ids=["plain", "temperature-top_k-top_p"])
+@TRANSFORMS
 def test_chain_with_one_hot_proposals_keeps_target_distribution(transform: dict[str, float]) -> None:
     torch.manual_seed(1)
     target, draft = make_pair(vocab=6, seed=2, **transform)  # type: ignore[arg-type]
@@ -106,7 +110,7 @@ def test_the_chi_square_check_rejects_the_draft_distribution() -> None:
     assert chi_square_p_value(torch.bincount(first, minlength=6), target.rows[START]) < 1e-6
 
 
-@pytest.mark.parametrize("transform", [{}, PROCESSED], ids=["plain", "temperature-top_k-top_p"])
+@TRANSFORMS
 def test_tree_recursive_rejection_sampling_keeps_target_distribution(transform: dict[str, float]) -> None:
     # budget 7, branching 3: three root children, then 3 + 1 grandchildren (a node served only partly)
     target, draft = make_pair(vocab=5, seed=3, **transform)  # type: ignore[arg-type]
