@@ -8,9 +8,9 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 `stream_options.include_usage` (HTTP only), `logprobs` (completions: N up to 5, with `echo` the prompt's too;
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
-`frequency_penalty` (workers/engine/penalties.py), and specfleet's
-own `priority`, `top_k`, `min_p`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `structured_outputs`
-(and its older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
+`frequency_penalty` (workers/engine/penalties.py), and specfleet's own `priority`, `top_k`, `min_p`, `ignore_eos`,
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `structured_outputs` (and its
+older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
 (`best_of` > 1, `reasoning_effort`, ...) is a clear error naming the field, and a field OpenAI does not know is
@@ -133,6 +133,7 @@ class _Common(BaseModel):
     min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor any stop before
     speculative: bool | SpeculativeMethod | None = None  # the job API's: true (the worker's default), false, a method
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
+    include_stop_str_in_output: StrictBool | None = None  # vLLM's: the answer ends with the stop string it met
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
@@ -482,7 +483,7 @@ def to_job_request(
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-                 "speculative", "min_p"):  # fmt: skip
+                 "speculative", "min_p", "include_stop_str_in_output"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

@@ -398,6 +398,26 @@ def test_min_p_reaches_the_engine(client: openai.OpenAI, served: ThreadedGateway
         assert response.status_code == 400 and response.json()["error"]["param"] == "min_p", response.text
 
 
+def test_include_stop_str_in_output(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
+    """vLLM's `include_stop_str_in_output` (it was 400 "Extra inputs are not permitted"): the answer ends with
+    the stop string it met, whole and streamed; a non-boolean is a 400 naming the field."""
+    long = {**GREEDY, "max_tokens": 24}
+    text = client.completions.create(prompt="def f(x):", **long).choices[0].text
+    stop = text[8:11]
+    cut = text[: text.index(stop)]
+    for extra, want in (({}, cut), ({"include_stop_str_in_output": True}, cut + stop)):
+        answer = client.completions.create(prompt="def f(x):", stop=stop, extra_body=extra, **long).choices[0]  # type: ignore[arg-type]
+        assert (answer.text, answer.finish_reason) == (want, "stop"), extra
+        chunks = client.completions.create(prompt="def f(x):", stop=[stop], stream=True, extra_body=extra, **long)  # type: ignore[arg-type]
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    response = httpx.post(
+        f"{served.url}/v1/completions",
+        json={"prompt": "x", **GREEDY, "stop": "x", "include_stop_str_in_output": "yes"},
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "include_stop_str_in_output"
+
+
 def test_the_speculation_method_of_a_call(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """The job API's `speculative` on the OpenAI routes too (it was 400 "Extra inputs are not permitted"): each
     method gives the same greedy answer, `false` decodes plainly; another value is a 400 naming the field."""

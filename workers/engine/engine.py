@@ -377,7 +377,7 @@ class Engine:
             token_ids=list(prompt_ids),
             num_prompt_tokens=len(prompt_ids),
             params=params,
-            detokenizer=Detokenizer(self._decode, prompt_ids, params.stop),
+            detokenizer=Detokenizer(self._decode, prompt_ids, params.stop, params.include_stop_str_in_output),
             generator=generator,
             spec=self.speculator.new_state(params, prompt_ids),
             priority=priority,

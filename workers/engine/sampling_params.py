@@ -18,6 +18,7 @@ class SamplingParams:
     min_p: float = 0.0  # in [0, 1]: vLLM's, a token less likely than min_p x the likeliest is dropped; 0 = off
     seed: int | None = None  # per-request generator: reproducible whatever the batch
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # vLLM's: the output ends with the stop string it met
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     # None = the engine's default; validate() turns a plain string ("draft", "ngram", "none") into the enum
@@ -80,6 +81,8 @@ class SamplingParams:
             raise InvalidRequestError("stop", "must be a string or a list of strings")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must not be empty")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise InvalidRequestError("include_stop_str_in_output", "must be true or false")
         ids = self.stop_token_ids
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError("stop_token_ids", "must be a list of integers")

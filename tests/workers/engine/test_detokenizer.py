@@ -58,3 +58,39 @@ def test_text_that_may_begin_a_stop_string_is_held_back(tokenizer) -> None:
 def test_earliest_of_several_stop_strings_wins(tokenizer) -> None:
     chunks, stopped, _ = stream(tokenizer, "alpha beta gamma delta", ["delta", "beta"])
     assert stopped and "".join(chunks) == "alpha "
+
+
+PIECES = {1: "abcd", 2: "q", 3: "a", 4: "b", 5: "hello ", 6: "wor", 7: "ld", 8: ". ", 9: "more"}
+
+
+def pieces_decode(ids) -> str:
+    """A tokenizer whose tokens are whole strings (PIECES): what a stop string meets, not how bytes join."""
+    return "".join(PIECES[i] for i in ids)
+
+
+def test_the_stop_string_that_completes_first_stops_whatever_the_tokens() -> None:
+    """One token completing two stop strings: the one that a character-by-character stream would have met first
+    ("bc"), as where "abc" and "d" were two tokens; the output ends before it, or with it when asked."""
+    for include, want in ((False, "a"), (True, "abc")):
+        detok = Detokenizer(pieces_decode, [], ["abcd", "bc"], include_stop=include)
+        assert detok.push(1) and detok.take_new_text(True) == want
+
+
+def test_include_stop_keeps_the_stop_string_and_holds_nothing_back() -> None:
+    """vLLM's include_stop_str_in_output: text that may begin a stop string goes out at once (the output would
+    hold it either way), and the output ends with the stop string."""
+    held, kept = (Detokenizer(pieces_decode, [], ["world."], include_stop=flag) for flag in (False, True))
+    for detok in (held, kept):
+        assert not detok.push(5) and not detok.push(6)
+    assert held.take_new_text(False) == "hello " and kept.take_new_text(False) == "hello wor"
+    assert not kept.push(7) and kept.take_new_text(False) == "ld"
+    assert kept.push(8) and kept.take_new_text(True) == "." and kept.text == "hello world."
+
+
+def test_a_stop_string_in_unchecked_text_stops_nothing_later() -> None:
+    """min_tokens pushes its tokens unchecked: a short stop string ("a") that ended there is not found by the
+    next checked push, whose window reaches back for the longer one ("xab")."""
+    detok = Detokenizer(pieces_decode, [], ["a", "xab"])
+    assert not detok.push(2, check_stop=False) and not detok.push(3, check_stop=False)
+    assert not detok.push(4) and detok.take_new_text(True) == "qab"
+    assert detok.push(3) is True  # a checked "a" stops

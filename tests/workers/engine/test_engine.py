@@ -91,6 +91,11 @@ def test_stop_string_ends_generation_and_text(tiny_models: dict[str, Path]) -> N
     outs = run_all(engine, {"b": (p, SamplingParams(max_tokens=30, temperature=0.0, stop=[stop]))})["b"]
     assert outs[-1].finish_reason == "stop"
     assert "".join(o.new_text for o in outs) == text[: text.index(stop)]
+    kept = SamplingParams(max_tokens=30, temperature=0.0, stop=[stop], include_stop_str_in_output=True)
+    with_stop = run_all(engine, {"c": (p, kept)})["c"]  # vLLM's include_stop_str_in_output
+    assert [o.new_token_ids for o in with_stop] == [o.new_token_ids for o in outs]  # the same tokens
+    assert with_stop[-1].finish_reason == "stop"
+    assert "".join(o.new_text for o in with_stop) == text[: text.index(stop) + len(stop)]
 
 
 def test_metrics_and_counts_on_finish(tiny_models: dict[str, Path]) -> None:
@@ -135,6 +140,7 @@ def test_free_capacity_counts_sequence_slots(tiny_models: dict[str, Path]) -> No
         ("hi", SamplingParams(top_p=0.0), "top_p", InvalidRequestError),
         ("hi", SamplingParams(top_p=1.5), "top_p", InvalidRequestError),
         ("hi", SamplingParams(top_k=-3), "top_k", InvalidRequestError),
+        ("hi", SamplingParams(include_stop_str_in_output=1), "include_stop_str_in_output", InvalidRequestError),  # type: ignore[arg-type]
         ("hi", SamplingParams(top_k=2**63), "top_k", InvalidRequestError),  # past a long tensor: failed in a step
         ("hi", SamplingParams(seed=2**64), "seed", InvalidRequestError),  # past torch's generators
         ("hi", SamplingParams(seed=-(2**63) - 1), "seed", InvalidRequestError),
