@@ -32,6 +32,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
@@ -43,6 +44,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared import chat_template
 from shared.logprobs import TokenLogprob
 from shared.openai_logprobs import (
     MAX_CHAT_TOP_LOGPROBS,
@@ -389,6 +391,10 @@ UNSUPPORTED_CHAT_FIELDS = {  # OpenAI's chat fields that would change the answer
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    # vLLM's chat-template controls (shared/chat_template.py): the job's
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+    chat_template_kwargs: dict[str, JsonValue] | None = Field(None, max_length=chat_template.MAX_KWARGS)
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
     logprobs: StrictBool | None = None  # each output token's logprob, with top_logprobs alternatives
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
@@ -410,6 +416,19 @@ class ChatCompletionRequest(_Common):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     response_format: ResponseFormat | None = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continuation(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value and "messages" in info.data:
+            add_generation_prompt = info.data.get("add_generation_prompt")
+            chat_template.check_continuation(value, add_generation_prompt is not False, info.data["messages"][-1].role)
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return chat_template.checked_kwargs(value)
 
     @field_validator("modalities")
     @classmethod
@@ -494,6 +513,9 @@ def to_job_request(
         fields["response_format"] = req.response_format
     else:
         fields["messages"] = [m.to_message() for m in req.messages]
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+            if (value := getattr(req, name)) is not None:
+                fields[name] = value
         fields["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
         fields["response_format"] = req.answer_format()
         tools = req.tool_set()

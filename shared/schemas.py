@@ -8,12 +8,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from shared import chat_template
 from shared.job_state import JobStatus
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from shared.response_format import ResponseFormat, StructuredOutputs
@@ -96,6 +99,10 @@ class JobRequest(BaseModel):
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     prompt_token_ids: list[TokenId] | None = Field(None, min_length=1)  # the prompt already tokenized (OpenAI's too)
+    # vLLM's chat-template controls, with `messages` only (shared/chat_template.py)
+    add_generation_prompt: bool = True  # the prompt opens the assistant's turn
+    continue_final_message: bool = False  # the answer goes on from the last message, the assistant's
+    chat_template_kwargs: dict[str, JsonValue] | None = Field(None, max_length=chat_template.MAX_KWARGS)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -164,6 +171,20 @@ class JobRequest(BaseModel):
     @classmethod
     def _speculation_choice(cls, value: Any) -> Any:
         return speculation_choice(value)
+
+    @field_validator("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+    @classmethod
+    def _chat_template_controls(cls, value: Any, info: ValidationInfo) -> Any:
+        """With `messages` only (a failed `messages` is not in info.data: its own error says enough)."""
+        default = cls.model_fields[str(info.field_name)].default
+        if "messages" in info.data and info.data["messages"] is None and value != default:
+            raise ValueError("applies to `messages` only (the chat template renders them)")
+        if info.field_name == "continue_final_message" and "messages" in info.data and info.data["messages"]:
+            chat_template.check_continuation(value, info.data.get("add_generation_prompt", True),
+                                             info.data["messages"][-1].role)  # fmt: skip
+        if info.field_name == "chat_template_kwargs":
+            return chat_template.checked_kwargs(value)
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -55,7 +55,8 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": "x", "stream_interval_ms": -1}, "stream_interval_ms"),
         ({"prompt": "x", "stream_interval_ms": 60_001}, "stream_interval_ms"),
         ({"prompt": "x", "top_k": 2**63}, "top_k"),
-        ({"prompt": "x", "min_p": 1.5}, "min_p"),  # the engine holds it in a long: it failed a worker's step
+        ({"prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"prompt": "x", "continue_final_message": True}, "continue_final_message"),  # messages only  # the engine holds it in a long: it failed a worker's step
         ({"prompt": "x", "seed": 2**64}, "seed"),  # past torch's generators: the job failed in the worker
         ({"prompt": "x", "stop": ["\n", ""]}, "stop"),  # the engine refuses it: the job failed in the worker
         ({"prompt": "x", "speculative": "magic"}, "speculative"),  # was `speculative.bool`, the union's branch

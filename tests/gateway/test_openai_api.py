@@ -418,6 +418,37 @@ def test_include_stop_str_in_output(client: openai.OpenAI, served: ThreadedGatew
     assert response.status_code == 400 and response.json()["error"]["param"] == "include_stop_str_in_output"
 
 
+def test_a_chat_call_continues_the_assistant_s_message(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
+    """vLLM's chat-template controls (they were 400 "Extra inputs are not permitted"): `continue_final_message`
+    goes on from the assistant's text, so the answer is the completion of the rendered conversation (the tiny
+    tokenizer has no template: one line a message); `add_generation_prompt: false` leaves the turn closed;
+    what cannot hold is a 400 naming the field."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def f(x):"}]
+    rendered = {"user: hi\nassistant: def f(x):": {"add_generation_prompt": False, "continue_final_message": True},
+                "user: hi\nassistant: def f(x):\n": {"add_generation_prompt": False}}  # fmt: skip
+    for prompt, controls in rendered.items():
+        chat = client.chat.completions.create(messages=messages, extra_body=controls, **GREEDY)  # type: ignore[arg-type]
+        assert chat.choices[0].message.content == client.completions.create(prompt=prompt, **GREEDY).choices[0].text
+        assert chat.usage is not None and chat.usage.prompt_tokens > 0
+    for bad, param in (
+        ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+    ):
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"messages": messages, **GREEDY, **bad},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    last_user = httpx.post(
+        f"{served.url}/v1/chat/completions",
+        json={"messages": messages[:1], **GREEDY, "continue_final_message": True, "add_generation_prompt": False},
+        headers={"Authorization": f"Bearer {secret}"},
+    ).json()["error"]
+    assert last_user["param"] == "continue_final_message" and "the assistant's, not the user's" in last_user["message"]
+
+
 def test_the_speculation_method_of_a_call(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """The job API's `speculative` on the OpenAI routes too (it was 400 "Extra inputs are not permitted"): each
     method gives the same greedy answer, `false` decodes plainly; another value is a 400 naming the field."""

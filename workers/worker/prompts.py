@@ -3,19 +3,34 @@ queue as the engine's priority number (lower = more urgent: interactive 0, defau
 
 from typing import Any
 
+import jinja2
+
 from shared.response_format import answer_grammar
 from shared.schemas import JobRequest, Priority
+from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 
 
 def prompt_text(request: JobRequest, tokenizer: Any) -> str:
-    """The prompt, or the messages rendered with the tokenizer's chat template (a plain one without)."""
+    """The prompt, or the messages rendered with the tokenizer's chat template and the request's controls
+    (shared/chat_template.py); without a template, one line a message, `"{role}: {content}\n"`, then
+    `"assistant:"` (a continued last message: its line left open, nothing after it). A template that refuses the
+    messages (its raise_exception: roles out of order, ...) is the request's error, naming `messages`."""
     if request.prompt is not None:
         return request.prompt
     messages = [m.model_dump() for m in request.messages or []]
     if getattr(tokenizer, "chat_template", None):
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        try:
+            return str(tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message, **(request.chat_template_kwargs or {}),
+            ))  # fmt: skip
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError("messages", f"the model's chat template refused them: {exc}") from exc
+    lines = [f"{m['role']}: {m['content']}\n" for m in messages]
+    if request.continue_final_message:
+        return "".join(lines)[:-1]
+    return "".join(lines) + ("assistant:" if request.add_generation_prompt else "")
 
 
 def engine_prompt(request: JobRequest, tokenizer: Any, resumed_token_ids: list[int]) -> str | list[int]:
