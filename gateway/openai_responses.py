@@ -96,7 +96,12 @@ class ResponseCall(Call):
             raise
         if self.response_body.is_stored:
             record = ro.ResponseRecord.of(self.job_id, self.response_body, self.history)
-            await self.gw.store.keep_response(self.job_id, record.model_dump_json())
+            try:
+                await self.gw.store.keep_response(self.job_id, record.model_dump_json())
+            except BaseException:  # a response nobody could find: its job must not run on unanswered
+                with anyio.CancelScope(shield=True):
+                    await self._cancel(self.job_ids, "its response could not be stored")
+                raise
         if self.response_body.background:
             self.unfinished = set()  # the job is the client's to cancel, not its connection's
         if self.response_body.stream:

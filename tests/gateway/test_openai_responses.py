@@ -160,6 +160,26 @@ def test_background_cancel_delete_and_other_keys(
         client.responses.retrieve(unstored.id)
 
 
+def test_a_response_that_could_not_be_stored_cancels_its_job(
+    served: ThreadedGateway, secret: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """Redis failing between the submit and the response's record (injected in the gateway's store): the call is
+    a 503, and its job, which nobody could find as a response, is cancelled rather than left to run unanswered."""
+    store = served.server.config.app.state.gateway.store
+
+    async def fails(*args: object) -> None:
+        raise redis.ConnectionError("injected: Redis went away after the submit")
+
+    monkeypatch.setattr(store, "keep_response", fails)
+    headers = {"Authorization": f"Bearer {secret}"}
+    answer = httpx.post(f"{served.url}/v1/responses", headers=headers, timeout=60,
+                        json={"input": "def f(x):", "background": True, "ignore_eos": True, **GREEDY,
+                              "max_output_tokens": 400})  # fmt: skip
+    assert answer.status_code == 503, answer.text
+    (job,) = httpx.get(f"{served.url}/v1/jobs", headers=headers).json()["data"]  # this key's one job
+    assert job["status"] == "cancelled", job
+
+
 def test_a_background_response_streams_again_from_any_event(client: openai.OpenAI) -> None:  # noqa: F811
     """GET /v1/responses/{id}?stream=true: the response's events from the first (its job's are kept), or after
     `starting_after`, as OpenAI resumes a background stream; the last one is the stored response."""
