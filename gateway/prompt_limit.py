@@ -87,7 +87,8 @@ class PromptLimit:
         """Raise 413 when prompt tokens + max_tokens exceed max_model_len (the engine's own rule), 422 for a token
         id past the vocabulary."""
         await self._refresh()
-        for name, ids in (("logit_bias", list(request.logit_bias or ())), ("stop_token_ids", request.stop_token_ids)):
+        for name, ids in (("logit_bias", list(request.logit_bias or ())), ("stop_token_ids", request.stop_token_ids),
+                          ("allowed_token_ids", request.allowed_token_ids or [])):  # fmt: skip
             if ids and self._vocab_size is not None and (largest := max(ids)) >= self._vocab_size:
                 raise ApiError(
                     422,

@@ -9,7 +9,8 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's own `priority`, `top_k`, `min_p`, `ignore_eos`,
-`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `structured_outputs` (and its
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `allowed_token_ids`,
+`structured_outputs` (and its
 older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
@@ -68,6 +69,7 @@ from shared.response_format import (
     tool_calls_of,
 )
 from shared.schemas import (
+    MAX_ALLOWED_TOKEN_IDS,
     MAX_LOGIT_BIAS_TOKENS,
     MAX_REPETITION_PENALTY,
     MAX_SEED,
@@ -81,6 +83,7 @@ from shared.schemas import (
     LogitBias,
     Message,
     Priority,
+    TokenId,
     Usage,
     speculation_choice,
 )
@@ -140,6 +143,7 @@ class _Common(BaseModel):
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)  # vLLM's
     # vLLM's structured output: a regex, a choice, a Lark grammar or a JSON schema (shared/response_format.py);
     # its older spellings, one field each, mean the same
     structured_outputs: StructuredOutputs | None = None
@@ -502,7 +506,7 @@ def to_job_request(
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-                 "speculative", "min_p", "include_stop_str_in_output"):  # fmt: skip
+                 "speculative", "min_p", "include_stop_str_in_output", "allowed_token_ids"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

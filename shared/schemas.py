@@ -35,6 +35,7 @@ MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bound on a request's logit_bias entries
 MAX_REPETITION_PENALTY = 10.0  # vLLM's repetition_penalty is any positive number; past this a token is banned anyway
 # OpenAI's logit_bias: token id (a JSON object's keys are strings: "50256") -> a bias in [-100, 100]
 LogitBias = dict[TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]]
+MAX_ALLOWED_TOKEN_IDS = 10_000  # vLLM's allowed_token_ids: a request's list of the tokens it may sample
 
 
 class Priority(StrEnum):
@@ -142,6 +143,8 @@ class JobRequest(BaseModel):
     # added to the target's logits of these tokens wherever it samples (workers/engine/logit_bias.py); the
     # worker checks the ids against its model's vocabulary
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)
+    # vLLM's: the only tokens the target may sample (workers/engine/allowed_tokens.py); the worker checks them too
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
     # OpenAI's penalties on tokens the output already has, and vLLM's on the prompt's and output's (CTRL's):
     # workers/engine/penalties.py; 0, 0 and 1 are off
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)

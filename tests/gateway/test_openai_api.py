@@ -398,6 +398,26 @@ def test_min_p_reaches_the_engine(client: openai.OpenAI, served: ThreadedGateway
         assert response.status_code == 400 and response.json()["error"]["param"] == "min_p", response.text
 
 
+def test_allowed_token_ids(client: openai.OpenAI, served: ThreadedGateway, secret: str, engine_thread: EngineThread) -> None:
+    """vLLM's `allowed_token_ids` (it was 400 "Extra inputs are not permitted"): a sampled answer keeps to them;
+    an empty list, or an id past the vocabulary, is a 400 naming the field before any job."""
+    allowed = list(range(200, 220))
+    raw = client.completions.with_raw_response.create(
+        prompt="def f(x):", model=MODEL, temperature=1.5, seed=3, max_tokens=24, extra_body={"allowed_token_ids": allowed}
+    )  # type: ignore[arg-type]
+    ids = _job(served, secret, raw.headers["x-specfleet-job-id"])["output"]["token_ids"]
+    assert len(ids) == 24 and set(ids) <= set(allowed), ids
+    vocab = int(engine_thread.client.hget(keys.MODEL_INFO, "vocab_size"))
+    for bad in ([], [vocab], [1] * 10_001):
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], **GREEDY, "allowed_token_ids": bad},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == "allowed_token_ids", response.text
+        assert "x-specfleet-job-id" not in response.headers
+
+
 def test_include_stop_str_in_output(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """vLLM's `include_stop_str_in_output` (it was 400 "Extra inputs are not permitted"): the answer ends with
     the stop string it met, whole and streamed; a non-boolean is a 400 naming the field."""

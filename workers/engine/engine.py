@@ -17,6 +17,7 @@ import torch
 
 from shared.home import specfleet_home
 from shared.speculation import SpeculativeMethod
+from workers.engine.allowed_tokens import check_allowed_tokens
 from workers.engine.apply import StepApplier
 from workers.engine.block_manager import BlockManager
 from workers.engine.compilation import compile_runner, point_cache_at
@@ -357,6 +358,8 @@ class Engine:
         check_logit_bias(params.logit_bias, num_token_ids)
         if not all(0 <= t < num_token_ids for t in params.stop_token_ids):
             raise InvalidRequestError("stop_token_ids", f"token ids must be integers in [0, {num_token_ids})")
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        check_allowed_tokens(params.allowed_token_ids, num_token_ids, params.min_tokens, stop_ids)
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             field = "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens"

@@ -34,6 +34,8 @@ class SamplingParams:
     # OpenAI's logit_bias: token id -> a bias in [-100, 100] added to its logit (workers/engine/logit_bias.py);
     # the engine checks it against its vocabulary in add_request
     logit_bias: dict[int, float] | None = None
+    # vLLM's: sample only among these token ids (workers/engine/allowed_tokens.py); None = every token
+    allowed_token_ids: list[int] | None = None
     # OpenAI's penalties on tokens the output already has, and vLLM's on tokens of the prompt or output
     # (workers/engine/penalties.py): 0, 0 and 1 are off
     presence_penalty: float = 0.0  # in [-2, 2]

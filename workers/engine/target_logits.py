@@ -1,8 +1,9 @@
 """What verification samples from: the target's logits at the rows it reads (each sampling sequence's next token
 and its draft tokens' positions), after each request's own rules, in vLLM's order:
 
-    logit_bias (logit_bias.py) -> penalties (penalties.py) -> min_tokens' held stop tokens (min_tokens.py)
-    -> the grammar's mask (grammar.py: a token it refuses stays refused whatever came before)
+    allowed_token_ids (allowed_tokens.py) -> logit_bias (logit_bias.py) -> penalties (penalties.py)
+    -> min_tokens' held stop tokens (min_tokens.py) -> the grammar's mask (grammar.py: a token it refuses stays
+    refused whatever came before)
 
 Each rule reads a row as the position it scores, the draft tokens before it included, so verification samples
 from what plain decoding with the same rules samples from. The logits the step reads logprobs from stay the
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from workers.engine.allowed_tokens import keep_allowed_tokens
 from workers.engine.grammar import mask_target_logits
 from workers.engine.logit_bias import bias_target_logits
 from workers.engine.min_tokens import hold_stop_tokens
@@ -29,15 +31,18 @@ def processed_logits(
     eos_token_ids: frozenset[int],
 ) -> torch.Tensor:  # [sum(1 + drafts), V]
     seqs = [s.seq for s in sampling]
+    is_restricted = any(seq.params.allowed_token_ids for seq in seqs)
     is_biased = any(seq.params.logit_bias for seq in seqs)
     is_penalized = any(seq.params.has_penalties for seq in seqs)
     is_held = any(seq.holds_stop_tokens for seq in seqs)
     is_constrained = any(seq.grammar is not None for seq in seqs)
-    if not (is_biased or is_penalized or is_held or is_constrained):
+    if not (is_restricted or is_biased or is_penalized or is_held or is_constrained):
         return verify_logits
     if verify_logits is logits:
         verify_logits = logits.clone()
     pairs = list(zip(seqs, drafts, strict=True))
+    if is_restricted:
+        keep_allowed_tokens(verify_logits, [(seq.params.allowed_token_ids, len(d) + 1) for seq, d in pairs])
     if is_biased:
         bias_target_logits(verify_logits, [(seq.params.logit_bias, len(d)) for seq, d in pairs])
     if is_penalized:
@@ -73,12 +78,15 @@ class ProposerRules:
     ) -> torch.Tensor:  # [A, V]
         params = [p if self.takes_repetition or p.repetition_penalty == 1.0 else replace(p, repetition_penalty=1.0)
                   for p in (seq.params for seq in seqs)]  # fmt: skip
+        is_restricted = any(p.allowed_token_ids for p in params)
         is_biased = any(p.logit_bias for p in params)
         is_penalized = any(p.has_penalties for p in params)
         is_held = any(p.min_tokens for p in params)
-        if not (is_biased or is_penalized or is_held):
+        if not (is_restricted or is_biased or is_penalized or is_held):
             return logits
         logits = logits.clone()  # [A, V] the runner's own buffer stays as it was
+        if is_restricted:
+            keep_allowed_tokens(logits, [(p.allowed_token_ids, 1) for p in params])
         if is_biased:
             bias_target_logits(logits, [(p.logit_bias, 0) for p in params])
         if is_penalized:
@@ -96,5 +104,6 @@ def reads_only_raw_logits(seqs: list[ScheduledSeq]) -> bool:
     return not any(
         s.seq.grammar is not None or s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
         or s.seq.params.logit_bias or s.seq.params.has_penalties or s.seq.params.min_tokens
+        or s.seq.params.allowed_token_ids
         for s in seqs
     )
