@@ -66,6 +66,10 @@ class EngineConfig:
     small_pass_threads: SmallPassThreads = SmallPassThreads.AUTO
     block_size: PositiveInt = 16  # tokens per KV block
     kv_cache_mb: PositiveFloat = 256.0  # KV budget for target + draft caches
+    # automatic prefix caching (workers/engine/prefix_cache.py): a request whose first full blocks of tokens a
+    # finished or running one computed takes their KV instead of computing it (a chat's next turn, a shared
+    # system prompt, `n` choices); False = every prompt is computed whole
+    prefix_caching: bool = True
     max_num_seqs: PositiveInt = 32  # sequences running at once
     max_num_batched_tokens: PositiveInt = 512  # tokens per forward (prefill chunks + decodes)
     max_model_len: NonNegativeInt = 0  # 0 = the target's max_position_embeddings

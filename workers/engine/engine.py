@@ -103,7 +103,7 @@ class Engine:
         num_blocks = int(cfg.kv_cache_mb * 2**20 // bytes_per_block)
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
-        self.block_manager = BlockManager(num_blocks, cfg.block_size)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching)
         # one cache block past the manager's, never handed out: where decode graphs' padding rows write
         num_cache_blocks = num_blocks + 1
         self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
@@ -480,6 +480,9 @@ class Engine:
         ]  # fmt: skip
         if prefilled:
             self.applier.apply_proposals(self.speculator.prefill(prefilled), self.sequences)
+            for seq in prefilled:
+                if seq.request_id in self.sequences:
+                    self.block_manager.register(seq)  # the proposer rows its intake computed
         num_tokens = sum(len(out.new_token_ids) for out in outputs)
         self.speculator.end_step(time.perf_counter() - step_start_s, len(plan.scheduled), len(proposals), num_tokens)
         return outputs
@@ -501,9 +504,11 @@ class Engine:
             step_logits.record_prompt(index, s)  # echo: the prompt tokens this chunk scored
             if s.request_id not in verified:
                 self.applier.apply_chunk(s, item_features)  # a prefill chunk short of the prompt's end
+                self.block_manager.register(s.seq)
                 continue
             proposal, verdict = verified[s.request_id]
             appended, reason = self.applier.apply_verdict(s, proposal, verdict, now, item_features)
+            self.block_manager.register(s.seq)  # before a finish frees them: a next turn finds its blocks
             num_top = s.seq.params.logprobs
             logprobs = None if num_top is None else step_logits.of_tokens(index, proposal, verdict, appended, num_top)
             seq = s.seq
@@ -540,6 +545,7 @@ class Engine:
             metrics=metrics,
             new_logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs_once(seq),
+            num_cached_tokens=seq.num_cached_tokens,
         )
 
     @staticmethod

@@ -25,3 +25,4 @@ class StepOutput:
     new_logprobs: list[TokenLogprob] | None = None  # with params.logprobs: [len(new_token_ids)]; else None
     # with params.prompt_logprobs, on the step of the first new token: [num_prompt_tokens] (the first: logprob None)
     prompt_logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0  # prompt tokens its first admission took from the prefix cache (prefix_cache.py)

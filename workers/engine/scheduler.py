@@ -9,6 +9,9 @@ A preempted sequence is recomputed from its prompt and output so far, up to but 
 that token then runs as an ordinary decode (drafting as it would have): a seeded request's draws come from its
 own generator in step order, so the same steps give the same sample.
 
+A sequence admitted without KV first claims the registered blocks of its first tokens (prefix caching,
+workers/engine/prefix_cache.py): they count as computed, and its chunk and block needs are what is left.
+
 The scheduler only moves sequences between the `waiting` and `running` deques and owns their status and
 KV blocks (preemption drops a sequence's KV). Each step it hands out a plan, SchedulerOutput
 (workers/engine/scheduler_output.py); the engine applies the step's results.
@@ -80,18 +83,32 @@ class Scheduler:
             seq = self.waiting[0]
             if seq in preempted:
                 break  # a sequence preempted this step waits at least until the next one
-            num_new = _chunk_size(seq, budget)
-            # admit only with room for this chunk plus one decode block, so admission rarely forces preemption
-            need = self.block_manager.num_missing_blocks(seq, seq.num_computed_tokens + num_new) + 1
+            claimed, num_new, need = self._admission(seq, budget)
             if not self.block_manager.can_allocate(need) or not self.policy.may_admit(seq, self.running, need):
                 break
-            self._admit(seq, num_new)
+            self._admit(seq, num_new, claimed)
             scheduled.append(_entry(seq, num_new, 0))
             budget -= num_new
         return SchedulerOutput(scheduled, self.max_num_batched_tokens - budget, preempted)
 
-    def _admit(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Move the first waiting sequence to running, with KV for its next `num_new_tokens`."""
+    def _admission(self, seq: Sequence, budget: int) -> tuple[list[int], int, int]:
+        """What admitting `seq` now would take: (the cached blocks it claims, the tokens it computes this step,
+        the blocks it takes off the free list: its chunk's, the claimed ones no table holds, plus one decode
+        block of room, so that admission rarely forces preemption)."""
+        manager = self.block_manager
+        claimed = manager.claimable(seq)
+        num_computed = seq.num_computed_tokens + len(claimed) * manager.block_size
+        num_new = _chunk_size(seq, budget, num_computed)
+        need = manager.blocks_for(num_computed + num_new) - len(seq.block_table) - len(claimed)
+        return claimed, num_new, max(0, need) + manager.num_taken_from_free(claimed) + 1
+
+    def _admit(self, seq: Sequence, num_new_tokens: int, claimed: list[int] | None = None) -> None:
+        """Move the first waiting sequence to running, with its `claimed` cached blocks and KV for its next
+        `num_new_tokens`."""
+        if claimed:
+            self.block_manager.claim(seq, claimed)
+        elif not seq.block_table and not seq.num_computed_tokens:
+            self.block_manager.count_miss(seq)
         self.block_manager.allocate(seq, seq.num_computed_tokens + num_new_tokens)
         self.waiting.remove(seq)
         seq.move_to(SequenceStatus.RUNNING)
@@ -108,13 +125,12 @@ class Scheduler:
         manager = self.block_manager
         while self.waiting and self.waiting[0] not in preempted:
             seq = self.waiting[0]
-            num_new = _chunk_size(seq, self.max_num_batched_tokens)
-            need = manager.num_missing_blocks(seq, seq.num_computed_tokens + num_new) + 1  # as in admission
+            claimed, num_new, need = self._admission(seq, self.max_num_batched_tokens)
             num_slots_short = len(self.running) + 1 - self.max_num_seqs
             if num_slots_short <= 0 and manager.can_allocate(need):
                 if not any(r.priority > seq.priority for r in self.running):
                     return  # nobody less urgent runs: the ordinary admission takes it
-                self._admit(seq, num_new)  # now, so that its first chunk runs without them (schedule)
+                self._admit(seq, num_new, claimed)  # now, so that its first chunk runs without them (schedule)
                 continue
             parked = [w for w in reversed(self.waiting) if w.block_table and w.priority > seq.priority]
             num_blocks_short = need - manager.num_free_blocks - sum(len(w.block_table) for w in parked)
@@ -126,7 +142,10 @@ class Scheduler:
             for victim in victims:
                 self.preempt(victim, keep_kv=not is_kv_short)
                 preempted.append(victim)
-            self._admit(seq, num_new)
+            claimed, num_new, need = self._admission(seq, self.max_num_batched_tokens)  # the victims freed blocks
+            if not manager.can_allocate(need - 1):  # a victim's blocks another table shares stayed: it waits on
+                return
+            self._admit(seq, num_new, claimed)
 
     def _solo_priority(self) -> int | None:
         """The priority of a request whose first prefill chunk runs this step while less urgent requests run:
@@ -207,10 +226,11 @@ class Scheduler:
         seq.move_to(SequenceStatus.FINISHED)
 
 
-def _chunk_size(seq: Sequence, budget: int) -> int:
-    """Committed tokens to compute this step: what is uncomputed, within the budget, except that a sequence
-    with output that lost its KV (preemption) stops short of its last token, which then runs as a decode."""
-    num_tokens = seq.num_uncomputed_tokens
+def _chunk_size(seq: Sequence, budget: int, num_computed: int | None = None) -> int:
+    """Committed tokens to compute this step: what is uncomputed (past `num_computed`, by default its computed
+    tokens), within the budget, except that a sequence with output that lost its KV (preemption) stops short of
+    its last token, which then runs as a decode."""
+    num_tokens = len(seq) - (seq.num_computed_tokens if num_computed is None else num_computed)
     if num_tokens > 1 and seq.num_output_tokens > 0:
         num_tokens -= 1
     return min(num_tokens, budget)

@@ -49,6 +49,11 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     is_prompt_logprobs_sent: bool = False  # a StepOutput carried them
     grammar: GrammarMatcher | None = None  # structured output: the grammar of its output; None = free text
+    # prefix caching (workers/engine/block_manager.py, prefix_cache.py)
+    block_keys: list[bytes] = field(default_factory=list)  # the keys of its first full blocks of tokens
+    num_registered_blocks: int = 0  # leading blocks of its table that are registered (or were claimed)
+    num_proposer_blocks: int = 0  # of those, the leading ones marked as holding its proposer's rows
+    num_cached_tokens: int = 0  # prompt tokens its first admission took from the cache
 
     def drop_kv(self) -> None:
         """Forget every cached K/V (preemption): target and draft recompute from the start."""

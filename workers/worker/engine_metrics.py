@@ -288,6 +288,11 @@ class EngineMetrics:
         self.batch_size = Gauge("specfleet_engine_batch_size", "Sequences advanced by the last step", registry=r)
         self.kv_blocks_used = Gauge("specfleet_engine_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_blocks_free = Gauge("specfleet_engine_kv_blocks_free", "KV cache blocks free", registry=r)
+        self.prefix_queried = Counter("specfleet_engine_prefix_cache_queried_tokens",
+                                      "Tokens of admitted sequences looked up in the prefix cache", registry=r)
+        self.prefix_hits = Counter("specfleet_engine_prefix_cache_hit_tokens",
+                                   "Of those, tokens taken from cached blocks instead of computed", registry=r)
+        self._prefix_seen = (0, 0)  # the cache's (queried, hit) tokens at the last refresh
         self.waiting = Gauge("specfleet_engine_waiting_seqs", "Sequences waiting to start", registry=r)
         self.running = Gauge("specfleet_engine_running_seqs", "Sequences running", registry=r)
         self.ttft = Histogram("specfleet_engine_ttft_seconds", "Time to first token of finished requests",
@@ -339,6 +344,11 @@ class EngineMetrics:
         blocks = engine.block_manager
         self.kv_blocks_free.set(blocks.num_free_blocks)
         self.kv_blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
+        if blocks.cache is not None:
+            queried, hit = blocks.cache.num_queried_tokens, blocks.cache.num_hit_tokens
+            self.prefix_queried.inc(queried - self._prefix_seen[0])
+            self.prefix_hits.inc(hit - self._prefix_seen[1])
+            self._prefix_seen = (queried, hit)
         self.waiting.set(len(engine.scheduler.waiting))
         self.running.set(len(engine.scheduler.running))
         self.generated_tokens.inc(self._num_new_tokens)

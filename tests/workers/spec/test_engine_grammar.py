@@ -54,8 +54,8 @@ def grammar(schema: dict) -> str:
     return out
 
 
-def engine_for(eagle_models: dict[str, Path], method: str):
-    cfg = dict(METHODS[method])
+def engine_for(eagle_models: dict[str, Path], method: str, **overrides):
+    cfg = dict(METHODS[method]) | overrides
     eagle = cfg.pop("eagle", None)
     return spec_engine(eagle_models, draft="close_draft", eagle=eagle, **cfg)
 

@@ -91,6 +91,8 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert _value(samples, "specfleet_engine_time_per_output_token_seconds_count") >= 3
     used, free = _value(samples, "specfleet_engine_kv_blocks_used"), _value(samples, "specfleet_engine_kv_blocks_free")
     assert used >= 0 and free > 0
+    queried = _value(samples, "specfleet_engine_prefix_cache_queried_tokens_total")
+    assert queried > 0 and 0 <= _value(samples, "specfleet_engine_prefix_cache_hit_tokens_total") <= queried
     for gauge in ("specfleet_engine_batch_size", "specfleet_engine_waiting_seqs", "specfleet_engine_running_seqs"):
         assert gauge in samples
     steps = _value(samples, "specfleet_spec_steps_total")
