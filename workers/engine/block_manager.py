@@ -74,11 +74,16 @@ class BlockManager:
     def claimable(self, seq: Sequence) -> list[int]:
         """The registered blocks a sequence without KV could take for its first tokens (none with the cache off,
         for a sequence that holds KV, or one that asks for its prompt's logprobs: those need every row). Never
-        the block of its last token, which computes the logits it samples from."""
+        the block of its last token, which computes the logits it samples from; for a preempted sequence (it has
+        output), never so many that only its last token is left: that token runs as a decode, drafting as it
+        would have (scheduler.py), so a seeded sample draws as it does without the cache."""
         if self.cache is None or seq.block_table or seq.num_computed_tokens or seq.params.prompt_logprobs is not None:
             return []
         keys = block_keys(seq.token_ids, self.block_size, seq.block_keys)
-        blocks = self.cache.match(keys[: (len(seq) - 1) // self.block_size])
+        most = (len(seq) - 1) // self.block_size
+        if seq.num_output_tokens > 0 and len(seq) - most * self.block_size < 2:
+            most -= 1
+        blocks = self.cache.match(keys[:max(0, most)])
         method = _proposer_method(seq)
         if method is SpeculativeMethod.EAGLE:  # its head takes in no block the target does not compute for it
             blocks = blocks[: self._num_proposer_blocks(seq, blocks, method)]

@@ -81,9 +81,10 @@ def test_a_chat_s_next_turn_takes_its_previous_prompt_and_answer(eagle_models, m
     assert answers[0][2] >= (36 if method == "eagle-chain" else 48) and answers[1][2] == 0, answers[0][2]
 
 
-def test_a_seeded_sample_is_the_same_from_the_cache(eagle_models) -> None:
+@pytest.mark.parametrize("method", ["none", "draft-chain", "ngram", "eagle-chain"])
+def test_a_seeded_sample_is_the_same_from_the_cache(eagle_models, method) -> None:
     params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=21, ignore_eos=True)
-    outs = [rounds(engine_for(eagle_models, "none", prefix_caching=flag), params) for flag in (True, False)]
+    outs = [rounds(engine_for(eagle_models, method, prefix_caching=flag), params) for flag in (True, False)]
     assert outs[0] == outs[1]
 
 
@@ -100,6 +101,9 @@ def test_kv_pressure_evicts_cached_blocks_and_preempts_without_changing_a_token(
     assert sum(preemptions) > 0  # it was short of KV
     check_blocks(tight)
     assert tight.block_manager.num_free_blocks == tight.block_manager.num_blocks
+    seeded = SamplingParams(max_tokens=20, temperature=0.9, seed=5, ignore_eos=True)  # readmitted: draws alike
+    loose = engine_for(eagle_models, method, prefix_caching=False, kv_cache_mb=mb_per_block * 26.5)
+    assert rounds(tight, seeded) == rounds(loose, seeded)
 
 
 def test_a_request_for_its_prompt_logprobs_computes_every_row(eagle_models) -> None:
