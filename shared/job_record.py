@@ -61,6 +61,7 @@ def job_from_fields(fields: dict[str, str], base_url: str) -> Job:
         usage=Usage(
             prompt_tokens=int(prompt_tokens) if prompt_tokens else None,
             completion_tokens=int(fields.get("completion_tokens") or 0),
+            cached_tokens=int(fields["cached_tokens"]) if fields.get("cached_tokens") else None,
         ),
         metrics=JobMetrics.model_validate(from_json(fields["metrics"]))
         if fields.get("metrics")

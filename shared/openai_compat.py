@@ -10,7 +10,7 @@ chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (tok
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's own `priority`, `top_k`, `min_p`, `ignore_eos`,
 `repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `allowed_token_ids`,
-`structured_outputs` (and its
+`cache_salt`, `structured_outputs` (and its
 older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
@@ -144,6 +144,7 @@ class _Common(BaseModel):
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)  # vLLM's
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: the prefix cache's sharing key
     # vLLM's structured output: a regex, a choice, a Lark grammar or a JSON schema (shared/response_format.py);
     # its older spellings, one field each, mean the same
     structured_outputs: StructuredOutputs | None = None
@@ -506,7 +507,7 @@ def to_job_request(
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-                 "speculative", "min_p", "include_stop_str_in_output", "allowed_token_ids"):  # fmt: skip
+                 "speculative", "min_p", "include_stop_str_in_output", "allowed_token_ids", "cache_salt"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):
@@ -600,10 +601,15 @@ def model_of(body: dict[str, Any]) -> str | None:
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # the prompt tokens the worker's prefix cache held (workers/engine/prefix_cache.py)
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # where the prefix cache held some of the prompt
 
 
 class CompletionChoice(BaseModel):
@@ -693,18 +699,26 @@ def finish_reason(engine_reason: str | None) -> FinishReason | None:
     return "length" if engine_reason == "length" else "stop"
 
 
-def usage_of(prompt_tokens: int | None, completion_tokens: int) -> CompletionUsage:
+def usage_of(prompt_tokens: int | None, completion_tokens: int, cached_tokens: int | None = None) -> CompletionUsage:
     prompt = prompt_tokens or 0
     return CompletionUsage(
-        prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens
+        prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens) if cached_tokens else None,
     )
 
 
 def call_usage(usages: Sequence[Usage | CompletionUsage], num_choices: int) -> CompletionUsage:
     """A call's usage from its jobs' (prompt by prompt, `num_choices` each), as OpenAI counts it: each prompt's
-    tokens once, every choice's completion tokens."""
-    prompt_tokens = sum(usage.prompt_tokens or 0 for usage in usages[::num_choices])
-    return usage_of(prompt_tokens, sum(usage.completion_tokens for usage in usages))
+    tokens once (and its cached ones: its first choice's), every choice's completion tokens."""
+    firsts = usages[::num_choices]
+    prompt_tokens = sum(usage.prompt_tokens or 0 for usage in firsts)
+    return usage_of(prompt_tokens, sum(usage.completion_tokens for usage in usages), sum(_cached(u) for u in firsts))
+
+
+def _cached(usage: Usage | CompletionUsage) -> int:
+    if isinstance(usage, Usage):
+        return usage.cached_tokens or 0
+    return usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details is not None else 0
 
 
 def completion_id(job_id: str) -> str:
@@ -742,7 +756,7 @@ def completion_of(job: Job, model: str, echo_prompt: str | None = None) -> Compl
                 finish_reason=finish_reason(output.finish_reason if output else None),
             )
         ],
-        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
+        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens, job.usage.cached_tokens),
     )
 
 
@@ -799,7 +813,7 @@ def chat_completion_of(
                 finish_reason=reason,
             )
         ],
-        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens),
+        usage=usage_of(job.usage.prompt_tokens, job.usage.completion_tokens, job.usage.cached_tokens),
     )
 
 

@@ -136,7 +136,7 @@ OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
 
 
 class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0  # no prefix cache: every prompt token is computed
+    cached_tokens: int = 0  # the prompt tokens the worker's prefix cache held (workers/engine/prefix_cache.py)
 
 
 class OutputTokensDetails(BaseModel):
@@ -248,8 +248,11 @@ def response_of(job: Job, body: ResponseRequest, model: str, reasoning_parser: R
     if job.status.is_terminal:
         response.completed_at = job.completed_at
         prompt_tokens = job.usage.prompt_tokens or 0
-        response.usage = ResponseUsage(input_tokens=prompt_tokens, output_tokens=job.usage.completion_tokens,
-                                       total_tokens=prompt_tokens + job.usage.completion_tokens)  # fmt: skip
+        response.usage = ResponseUsage(
+            input_tokens=prompt_tokens, output_tokens=job.usage.completion_tokens,
+            total_tokens=prompt_tokens + job.usage.completion_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=job.usage.cached_tokens or 0),
+        )  # fmt: skip
     return response
 
 

@@ -145,6 +145,8 @@ class JobRequest(BaseModel):
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)
     # vLLM's: the only tokens the target may sample (workers/engine/allowed_tokens.py); the worker checks them too
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
+    # vLLM's: the worker's prefix cache shares blocks only among requests with the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     # OpenAI's penalties on tokens the output already has, and vLLM's on the prompt's and output's (CTRL's):
     # workers/engine/penalties.py; 0, 0 and 1 are off
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -270,6 +272,7 @@ class JobOutput(BaseModel):
 class Usage(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int = 0
+    cached_tokens: int | None = None  # of the prompt tokens, those the worker's prefix cache held (None: none)
 
 
 class JobMetrics(BaseModel):

@@ -103,7 +103,7 @@ def test_the_check_catches_an_unknown_metric() -> None:
 def test_dashboard_has_the_panels_the_operators_watch() -> None:
     titles = [panel["title"] for panel in json.loads(DASHBOARD.read_text())["panels"]]
     for needed in ("Throughput", "Time to first token", "Time per output token", "Queue depth per priority",
-                   "Oldest waiting job per priority", "τ", "Acceptance per draft position", "KV cache usage",
+                   "Oldest waiting job per priority", "τ", "Acceptance per draft position", "KV cache usage, prefix cache hit rate",
                    "Errors", "Webhook failures", "Preemptions per priority", "Queue wait and TTFT p99 per priority",
                    "Garbage collector pauses"):
         assert any(title.startswith(needed) for title in titles), needed

@@ -18,6 +18,7 @@ from shared.settings import ServiceSettings
 from tests.helpers.gateway import ThreadedGateway
 from tests.helpers.redis_fixtures import create_key, submit_job
 from tests.helpers.waiting import wait_until
+from workers.engine.outputs import StepOutput
 from workers.worker.emitter import Emitter, Running
 from workers.worker.queue_reader import QueueReader
 
@@ -56,6 +57,7 @@ def test_submit_then_get(http: httpx.Client) -> None:
         ({"prompt": "x", "stream_interval_ms": 60_001}, "stream_interval_ms"),
         ({"prompt": "x", "top_k": 2**63}, "top_k"),
         ({"prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"prompt": "x", "cache_salt": ""}, "cache_salt"),
         ({"prompt": "x", "continue_final_message": True}, "continue_final_message"),  # messages only  # the engine holds it in a long: it failed a worker's step
         ({"prompt": "x", "seed": 2**64}, "seed"),  # past torch's generators: the job failed in the worker
         ({"prompt": "x", "stop": ["\n", ""]}, "stop"),  # the engine refuses it: the job failed in the worker
@@ -218,18 +220,8 @@ def test_prefer_wait_returns_the_finished_job(
         reader = QueueReader(rclient, settings, "w1")
         leases = wait_until(lambda: reader.pull(1), what="the job")
         running = {leases[0].job_id: Running(leases[0].job_id, leases[0].attempt, prompt_tokens=2)}
-        out = type(
-            "Out",
-            (),
-            dict(
-                request_id=leases[0].job_id,
-                new_token_ids=[7, 8],
-                new_text="hi",
-                finished=True,
-                finish_reason="length",
-                metrics={"ttft_ms": 1.0},
-            ),
-        )
+        out = StepOutput(request_id=leases[0].job_id, new_token_ids=[7, 8], new_text="hi", finished=True,
+                         finish_reason="length", num_prompt_tokens=2, num_output_tokens=2, metrics={"ttft_ms": 1.0})
         Emitter(rclient, settings).emit(running, [out])
 
     worker = threading.Thread(target=play_worker)
@@ -241,7 +233,7 @@ def test_prefer_wait_returns_the_finished_job(
     job = response.json()
     assert job["status"] == "succeeded"
     assert job["output"] == {"text": "hi", "token_ids": [7, 8], "finish_reason": "length"}
-    assert job["usage"] == {"prompt_tokens": 2, "completion_tokens": 2}
+    assert job["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "cached_tokens": None}  # no prefix cache hit
     assert job["metrics"]["ttft_ms"] == 1.0
 
 

@@ -418,6 +418,25 @@ def test_allowed_token_ids(client: openai.OpenAI, served: ThreadedGateway, secre
         assert "x-specfleet-job-id" not in response.headers
 
 
+def test_usage_says_how_much_of_the_prompt_the_prefix_cache_held(
+    client: openai.OpenAI, served: ThreadedGateway, secret: str  # noqa: F811
+) -> None:
+    """The worker's engine keeps computed prompt blocks (workers/engine/prefix_cache.py): a second call on the same
+    long prompt reports them in `usage.prompt_tokens_details.cached_tokens` (the job's usage: `cached_tokens`),
+    and answers what the first did; the first reports none."""
+    prompt = "def area(radius):\n    return 3.14159 * radius * radius\n" * 6  # a few 16-token blocks
+    first = client.completions.with_raw_response.create(prompt=prompt, **GREEDY)
+    second = client.completions.with_raw_response.create(prompt=prompt, **GREEDY)
+    one, two = first.parse(), second.parse()
+    assert one.usage is not None and one.usage.prompt_tokens_details is None
+    assert two.usage is not None and two.usage.prompt_tokens_details is not None
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < two.usage.prompt_tokens and cached % 16 == 0, (cached, two.usage)
+    assert two.choices[0].text == one.choices[0].text
+    job = _job(served, secret, second.headers["x-specfleet-job-id"])
+    assert job["usage"]["cached_tokens"] == cached and _job(served, secret, first.headers["x-specfleet-job-id"])["usage"]["cached_tokens"] is None
+
+
 def test_include_stop_str_in_output(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """vLLM's `include_stop_str_in_output` (it was 400 "Extra inputs are not permitted"): the answer ends with
     the stop string it met, whole and streamed; a non-boolean is a 400 naming the field."""

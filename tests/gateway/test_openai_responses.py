@@ -59,6 +59,16 @@ def test_a_response_is_a_job_read_back_whole(client: openai.OpenAI, served: Thre
     assert plain.choices[0].message.content == response.output_text  # the same conversation: the same answer
 
 
+def test_a_next_turn_reports_the_cached_part_of_its_input(client: openai.OpenAI) -> None:  # noqa: F811
+    """A conversation's next turn repeats its first turn's prompt and answer: the worker's prefix cache holds
+    them, and `usage.input_tokens_details.cached_tokens` says how many (the first turn's: 0)."""
+    first = client.responses.create(input="def area(radius):\n    return 3.14159 * radius * radius\n" * 5, **GREEDY)
+    second = client.responses.create(input="and the volume?", previous_response_id=first.id, **GREEDY)
+    assert first.usage is not None and first.usage.input_tokens_details.cached_tokens == 0
+    assert second.usage is not None
+    assert 16 <= second.usage.input_tokens_details.cached_tokens < second.usage.input_tokens
+
+
 def test_a_stream_adds_up_to_the_stored_response(client: openai.OpenAI) -> None:  # noqa: F811
     answers = ["It is noon in Paris.", "No idea."]
     extra = {"guided_choice": answers, "stream_options": {"include_obfuscation": False}}  # OpenAI's option: no padding

@@ -58,7 +58,7 @@ def test_stream_text_equals_result(
     assert events[0].event == "status" and events[0].data["status"] == "running"
     assert _text(events) == job["output"]["text"] == "".join(f"<{i}>" for i in range(NUM_STEPS))
     assert _token_ids(events) == job["output"]["token_ids"]
-    assert events[-1].data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2 * NUM_STEPS}
+    assert events[-1].data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2 * NUM_STEPS, "cached_tokens": None}
     ids = [e.id for e in events]
     assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))) and len(set(ids)) == len(ids)
 

@@ -79,7 +79,7 @@ class BlockManager:
         would have (scheduler.py), so a seeded sample draws as it does without the cache."""
         if self.cache is None or seq.block_table or seq.num_computed_tokens or seq.params.prompt_logprobs is not None:
             return []
-        keys = block_keys(seq.token_ids, self.block_size, seq.block_keys)
+        keys = block_keys(seq.token_ids, self.block_size, seq.block_keys, salt=seq.params.cache_salt)
         most = (len(seq) - 1) // self.block_size
         if seq.num_output_tokens > 0 and len(seq) - most * self.block_size < 2:
             most -= 1
@@ -125,7 +125,8 @@ class BlockManager:
             return
         num_full = min(seq.num_computed_tokens, len(seq)) // self.block_size
         if num_full > seq.num_registered_blocks:
-            keys = block_keys(seq.token_ids, self.block_size, seq.block_keys, num_full * self.block_size)
+            keys = block_keys(seq.token_ids, self.block_size, seq.block_keys, num_full * self.block_size,
+                              seq.params.cache_salt)
             for index in range(seq.num_registered_blocks, num_full):
                 self.cache.register(seq.block_table[index], keys[index])
             seq.num_registered_blocks = num_full

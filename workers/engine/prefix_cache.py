@@ -2,7 +2,9 @@
 
 A block's key is a digest of its tokens chained to the key of the block before it (BLAKE2b, 16 bytes), so it
 names the tokens and their positions from the sequence's start: two sequences whose first n blocks hold the same
-tokens have the same n keys, and the target's KV of those blocks is the same (it depends on nothing else). Once
+tokens have the same n keys, and the target's KV of those blocks is the same (it depends on nothing else). A request's `cache_salt` (vLLM's) seeds
+its first key: requests share blocks only with requests of the same salt (a tenant that wants no other tenant
+to tell, by a faster first token, that it sent the same prefix passes one of its own). Once
 a block is full and the target has computed it, its sequence registers it under its key; a sequence admitted
 later whose first blocks have registered keys takes those blocks instead of computing them (BlockManager.claim).
 A claimed block is shared, never written: a sequence computes from the first block it did not claim, and the
@@ -23,14 +25,19 @@ from array import array
 from collections.abc import Sequence as Tokens
 
 KEY_BYTES = 16
+SALT_PERSON = b"specfleet-salt"  # the salt's digest is of its own kind: never equal to a block's key by design
 
 
-def block_keys(tokens: Tokens[int], block_size: int, known: list[bytes], num_tokens: int | None = None) -> list[bytes]:
+def block_keys(
+    tokens: Tokens[int], block_size: int, known: list[bytes], num_tokens: int | None = None, salt: str | None = None
+) -> list[bytes]:
     """The keys of every full block of the first `num_tokens` of `tokens` (all of them by default), extending
-    `known` (the keys of its first blocks, computed before; returned grown in place)."""
+    `known` (the keys of its first blocks, computed before; returned grown in place). `salt` (vLLM's
+    `cache_salt`) goes into the first block's key, so only requests with the same salt share blocks."""
     end = len(tokens) if num_tokens is None else num_tokens
+    root = b"" if salt is None else hashlib.blake2b(salt.encode(), digest_size=KEY_BYTES, person=SALT_PERSON).digest()
     for start in range(len(known) * block_size, end - block_size + 1, block_size):
-        digest = hashlib.blake2b(known[-1] if known else b"", digest_size=KEY_BYTES)
+        digest = hashlib.blake2b(known[-1] if known else root, digest_size=KEY_BYTES)
         digest.update(array("q", tokens[start : start + block_size]).tobytes())
         known.append(digest.digest())
     return known

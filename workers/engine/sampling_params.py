@@ -36,6 +36,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # vLLM's: sample only among these token ids (workers/engine/allowed_tokens.py); None = every token
     allowed_token_ids: list[int] | None = None
+    # vLLM's: the prefix cache shares blocks only among requests with the same salt (workers/engine/prefix_cache.py)
+    cache_salt: str | None = None
     # OpenAI's penalties on tokens the output already has, and vLLM's on tokens of the prompt or output
     # (workers/engine/penalties.py): 0, 0 and 1 are off
     presence_penalty: float = 0.0  # in [-2, 2]
@@ -83,6 +85,8 @@ class SamplingParams:
             raise InvalidRequestError("stop", "must be a string or a list of strings")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must not be empty")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not 0 < len(self.cache_salt) <= 256):
+            raise InvalidRequestError("cache_salt", "must be a string of 1 to 256 characters (or null)")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise InvalidRequestError("include_stop_str_in_output", "must be true or false")
         ids = self.stop_token_ids

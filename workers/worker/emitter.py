@@ -67,6 +67,7 @@ class JobWrite:
     new_logprobs: tuple[TokenLogprob, ...] | None = None  # with the request's logprobs: one per new token
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # with prompt_logprobs: on the first token write
     record_fields: tuple[str, ...] = ()  # more job hash fields written with the finish (name, value, ...)
+    cached_tokens: int = 0  # with is_finished: its prompt tokens the engine's prefix cache held
 
     def wire(self) -> tuple[Any, ...]:
         """The write as a plain tuple of its fields, in order: what the loop pickles for its writer process. A
@@ -74,7 +75,7 @@ class JobWrite:
         that cost ~5x a tuple's (14 vs 3 us a one-token write, 2026-12-04)."""
         return (self.job_id, self.attempt, self.prompt_tokens, self.completion_tokens, self.new_text,
                 self.new_token_ids, self.finish_reason, self.is_finished, self.metrics, self.failure,
-                self.new_logprobs, self.prompt_logprobs, self.record_fields)  # fmt: skip
+                self.new_logprobs, self.prompt_logprobs, self.record_fields, self.cached_tokens)  # fmt: skip
 
     @classmethod
     def of_wire(cls, wire: tuple[Any, ...]) -> "JobWrite":
@@ -125,6 +126,7 @@ class Emitter:
                     new_logprobs=tuple(new_logprobs) if new_logprobs is not None else None,
                     prompt_logprobs=tuple(prompt_logprobs) if prompt_logprobs is not None else None,
                     record_fields=tuple(record_fields),
+                    cached_tokens=min(out.num_cached_tokens, job.prompt_tokens) if out.finished else 0,
                 )
             )
         return writes
@@ -212,7 +214,8 @@ class Emitter:
                 write.prompt_tokens, event, write.completion_tokens - len(token_ids)]  # fmt: skip
 
     def _success_args(self, write: JobWrite) -> list[str | int]:
-        usage = Usage(prompt_tokens=write.prompt_tokens, completion_tokens=write.completion_tokens)
+        usage = Usage(prompt_tokens=write.prompt_tokens, completion_tokens=write.completion_tokens,
+                      cached_tokens=write.cached_tokens or None)  # fmt: skip
         job_metrics = metrics_from(write.metrics)
         done = DoneEvent(
             status=JobStatus.SUCCEEDED, finish_reason=write.finish_reason, usage=usage, metrics=job_metrics
@@ -221,6 +224,7 @@ class Emitter:
             "finish_reason", write.finish_reason or "",
             "metrics", job_metrics.model_dump_json(exclude_none=True),
             "prompt_tokens", write.prompt_tokens,
+            *(("cached_tokens", write.cached_tokens) if write.cached_tokens else ()),
             *write.record_fields,
         ]  # fmt: skip
         return ["finish", write.job_id, write.attempt, JobStatus.SUCCEEDED.value, "done", done.model_dump_json(),

@@ -64,6 +64,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         grammar=answer_grammar(request.response_format, request.structured_outputs),
         logit_bias=dict(request.logit_bias) if request.logit_bias else None,
         allowed_token_ids=list(request.allowed_token_ids) if request.allowed_token_ids else None,
+        cache_salt=request.cache_salt,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         repetition_penalty=request.repetition_penalty,

@@ -12,6 +12,7 @@ import torch
 from tests.workers.engine_runs import run_all, tokens
 from tests.workers.spec.test_engine_grammar import METHODS, engine_for
 from workers.engine.engine import Engine
+from workers.engine.errors import InvalidRequestError
 from workers.engine.sampling_params import SamplingParams
 
 SHARED = torch.randint(1, 512, (37,), generator=torch.Generator().manual_seed(11)).tolist()  # 9 full blocks + 1
@@ -140,3 +141,21 @@ def test_an_eagle_sequence_s_own_copy_with_head_rows_takes_over_the_key(eagle_mo
     assert (second[-1].num_cached_tokens, third[-1].num_cached_tokens) == (0, 36)
     plain = engine_for(eagle_models, "eagle-chain", prefix_caching=False)
     assert tokens(third) == tokens(run_all(plain, {"c": (SHARED + [2], greedy())})["c"])
+
+
+def test_only_requests_with_the_same_cache_salt_share_blocks(eagle_models) -> None:
+    """vLLM's cache_salt: it seeds the first block's key, so a salted request neither takes an unsalted one's
+    blocks nor another salt's, and takes its own salt's; the answers are the same either way."""
+    engine = engine_for(eagle_models, "none")
+
+    def cached(rid: str, salt: str | None) -> tuple[int, list[int]]:
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, cache_salt=salt)
+        out = run_all(engine, {rid: (SHARED + [int(rid[-1])], params)})[rid]
+        return out[-1].num_cached_tokens, tokens(out)
+
+    runs = [cached("a1", None), cached("b2", "tenant-a"), cached("c3", "tenant-b"), cached("d4", "tenant-a"),
+            cached("e5", None)]  # fmt: skip
+    assert [num for num, _ in runs] == [0, 0, 0, 36, 36]
+    with pytest.raises(InvalidRequestError) as refused:
+        engine.add_request("bad", SHARED, SamplingParams(cache_salt=""))
+    assert refused.value.field == "cache_salt"

@@ -163,7 +163,7 @@ def test_what_crosses_the_pipe_as_tuples_comes_back_whole() -> None:
     logprob = TokenLogprob(token="a", token_id=7, logprob=-0.25)
     write = JobWrite("job-1", 2, 5, 9, new_text="ab", new_token_ids=(7, 8), finish_reason="stop", is_finished=True,
                      metrics={"ttft_ms": 3.0}, failure=failure, new_logprobs=(logprob,), prompt_logprobs=(logprob,),
-                     record_fields=("logprobs", "[]"))  # fmt: skip
+                     record_fields=("logprobs", "[]"), cached_tokens=4)  # fmt: skip
     assert {f.name: getattr(write, f.name) != f.default for f in dataclasses.fields(JobWrite)} == {
         f.name: True for f in dataclasses.fields(JobWrite)}  # every field set: the round trip checks them all
     assert len(write.wire()) == len(dataclasses.fields(JobWrite))
