@@ -14,8 +14,8 @@ BENCHES = {
     "e2e": "workers.bench.run:bench_e2e_command",  # also takes --model tiny|demo, --phase mixed, --work-dir DIR
     "report": "workers.bench.run:bench_report_command",  # all three + a Markdown report; also takes --out DIR
     "warmup": "workers.bench.warmup_bench:bench_warmup_command",  # first-job TTFT vs steady, without/with warm-up
-    "cost": "workers.bench.cost_bench:bench_cost_command",
-    "prefix": "workers.bench.prefix_bench:bench_prefix_command",  # prefix caching on vs off: TTFT, tokens/s  # cost per 1,000 tokens per concurrency, SD on/off
+    "cost": "workers.bench.cost_bench:bench_cost_command",  # cost per 1,000 tokens per concurrency, SD on/off
+    "prefix": "workers.bench.prefix_bench:bench_prefix_command",  # prefix caching on vs off: TTFT, tokens/s
     "tp": "workers.bench.tp_bench:bench_tp_command",  # the demo target over 2 tensor-parallel ranks vs 1
     "graphs": "workers.bench.graphs_bench:bench_graphs_command",  # CUDA only: decode graphs vs op by op
 }
