@@ -2,11 +2,12 @@
 
 A block's key is a digest of its tokens chained to the key of the block before it (BLAKE2b, 16 bytes), so it
 names the tokens and their positions from the sequence's start: two sequences whose first n blocks hold the same
-tokens have the same n keys, and the target's KV of those blocks is the same (it depends on nothing else). A request's `cache_salt` (vLLM's) seeds
-its first key: requests share blocks only with requests of the same salt (a tenant that wants no other tenant
-to tell, by a faster first token, that it sent the same prefix passes one of its own). Once
-a block is full and the target has computed it, its sequence registers it under its key; a sequence admitted
-later whose first blocks have registered keys takes those blocks instead of computing them (BlockManager.claim).
+tokens have the same n keys, and the target's KV of those blocks is the same (it depends on nothing else). A
+request's `cache_salt` (vLLM's) seeds its first key: requests share blocks only with requests of the same salt
+(a tenant that wants no other tenant to tell, by a faster first token, that it sent the same prefix passes one
+of its own). Once a block is full and the target has computed it, its sequence registers it under its key; a
+sequence admitted later whose first blocks have registered keys takes those blocks instead of computing them
+(BlockManager.claim).
 A claimed block is shared, never written: a sequence computes from the first block it did not claim, and the
 last prompt token is always computed (its logits sample the first token). A free block keeps its key until it
 is allocated anew (least recently freed first), so a finished conversation's blocks serve its next turn.
@@ -16,8 +17,9 @@ whose proposer rows it holds for its tokens (draft model, EAGLE head), and a seq
 the leading blocks it could use. A draft model's row depends on the tokens up to its own, as the target's; an
 EAGLE head's row t reads token t + 1 too, so its mark keeps the token that followed the block, and a sequence
 whose next token is another does not count the block's head rows. An EAGLE sequence claims no further than its
-head's rows go (they need the target's features, which only a target pass over those positions gives); a
-draft-model sequence has its draft take in the rest (workers/engine/speculator.py).
+head's rows go (they need the target's features, which only a target pass over those positions gives), and
+where it then computes its own copy of a registered block whose copy has no head rows, the key moves to its
+copy; a draft-model sequence has its draft take in the rest (workers/engine/speculator.py).
 """
 
 import hashlib
