@@ -27,7 +27,7 @@ Response: the `text_completion` / `chat.completion` object of a finished job, an
 import json
 from collections.abc import Sequence
 from pathlib import PurePath
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -83,7 +83,6 @@ from shared.schemas import (
     LogitBias,
     Message,
     Priority,
-    TokenId,
     Usage,
     speculation_choice,
 )
@@ -112,6 +111,7 @@ class StreamOptions(BaseModel):
 
 GUIDED = ("json", "regex", "choice", "grammar")  # vLLM's guided_<x>: structured_outputs' <x>
 MAX_CHOICES = 16  # `n`: each choice is a job of its own (choice_requests)
+StrictTokenId = Annotated[StrictInt, Field(ge=0, le=MAX_TOKEN_ID)]  # a token id as the job takes it (no "7" for 7)
 MAX_JOBS_PER_CALL = 64  # prompts x n of one completions call
 
 
@@ -137,13 +137,13 @@ class _Common(BaseModel):
     repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's (1: off)
     min_tokens: StrictInt | None = Field(None, ge=0, le=1_000_000)  # vLLM's: no EOS nor any stop before
     speculative: bool | SpeculativeMethod | None = None  # the job API's: true (the worker's default), false, a method
-    stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
+    stop_token_ids: list[StrictTokenId] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
     include_stop_str_in_output: StrictBool | None = None  # vLLM's: the answer ends with the stop string it met
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)  # token id -> [-100, 100]
-    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)  # vLLM's
+    allowed_token_ids: list[StrictTokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)  # vLLM's
     cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: the prefix cache's sharing key
     # vLLM's structured output: a regex, a choice, a Lark grammar or a JSON schema (shared/response_format.py);
     # its older spellings, one field each, mean the same
