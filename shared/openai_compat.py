@@ -9,8 +9,8 @@ content or text parts), with `max_tokens` (chat: also `max_completion_tokens`), 
 chat: `logprobs` + `top_logprobs`; shared/openai_logprobs.py), `logit_bias` (token id -> a bias in [-100, 100]
 added to its logit wherever the target samples: workers/engine/logit_bias.py), `presence_penalty` and
 `frequency_penalty` (workers/engine/penalties.py), and specfleet's own `priority`, `top_k`, `min_p`, `ignore_eos`,
-`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `allowed_token_ids`,
-`cache_salt`, `structured_outputs` (and its
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`, `skip_special_tokens`,
+`allowed_token_ids`, `cache_salt`, `structured_outputs` (and its
 older `guided_*` spellings) (as vLLM's extra parameters), `speculative` (the job API's), `timeout_s` (the execution deadline) and
 `stream_interval_ms` (stream chunks at most this often, each with the tokens since the last). Fields of OpenAI's schema that change nothing here (`user`, `metadata`, `store`,
 `logprobs` off, ...) are accepted and ignored; asking them for something we do not do
@@ -139,6 +139,7 @@ class _Common(BaseModel):
     speculative: bool | SpeculativeMethod | None = None  # the job API's: true (the worker's default), false, a method
     stop_token_ids: list[StrictTokenId] | None = Field(None, max_length=64)  # vLLM's: these tokens end it too
     include_stop_str_in_output: StrictBool | None = None  # vLLM's: the answer ends with the stop string it met
+    skip_special_tokens: StrictBool | None = None  # vLLM's: false leaves special tokens' text in the answer
     # OpenAI's sampling controls on the target's logits (workers/engine/logit_bias.py, penalties.py)
     presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
@@ -507,7 +508,8 @@ def to_job_request(
     if req.structured_outputs is not None:
         fields["structured_outputs"] = req.structured_outputs
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-                 "speculative", "min_p", "include_stop_str_in_output", "allowed_token_ids", "cache_salt"):  # fmt: skip
+                 "speculative", "min_p", "include_stop_str_in_output", "allowed_token_ids", "cache_salt",
+                 "skip_special_tokens"):  # fmt: skip
         if (value := getattr(req, name)) is not None:
             fields[name] = value
     if isinstance(req, CompletionRequest):

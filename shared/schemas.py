@@ -112,6 +112,7 @@ class JobRequest(BaseModel):
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: list[str] = Field(default_factory=list, max_length=16)
     include_stop_str_in_output: bool = False  # vLLM's: the output ends with the stop string it met (else before it)
+    skip_special_tokens: bool = True  # vLLM's: False leaves special tokens' text (EOS, chat markers) in the output
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)  # vLLM's: these tokens end it too
     min_tokens: int = Field(0, ge=0, le=1_000_000)  # vLLM's: no EOS, stop_token_ids nor stop string before this many tokens
     ignore_eos: bool = False

@@ -441,6 +441,22 @@ def test_usage_says_how_much_of_the_prompt_the_prefix_cache_held(
     assert job["usage"]["cached_tokens"] == cached and _job(served, secret, first.headers["x-specfleet-job-id"])["usage"]["cached_tokens"] is None
 
 
+def test_skip_special_tokens(client: openai.OpenAI, served: ThreadedGateway, secret: str, engine_thread: EngineThread) -> None:
+    """vLLM's `skip_special_tokens` (it was 400 "Extra inputs are not permitted"): EOS tokens pushed by logit_bias
+    and run past with ignore_eos leave no text by default and their own text with it false; not a boolean: 400."""
+    eos = min(engine_thread.worker.engine.eos_token_ids)  # the worker's engine, in this process
+    extra = {"logit_bias": {str(eos): 100}, "ignore_eos": True}
+    texts = [client.completions.create(prompt="def f(x):", extra_body={**extra, "skip_special_tokens": skip}, **GREEDY)  # type: ignore[arg-type]
+             .choices[0].text for skip in (True, False)]  # fmt: skip
+    assert texts[0] == "" and len(texts[1]) > 0 and texts[1] == texts[1][: len(texts[1]) // 12] * 12
+    response = httpx.post(
+        f"{served.url}/v1/completions",
+        json={"prompt": "x", **GREEDY, "skip_special_tokens": "no"},
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "skip_special_tokens"
+
+
 def test_include_stop_str_in_output(client: openai.OpenAI, served: ThreadedGateway, secret: str) -> None:
     """vLLM's `include_stop_str_in_output` (it was 400 "Extra inputs are not permitted"): the answer ends with
     the stop string it met, whole and streamed; a non-boolean is a 400 naming the field."""

@@ -16,12 +16,14 @@ PROMPT_CONTEXT_TOKENS = 6  # prompt tokens kept as decoding context (sentencepie
 REPLACEMENT_CHAR = "\ufffd"
 
 
-def make_decode_fn(tokenizer) -> Callable[[Sequence[int]], str]:
-    """The fastest faithful decode the tokenizer offers (the Rust backend when there is one)."""
+def make_decode_fn(tokenizer, skip_special_tokens: bool = True) -> Callable[[Sequence[int]], str]:
+    """The fastest faithful decode the tokenizer offers (the Rust backend when there is one); special tokens
+    (EOS, chat markers) leave no text unless `skip_special_tokens` is False (vLLM's request parameter)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        return lambda ids: backend.decode(list(ids), skip_special_tokens=True)
-    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return lambda ids: backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
+                                        clean_up_tokenization_spaces=False)  # fmt: skip
 
 
 class Detokenizer:

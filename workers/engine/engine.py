@@ -81,6 +81,7 @@ class Engine:
         torch.set_num_threads(threads.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
         self._decode = make_decode_fn(self.tokenizer)
+        self._decode_special = make_decode_fn(self.tokenizer, skip_special_tokens=False)  # skip_special_tokens off
         dtype, self.device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
         # TP > 1: rank 0's shard; the other ranks' processes are up, closed by close() (or if start-up fails)
         model, self.tp_group = load_target(cfg, target_dir, dtype, threads, self.device)
@@ -380,7 +381,8 @@ class Engine:
             token_ids=list(prompt_ids),
             num_prompt_tokens=len(prompt_ids),
             params=params,
-            detokenizer=Detokenizer(self._decode, prompt_ids, params.stop, params.include_stop_str_in_output),
+            detokenizer=Detokenizer(self._decode if params.skip_special_tokens else self._decode_special, prompt_ids,
+                                    params.stop, params.include_stop_str_in_output),  # fmt: skip
             generator=generator,
             spec=self.speculator.new_state(params, prompt_ids),
             priority=priority,

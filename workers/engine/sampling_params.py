@@ -19,6 +19,7 @@ class SamplingParams:
     seed: int | None = None  # per-request generator: reproducible whatever the batch
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False  # vLLM's: the output ends with the stop string it met
+    skip_special_tokens: bool = True  # vLLM's: False leaves special tokens' text (EOS, chat markers) in the output
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     # None = the engine's default; validate() turns a plain string ("draft", "ngram", "none") into the enum
@@ -87,6 +88,8 @@ class SamplingParams:
             raise InvalidRequestError("stop", "stop strings must not be empty")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not 0 < len(self.cache_salt) <= 256):
             raise InvalidRequestError("cache_salt", "must be a string of 1 to 256 characters (or null)")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise InvalidRequestError("skip_special_tokens", "must be true or false")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise InvalidRequestError("include_stop_str_in_output", "must be true or false")
         ids = self.stop_token_ids

@@ -55,6 +55,7 @@ def sampling_params(request: JobRequest, max_tokens: int) -> SamplingParams:
         seed=request.seed,
         stop=list(request.stop),
         include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
         stop_token_ids=list(request.stop_token_ids),
         min_tokens=request.min_tokens,
         ignore_eos=request.ignore_eos,

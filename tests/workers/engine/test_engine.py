@@ -98,6 +98,21 @@ def test_stop_string_ends_generation_and_text(tiny_models: dict[str, Path]) -> N
     assert "".join(o.new_text for o in with_stop) == text[: text.index(stop) + len(stop)]
 
 
+def test_skip_special_tokens_off_leaves_their_text(tiny_models: dict[str, Path]) -> None:
+    """vLLM's skip_special_tokens: EOS (pushed by logit_bias, run past with ignore_eos) leaves no text by
+    default, and its own text with the parameter off; the tokens are the same."""
+    engine = make_engine(tiny_models["llama"])
+    eos = min(engine.eos_token_ids)
+    eos_text = engine.tokenizer.decode([eos], skip_special_tokens=False)
+    assert eos_text and engine.tokenizer.decode([eos], skip_special_tokens=True) == ""
+    p = prompts(1)[0]
+    runs = {skip: run_all(engine, {"a": (p, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True,
+                                                           logit_bias={eos: 100.0}, skip_special_tokens=skip))})["a"]
+            for skip in (True, False)}  # fmt: skip
+    assert [t for o in runs[True] for t in o.new_token_ids] == [eos] * 6 == [t for o in runs[False] for t in o.new_token_ids]
+    assert "".join(o.new_text for o in runs[True]) == "" and "".join(o.new_text for o in runs[False]) == eos_text * 6
+
+
 def test_metrics_and_counts_on_finish(tiny_models: dict[str, Path]) -> None:
     engine = make_engine(tiny_models["llama"])
     outs = run_all(engine, {"a": ([1, 2, 3], greedy(12))})["a"]
