@@ -34,7 +34,7 @@ class MessageItem(Strict):
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(Strict):
@@ -55,7 +55,12 @@ class FunctionCallOutputItem(Strict):
 
     @property
     def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+        return _joined(self.output)
+
+
+def _joined(value: str | list[TextContent]) -> str:
+    """An item's text: a string as it is, text parts one after another."""
+    return value if isinstance(value, str) else "".join(part.text for part in value)
 
 
 class ReasoningItem(Strict):

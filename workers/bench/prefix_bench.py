@@ -54,17 +54,12 @@ def _requests(engine: Any, prompts: list[str] | list[list[int]], concurrency: in
 def _chat(engine: Any, tokenizer: Any, opening: str, messages: list[str], tag: str) -> dict[str, Any]:
     """A conversation: each turn's prompt is the last one, its answer and the next message (token ids)."""
     prompt = list(tokenizer.encode(opening, add_special_tokens=False))
-    total: dict[str, Any] = {"ttft_ms": [], "seconds": 0.0, "tokens": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                             "answers": []}  # fmt: skip
+    turns = []
     for turn, message in enumerate(messages):
         prompt = prompt + list(tokenizer.encode("\n" + message, add_special_tokens=False))
-        one = _requests(engine, [prompt], 1, f"{tag}-t{turn}")
-        for key in ("ttft_ms", "answers"):
-            total[key] += one[key]
-        for key in ("seconds", "tokens", "prompt_tokens", "cached_tokens"):
-            total[key] += one[key]
-        prompt = prompt + one["answers"][0]
-    return total
+        turns.append(_requests(engine, [prompt], 1, f"{tag}-t{turn}"))
+        prompt = prompt + turns[-1]["answers"][0]
+    return _merge(turns)
 
 
 def _row(workload: str, cache: str, concurrency: int, run: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:

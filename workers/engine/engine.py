@@ -34,6 +34,7 @@ from workers.engine.grammar import GrammarCompiler, GrammarMatcher
 from workers.engine.head_runner import HeadRunner
 from workers.engine.logit_bias import check_logit_bias
 from workers.engine.logprobs import StepLogits, verify_rows, widen
+from workers.engine.min_tokens import stop_token_set
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
@@ -359,8 +360,8 @@ class Engine:
         check_logit_bias(params.logit_bias, num_token_ids)
         if not all(0 <= t < num_token_ids for t in params.stop_token_ids):
             raise InvalidRequestError("stop_token_ids", f"token ids must be integers in [0, {num_token_ids})")
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        check_allowed_tokens(params.allowed_token_ids, num_token_ids, params.min_tokens, stop_ids)
+        stops = stop_token_set(params, self.eos_token_ids)
+        check_allowed_tokens(params.allowed_token_ids, num_token_ids, params.min_tokens, stops)
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             field = "prompt" if len(prompt_ids) >= self.max_model_len else "max_tokens"

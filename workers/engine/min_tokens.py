@@ -14,6 +14,11 @@ from workers.engine.sampling_params import SamplingParams
 HoldEntry = tuple[SamplingParams, int, int]  # params, output tokens so far, draft tokens this step
 
 
+def stop_token_set(params: SamplingParams, eos_token_ids: frozenset[int]) -> frozenset[int]:
+    """The tokens that end a request's output: its stop_token_ids, and EOS unless it ignores EOS."""
+    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+
+
 def hold_stop_tokens(
     logits: torch.Tensor,  # [S, V] the target's logits: each entry's 1 + drafts rows, entries in order
     entries: list[HoldEntry],  # [B] one per verified sequence, in order
@@ -25,7 +30,7 @@ def hold_stop_tokens(
         for params, num_output, num_drafts in entries:
             num_held = min(num_drafts + 1, params.min_tokens - num_output)  # rows r with num_output + r < min
             if num_held > 0:
-                stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+                stops = stop_token_set(params, eos_token_ids)
                 ids = torch.tensor(sorted(stops), dtype=torch.long, device=logits.device)  # [K]
                 logits[row : row + num_held, ids] = float("-inf")
             row += num_drafts + 1
