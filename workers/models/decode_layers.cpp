@@ -305,6 +305,105 @@ void linear_avx2(const float* x, int64_t x_stride, int64_t m_size, const float* 
 }
 #endif
 
+#if defined(__AVX512F__)
+// ---- the columns layout on AVX-512 (float32, and bfloat16 without the dot instruction), passes of several
+// rows. tile_columns (above) takes 4 rows at a time and widens every x element and weight vector through
+// generic vector code, which the compiler splits into 256-bit halves: ~60 instructions for 16 multiply-adds
+// (perf, 16 decode rows of the demo target). Here a block of up to kWideRows rows x 64 outputs sums in 24
+// registers, each weight vector widened once for all its rows (widen16), the block's x rows
+// widened to float32 once per weight tile (exact). Each output is the same FMA chain over k in order as
+// tile_columns' (a one-row pass still goes there): a row's bits do not depend on the path, the block it falls
+// in, nor the pass's size.
+constexpr int kWideRows = 6;  // 6 x 4 registers of sums, 4 of weights, 1 broadcast: 29 of the 32
+constexpr int64_t kWidePrefetchRows = 4;  // the first block over a tile requests weight rows (k) this far ahead
+
+inline __m512 load_columns(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_columns(const uint16_t* p) { return widen16(p); }
+
+// sums [kRows, 64] = x [kRows, K] (float32, row stride x_stride) . the 64 outputs of a weight tile [K, 64]
+template <typename T, int kRows, bool kPrefetch>
+inline void block_wide(const float* x, int64_t x_stride, const T* w_tile, int64_t k_size, float* sums) {
+  __m512 acc[kRows][kMaxVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int b = 0; b < kMaxVectors; ++b) acc[r][b] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < k_size; ++k) {
+    const T* w_k = w_tile + k * kTileOutputs;
+    if constexpr (kPrefetch) {
+      const char* ahead = reinterpret_cast<const char*>(w_k + kWidePrefetchRows * kTileOutputs);
+      for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(T)); line += 64) {
+        _mm_prefetch(ahead + line, _MM_HINT_T0);
+      }
+    }
+    __m512 wv[kMaxVectors];
+    for (int b = 0; b < kMaxVectors; ++b) wv[b] = load_columns(w_k + kOutputs * b);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * x_stride + k]);
+      for (int b = 0; b < kMaxVectors; ++b) acc[r][b] = _mm512_fmadd_ps(xr, wv[b], acc[r][b]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int b = 0; b < kMaxVectors; ++b) _mm512_storeu_ps(sums + r * kTileOutputs + kOutputs * b, acc[r][b]);
+  }
+}
+
+template <typename T, bool kPrefetch>
+inline void rows_wide(int64_t rows, const float* x, int64_t x_stride, const T* w_tile, int64_t k_size, float* sums) {
+  switch (rows) {
+    case 1: block_wide<T, 1, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+    case 2: block_wide<T, 2, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+    case 3: block_wide<T, 3, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+    case 4: block_wide<T, 4, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+    case 5: block_wide<T, 5, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+    default: block_wide<T, kWideRows, kPrefetch>(x, x_stride, w_tile, k_size, sums); break;
+  }
+}
+
+// out [M, N] = x [M, K] . W^T (+ bias), W in the columns layout, M > 1: each tile's rows in blocks of kWideRows
+template <typename T>
+void linear_wide(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias, int64_t n_size,
+                 int64_t k_size, T* out, int64_t num_threads) {
+  const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
+  parallel_for(num_tiles, num_threads, [&](int64_t t) {
+    alignas(64) float sums[kWideRows * kTileOutputs];
+    thread_local std::vector<float> widened;  // a block's x rows as float32 [kWideRows, K] (bfloat16 passes)
+    const T* w_tile = w_packed + t * k_size * kTileOutputs;
+    const int64_t n0 = t * kTileOutputs, cols = std::min(kTileOutputs, n_size - n0);
+    for (int64_t m0 = 0; m0 < m_size; m0 += kWideRows) {
+      const int64_t rows = std::min<int64_t>(kWideRows, m_size - m0);
+      const float* x_rows;
+      int64_t x_rows_stride;
+      if constexpr (std::is_same_v<T, float>) {
+        x_rows = x + m0 * x_stride;
+        x_rows_stride = x_stride;
+      } else {
+        widened.resize(kWideRows * k_size);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = x + (m0 + r) * x_stride;
+          float* dst = widened.data() + r * k_size;
+          int64_t k = 0;
+          for (; k + kOutputs <= k_size; k += kOutputs) _mm512_storeu_ps(dst + k, load_columns(row + k));
+          for (; k < k_size; ++k) dst[k] = load(row + k);
+        }
+        x_rows = widened.data();
+        x_rows_stride = k_size;
+      }
+      if (m0 == 0) {
+        rows_wide<T, true>(rows, x_rows, x_rows_stride, w_tile, k_size, sums);
+      } else {
+        rows_wide<T, false>(rows, x_rows, x_rows_stride, w_tile, k_size, sums);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          const float sum = sums[r * kTileOutputs + j];
+          store(out + (m0 + r) * n_size + n0 + j, bias != nullptr ? sum + load(bias + n0 + j) : sum);
+        }
+      }
+    }
+  });
+}
+#endif
+
 template <typename T>
 constexpr bool uses_pairs() {
 #ifdef SPECFLEET_BF16_DOT
@@ -355,6 +454,12 @@ void linear(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, con
     if (linear_amx(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads)) {
       return;
     }
+  }
+#endif
+#if defined(__AVX512F__)
+  if (!uses_pairs<T>() && m_size > 1) {
+    linear_wide(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads);
+    return;
   }
 #endif
 #ifdef SPECFLEET_AVX2_COLUMNS
