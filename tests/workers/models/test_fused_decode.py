@@ -55,7 +55,8 @@ def kernel(request: pytest.FixtureRequest, native_kernel: NativeAttention) -> Na
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])  # tiles of 4 (16 for AMX, 6 for AVX2) rows, remainders
+# blocks of 4 rows (16 for AMX tiles, 6 for AVX2's and AVX-512's columns), remainders
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 16, 21])
 @pytest.mark.parametrize(("num_out", "num_in"), [(13, 40), (64, 64), (7, 96), (5, 33)])  # weight-row and K remainders, odd K
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_native_linear_matches_the_exact_product(
