@@ -6,9 +6,9 @@ as the product itself. `pack()` stores each layer's weight already reordered (`L
 then calls oneDNN's product on it directly: the same kernel on the same layout, so the same bits, row for row,
 whatever the number of rows, and no reorder per call (tested where the CPU has bfloat16 instructions; where
 oneDNN widens bfloat16 to float instead, its order of sums depends on the row count, in F.linear too, and a row
-can round an ulp apart: workers/engine/packing.py keeps F.linear for a model whose pass differs). This is what inductor's `freezing` does inside
-a compiled graph; here it serves the eager path, so the target, the draft and an EAGLE head gain it without
-compiling. A compiled graph keeps reading the unpacked weight (`linear()` checks that it is being traced):
+can round an ulp apart: workers/engine/packing.py keeps F.linear for a model whose pass differs). This is what
+inductor's `freezing` does inside a compiled graph; here it serves the eager path, so the target, the draft and
+an EAGLE head gain it without compiling. A compiled graph keeps reading the unpacked weight (`linear()` checks that it is being traced):
 inductor packs its own copy.
 
 The cost is memory: the packed copy sits beside the weight, which the compiled path, the tied embedding and

@@ -265,6 +265,16 @@ inline f32x16 load16(const uint16_t* p) {  // 16 bfloat16 -> float
 #endif
 }
 inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+inline void store16(uint16_t* p, f32x16 v) {  // round to nearest even, NaN kept NaN (as store() above)
+  u32x16 bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const u32x16 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const u32x16 quiet_nan = (bits >> 16) | 0x40u;
+  const u32x16 out = ((bits & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded;
+  const u16x16 half = __builtin_convertvector(out, u16x16);
+  std::memcpy(p, &half, sizeof half);
+}
+
 // the largest of x[0..n), -inf for none: the float std::max gives taken in order (a NaN is passed over either way;
 // among equal values the order only decides the sign of a zero maximum, which exp_nonpositive(s - max) does not
 // tell apart), 16 lanes at a time. In order, each std::max waited for the one before: perf put a softmax's max
@@ -281,16 +291,6 @@ inline float max_of(const float* x, int64_t n) {
   for (int l = 0; l < 16; ++l) best = std::max(best, lanes[l]);
   for (; i < n; ++i) best = std::max(best, x[i]);
   return best;
-}
-
-inline void store16(uint16_t* p, f32x16 v) {  // round to nearest even, NaN kept NaN (as store() above)
-  u32x16 bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const u32x16 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const u32x16 quiet_nan = (bits >> 16) | 0x40u;
-  const u32x16 out = ((bits & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded;
-  const u16x16 half = __builtin_convertvector(out, u16x16);
-  std::memcpy(p, &half, sizeof half);
 }
 
 typedef float f32x8 __attribute__((vector_size(32)));
