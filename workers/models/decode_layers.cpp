@@ -48,6 +48,17 @@ constexpr int64_t kTileOutputs = kOutputs * kMaxVectors;
 
 inline int64_t padded_outputs(int64_t n_size) { return (n_size + kTileOutputs - 1) / kTileOutputs * kTileOutputs; }
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+// requests every cache line of a weight tile's row `rows_ahead` rows (k) past w_k: a pass of several rows reads
+// a tile a block of rows at a time, which the hardware prefetchers follow poorly from memory (linear_avx2,
+// linear_wide)
+template <typename T>
+inline void prefetch_tile_row(const T* w_k, int64_t rows_ahead) {
+  const char* ahead = reinterpret_cast<const char*>(w_k + rows_ahead * kTileOutputs);
+  for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(T)); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+#endif
+
 // acc[r][b] += x[r] . W[n0 + 16 b .. +16], the columns layout
 template <typename T, int kRows>
 void tile_columns(const T* x, int64_t x_stride, const T* w_tile, int64_t k_size, f32x16 (*acc)[kMaxVectors]) {
@@ -235,12 +246,7 @@ inline void block_avx2(const float* x, int64_t x_stride, const float* w /* [K, 6
   }
   for (int64_t k = 0; k < k_size; ++k) {
     const float* w_k = w + k * kTileOutputs;
-    if constexpr (kPrefetch) {
-      const char* ahead = reinterpret_cast<const char*>(w_k + kAvx2PrefetchRows * kTileOutputs);
-      for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(float)); line += 64) {
-        _mm_prefetch(ahead + line, _MM_HINT_T0);
-      }
-    }
+    if constexpr (kPrefetch) prefetch_tile_row(w_k, kAvx2PrefetchRows);
     __m256 wv[kVecs];
     for (int v = 0; v < kVecs; ++v) wv[v] = _mm256_loadu_ps(w_k + 8 * v);
     for (int r = 0; r < kRows; ++r) {
@@ -329,12 +335,7 @@ inline void block_wide(const float* x, int64_t x_stride, const T* w_tile, int64_
   }
   for (int64_t k = 0; k < k_size; ++k) {
     const T* w_k = w_tile + k * kTileOutputs;
-    if constexpr (kPrefetch) {
-      const char* ahead = reinterpret_cast<const char*>(w_k + kWidePrefetchRows * kTileOutputs);
-      for (int64_t line = 0; line < kTileOutputs * int64_t(sizeof(T)); line += 64) {
-        _mm_prefetch(ahead + line, _MM_HINT_T0);
-      }
-    }
+    if constexpr (kPrefetch) prefetch_tile_row(w_k, kWidePrefetchRows);
     __m512 wv[kMaxVectors];
     for (int b = 0; b < kMaxVectors; ++b) wv[b] = load_columns(w_k + kOutputs * b);
     for (int r = 0; r < kRows; ++r) {
