@@ -1,15 +1,15 @@
 """Linear layers whose weights are prepacked for oneDNN once, at start-up, instead of at every call.
 
 On the CPU, a bfloat16 `F.linear` goes to oneDNN, which reorders the weight into its blocked layout on every
-call: at one or a few rows (decoding) that reorder reads and writes the whole weight again, so it costs as much
-as the product itself. `pack()` stores each layer's weight already reordered (`Linear.packed`) and `linear()`
-then calls oneDNN's product on it directly: the same kernel on the same layout, so the same bits, row for row,
-whatever the number of rows, and no reorder per call (tested where the CPU has bfloat16 instructions; where
-oneDNN widens bfloat16 to float instead, its order of sums depends on the row count, in F.linear too, and a row
-can round an ulp apart: workers/engine/packing.py keeps F.linear for a model whose pass differs). This is what
-inductor's `freezing` does inside a compiled graph; here it serves the eager path, so the target, the draft and
-an EAGLE head gain it without compiling. A compiled graph keeps reading the unpacked weight (`linear()` checks that it is being traced):
-inductor packs its own copy.
+call: at one or a few rows (decoding) that reorder reads and writes the whole weight again, so it costs as
+much as the product itself. `pack()` stores each layer's weight already reordered (`Linear.packed`) and
+`linear()` then calls oneDNN's product on it directly: the same kernel on the same layout, so the same bits,
+row for row, whatever the number of rows, and no reorder per call (tested where the CPU has bfloat16
+instructions; where oneDNN widens bfloat16 to float instead, its order of sums depends on the row count, in
+F.linear too, and a row can round an ulp apart: workers/engine/packing.py keeps F.linear for a model whose
+pass differs). This is what inductor's `freezing` does inside a compiled graph; here it serves the eager path,
+so the target, the draft and an EAGLE head gain it without compiling. A compiled graph keeps reading the
+unpacked weight (`linear()` checks that it is being traced): inductor packs its own copy.
 
 The cost is memory: the packed copy sits beside the weight, which the compiled path, the tied embedding and
 the checkpoint's names still use. `EngineConfig.linear_packing` decides (workers/engine/packing.py).

@@ -13,10 +13,10 @@ from workers.models.packed_linear import Linear, linear
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 HAS_BFLOAT16_PATH = packed_linear.has_bfloat16_path()  # AVX-512 BW/VL/DQ or AVX-NE-CONVERT; not AVX2 alone
 PACKABLE = torch.bfloat16 if HAS_BFLOAT16_PATH else torch.float32  # what oneDNN packs on this CPU
-# oneDNN's bfloat16 products run on the CPU's bfloat16 instructions, in one order of sums whatever the row count;
-# without them (an AVX-512 CPU without AVX512-BF16) it widens to float and sums in an order that depends on the
-# row count and the kernel: a row alone can differ from the same row in a batch by one bfloat16 rounding, in
-# F.linear as in the packed product (seen on such a host: 1-3 rows of 40 an ulp apart)
+# oneDNN's bfloat16 products run on the CPU's bfloat16 instructions, in one order of sums whatever the row
+# count; without them (an AVX-512 CPU without AVX512-BF16) it widens to float and sums in an order that
+# depends on the row count and the kernel: a row alone can differ from the same row in a batch by one bfloat16
+# rounding, in F.linear as in the packed product (seen on such a host: 1-3 rows of 40 an ulp apart)
 HAS_BFLOAT16_INSTRUCTIONS = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
