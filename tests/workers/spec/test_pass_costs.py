@@ -1,5 +1,7 @@
 """PassCostTable: measured pass times by token count and attention over context, interpolated, tracking the host."""
 
+import random
+
 import pytest
 
 from workers.spec.pass_costs import PAIR_ROWS_CAP, AttentionCost, AttentionWork, PassCostTable
@@ -89,6 +91,37 @@ def test_a_stalled_size_never_costs_more_than_the_smaller_passes_it_splits_into(
     assert table.estimate_s(8) == pytest.approx(3 * 0.89e-3)
     assert table.estimate_s(3) == pytest.approx(0.89e-3)  # the sizes that measured well keep their times
     assert table.seconds[table.grid.index(6)] == pytest.approx(67.83e-3)  # the raw point stays, to recover
+
+
+def _envelope_by_its_rules(table: PassCostTable) -> list[float]:
+    """The envelope's three rules applied one after the other as written, each point against every other."""
+    points = [(g, s, at) for g, s, at in zip(table.grid, table.seconds, table._observed_at, strict=True) if s is not None]
+    tokens = [g for g, _, _ in points]
+    envelope = [s for _, s, _ in points]
+    at = [a for _, _, a in points]
+    for i in reversed(range(len(envelope))):  # capped by every bigger pass measured since (as it now stands)
+        envelope[i] = min([envelope[i]] + [envelope[j] for j in range(i + 1, len(envelope)) if at[j] >= at[i]])
+    for i in range(1, len(envelope)):  # raised to the smaller pass before it where that was measured later
+        if at[i] < at[i - 1]:
+            envelope[i], at[i] = max(envelope[i], envelope[i - 1]), at[i - 1]
+    for i in range(1, len(envelope)):  # nor more than the smaller passes (as they now stand) it splits into
+        envelope[i] = min([envelope[i]] + [-(-tokens[i] // tokens[j]) * envelope[j] for j in range(i)])
+    return envelope
+
+
+def test_the_envelope_is_its_rules_applied_one_after_the_other_for_any_history() -> None:
+    """The envelope is remade after every step's observations, in the planner's path, so it is computed in one
+    pass over pairs against the points as measured; the seconds are the rules' own, to the bit."""
+    rng = random.Random(11)
+    for _ in range(300):
+        max_tokens = rng.choice([64, 512, 2048])
+        table = PassCostTable(max_tokens=max_tokens)
+        for _ in range(rng.randint(1, 50)):
+            n = rng.randint(1, max_tokens + 40)
+            table.observe(n, rng.choice([1e-3 + n * 2e-5, rng.uniform(1e-4, 5e-2)]))
+            if rng.random() < 0.3:
+                assert table._envelope()[1] == _envelope_by_its_rules(table)
+        assert table._envelope()[1] == _envelope_by_its_rules(table)
 
 
 def test_the_least_a_token_adds_is_the_smallest_slope_from_there_on() -> None:
