@@ -49,12 +49,15 @@ class StepApplier:
             self._fall_back(sequences[request_id], reason)
 
     # ---- after verifying ----------------------------------------------------------------------------
-    def apply_chunk(self, s: ScheduledSeq, features: torch.Tensor | None = None) -> None:
-        """A prefill chunk short of the prompt's end: its K/V are in the cache now (features: [n, hidden],
-        the target's feature of each of its tokens, for an EAGLE sequence)."""
+    def apply_chunk(
+        self, s: ScheduledSeq, features: torch.Tensor | None = None, first_row: int = 0, num_rows: int | None = None
+    ) -> None:
+        """A prefill chunk short of the prompt's end: its K/V are in the cache now (features: the pass's [T, hidden];
+        rows first_row .. first_row + num_rows - 1 are the target's feature of each of its tokens, for an EAGLE
+        sequence; num_rows None: to the end)."""
         s.seq.num_computed_tokens += s.num_new_tokens
         if features is not None and s.seq.spec is not None and s.seq.spec.wants_features:
-            s.seq.spec.keep_features(s.start_pos, features)
+            s.seq.spec.keep_features(s.start_pos, features, first_row, num_rows)
 
     def apply_verdict(
         self,
@@ -62,12 +65,13 @@ class StepApplier:
         proposal: Proposal | None,
         verdict: Verdict,
         now_s: float,
-        features: torch.Tensor | None = None,  # [n + proposal size, hidden]: every query row's feature (EAGLE)
+        features: torch.Tensor | None = None,  # the pass's [T, hidden]: every query row's feature (EAGLE)
+        first_row: int = 0,  # the sequence's rows there: first_row .. first_row + n + proposal size - 1
     ) -> tuple[list[int], str | None]:  # (tokens appended, finish reason or None)
         seq = s.seq
         old_len = len(seq)
         if features is not None and seq.spec is not None and seq.spec.wants_features:
-            self._keep_committed_features(s, proposal, verdict, features)
+            self._keep_committed_features(s, proposal, verdict, features, first_row)
         seq.num_computed_tokens += s.num_new_tokens + verdict.num_accepted
         seq.first_token_time_s = seq.first_token_time_s or now_s
         appended: list[int] = []
@@ -82,19 +86,18 @@ class StepApplier:
 
     @staticmethod
     def _keep_committed_features(
-        s: ScheduledSeq, proposal: Proposal | None, verdict: Verdict, features: torch.Tensor
+        s: ScheduledSeq, proposal: Proposal | None, verdict: Verdict, features: torch.Tensor, first_row: int
     ) -> None:
         """The chunk's rows and the accepted draft tokens' rows: committed positions start_pos onwards (the
         recovered/bonus token has no feature until the next pass computes it)."""
         assert s.seq.spec is not None
         num_chunk = s.num_new_tokens
         if proposal is not None and proposal.tree is not None:
-            rows = [*range(num_chunk), *(num_chunk + node for node in verdict.accepted_nodes or [])]
+            rows = [first_row + r for r in (*range(num_chunk), *(num_chunk + n for n in verdict.accepted_nodes or []))]
             rows_t = torch.tensor(rows, dtype=torch.long, device=features.device)  # features stay on the model's device
-            kept = features.index_select(0, rows_t)  # [n + accepted, hidden]
-        else:
-            kept = features[: num_chunk + verdict.num_accepted]  # [n + accepted, hidden]
-        s.seq.spec.keep_features(s.start_pos, kept)
+            s.seq.spec.keep_features(s.start_pos, features.index_select(0, rows_t))  # [n + accepted, hidden]
+        else:  # rows of the pass's own output, referred to until the head reads them
+            s.seq.spec.keep_features(s.start_pos, features, first_row, num_chunk + verdict.num_accepted)
 
     def _append_token(self, seq: Sequence, token: int) -> str | None:
         """Append one token; returns the finish reason if the sequence is done."""

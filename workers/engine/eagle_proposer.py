@@ -54,7 +54,7 @@ class EagleProposer:
         starts from."""
         spec = seq.spec
         assert spec is not None
-        return spec.features is not None and spec.features_start <= spec.draft_num_computed < prefill_end(seq)
+        return spec.has_features and spec.features_start <= spec.draft_num_computed < prefill_end(seq)
 
     def prefill(self, seqs: list[Sequence]) -> list[Proposal]:
         """Head rows draft_num_computed .. before the last committed row, those whose features the target's pass

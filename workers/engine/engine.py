@@ -495,22 +495,22 @@ class Engine:
         plan: SchedulerOutput,
         verified: dict[str, tuple[Proposal | None, Verdict]],
         items: list[ForwardItem],  # [num_scheduled] what the target pass computed, in plan order
-        features: torch.Tensor | None,  # [T, hidden] the pass's features, items' rows back to back; None = unused
+        features: torch.Tensor | None,  # [T, hidden] the pass's own features, items' rows back to back; None = unused
         step_logits: StepLogits,  # the pass's logits by item: the logprobs requests ask for come from them
     ) -> list[StepOutput]:
         outputs = []
         now = time.perf_counter()
         row = 0
         for index, (s, item) in enumerate(zip(plan.scheduled, items, strict=True)):
-            item_features = features[row : row + len(item.token_ids)] if features is not None else None
+            first_row = row  # the item's rows of `features`: first_row .. row - 1
             row += len(item.token_ids)
             step_logits.record_prompt(index, s)  # echo: the prompt tokens this chunk scored
             if s.request_id not in verified:
-                self.applier.apply_chunk(s, item_features)  # a prefill chunk short of the prompt's end
+                self.applier.apply_chunk(s, features, first_row, row - first_row)  # a chunk short of the prompt's end
                 self.block_manager.register(s.seq)
                 continue
             proposal, verdict = verified[s.request_id]
-            appended, reason = self.applier.apply_verdict(s, proposal, verdict, now, item_features)
+            appended, reason = self.applier.apply_verdict(s, proposal, verdict, now, features, first_row)
             self.block_manager.register(s.seq)  # before a finish frees them: a next turn finds its blocks
             num_top = s.seq.params.logprobs
             logprobs = None if num_top is None else step_logits.of_tokens(index, proposal, verdict, appended, num_top)

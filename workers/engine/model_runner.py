@@ -409,7 +409,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([S, V] float32 logits, [T, hidden] features or None)
         """forward, also returning every query token's feature (the last layer's output before the final
         norm, flat in item order: what an EAGLE head reads) when `with_features`: the same single pass. Both
-        stay on the model's device: the engine reads a greedy step's argmax there (workers/models/device.py)."""
+        stay on the model's device: the engine reads a greedy step's argmax there (workers/models/device.py).
+        The features are a tensor of the pass's own, never written again: EAGLE sequences keep rows of it by
+        reference (SpecState.keep_features), so a runner that computes into a buffer it reuses returns a copy."""
         start_s = time.perf_counter()
         out = self.graphs.run(items, with_features) if self.graphs is not None else None
         if out is None:  # not a pass a captured graph serves: built and dispatched op by op

@@ -1,11 +1,12 @@
 """An EAGLE sequence's kept features (SpecState): appended in order, dropped from the front as the head
-consumes them, restarted on a gap, and held in a buffer that grows by doubling rather than by a copy a step."""
+consumes them, restarted on a gap, referred to in the passes' outputs until read, and held in a buffer that grows
+by doubling rather than by a copy a step."""
 
 import torch
 
 from shared.speculation import SpeculativeMethod
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
-from workers.spec.state import SpecState
+from workers.spec.state import MAX_HELD_PASSES, SpecState
 
 
 def state() -> SpecState:
@@ -41,14 +42,37 @@ def test_a_gap_restarts_the_kept_run() -> None:
     assert spec.features_start == 9 and torch.equal(spec.features, rows(9, 2))
 
 
-def test_many_single_rows_grow_the_buffer_by_doubling() -> None:
-    """A sequence that never drafts keeps every feature: log2 buffers, not one copy a step."""
+def test_rows_stay_in_the_pass_outputs_until_they_are_read() -> None:
+    """Most steps of a large batch draft nothing: keeping a row refers to the pass's output, no copy; reading the
+    features copies them over once, and a drop takes rows not copied yet off where they are."""
+    spec = state()
+    passes = [rows(0, 4), rows(4, 1), torch.cat([rows(100, 2), rows(5, 3)])]  # the last one's rows 2..4 are ours
+    spec.keep_features(0, passes[0])
+    spec.keep_features(4, passes[1])
+    spec.keep_features(5, passes[2], first_row=2, num_rows=3)
+    assert spec._feature_rows is None and spec.has_features
+    assert spec.features_start == 0 and spec.features_end == 8
+    spec.drop_features_before(3)  # the head consumed rows 0..2: gone from the first pass output, nothing copied
+    assert spec._feature_rows is None and spec.features_end == 8
+    spec.drop_features_before(6)
+    assert spec._feature_rows is None and spec.features_start == 6
+    assert torch.equal(spec.features, rows(6, 2))  # read: copied into the sequence's own buffer
+    assert spec._feature_rows is not None and not spec._pass_rows
+    passes[2].zero_()  # the pass outputs are no longer referred to
+    assert torch.equal(spec.features, rows(6, 2))
+
+
+def test_a_sequence_that_never_drafts_holds_a_bounded_number_of_pass_outputs() -> None:
+    """Every MAX_HELD_PASSES kept rows are copied into a buffer that grows by doubling: log2 buffers, not one copy
+    a step, and never more than MAX_HELD_PASSES pass outputs held alive."""
     spec = state()
     buffers = set()
     for position in range(1000):
         spec.keep_features(position, rows(position, 1))
-        buffers.add(spec._feature_rows.data_ptr())
-    assert len(buffers) <= 5  # 64, 128, 256, 512, 1024 rows
+        assert len(spec._pass_rows) < MAX_HELD_PASSES
+        if spec._feature_rows is not None:
+            buffers.add(spec._feature_rows.data_ptr())
+    assert len(buffers) <= 5  # 128, 384, ... rows
     assert torch.equal(spec.features, rows(0, 1000))
 
 
@@ -59,10 +83,11 @@ def test_consumed_rows_make_room_without_a_copy_a_step() -> None:
     last = None
     for position in range(1000):
         spec.keep_features(position, rows(position, 1))
-        if spec._feature_rows.data_ptr() != last:
-            buffers, last = buffers + 1, spec._feature_rows.data_ptr()
         if position % 7 == 0:
             spec.drop_features_before(position - 50)
+            assert torch.equal(spec.features, rows(spec.features_start, position + 1 - spec.features_start))
+        if spec._feature_rows is not None and spec._feature_rows.data_ptr() != last:
+            buffers, last = buffers + 1, spec._feature_rows.data_ptr()
     assert buffers <= 1000 // 40  # each move copies the ~50 live rows: constant work per appended row
     assert torch.equal(spec.features, rows(spec.features_start, 1000 - spec.features_start))
 
