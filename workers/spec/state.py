@@ -10,6 +10,7 @@ from workers.spec.ngram import NgramIndex
 
 MIN_FEATURE_ROWS = 64  # the smallest feature buffer a sequence holds (rows)
 MAX_HELD_PASSES = 64  # pass outputs a sequence refers to for its features before it copies their rows over
+MAX_HELD_PASS_ROWS = 128  # a larger pass output (a prefill chunk's) is copied from at once, not held
 
 
 @dataclass
@@ -74,11 +75,12 @@ class SpecState:
     # _feature_rows[_head:_tail], a buffer grown by doubling (a sequence that keeps features for many steps
     # without drafting appends in amortised constant time, not by a copy of all it holds every step); the rest
     # are still in the passes' own outputs (_pass_rows: (the pass's features, first row, rows), in order), copied
-    # over when they are read or once MAX_HELD_PASSES are held. Most steps of a large batch draft nothing, and a
-    # sequence that ends before it drafts again never copies them at all: copied at every step, keeping a row
-    # took ~11 us a sequence, 0.18 ms of a 5 ms step of 16 demo sequences. Stepped in turn against copying at
-    # every step (2-core AVX-512 host, 2026-12-06): 16 EAGLE sequences that draft nothing 1.015-1.028x tokens/s,
-    # chains of 2 every step 1.007-1.035x at one sequence and 0.998-1.000x at 16 (read at every step there).
+    # over when they are read, once MAX_HELD_PASSES are held, or at once from a pass of more than
+    # MAX_HELD_PASS_ROWS rows. Most steps of a large batch draft nothing, and a sequence that ends before it
+    # drafts again never copies them at all: copied at every step, keeping a row took ~11 us a sequence, 0.18 ms
+    # of a 5 ms step of 16 demo sequences. Stepped in turn against copying at every step (2-core AVX-512 host,
+    # 2026-12-06): 16 EAGLE sequences that draft nothing 1.015-1.028x tokens/s, chains of 2 every step
+    # 1.007-1.035x at one sequence and 0.998-1.000x at 16 (read at every step there).
     features_start: int = 0
     _feature_rows: torch.Tensor | None = None  # [capacity, hidden]
     _head: int = 0
@@ -126,7 +128,7 @@ class SpecState:
             self.features_start = start
         self._pass_rows.append((features, first_row, num_rows))
         self._num_pass_rows += num_rows
-        if len(self._pass_rows) >= MAX_HELD_PASSES:  # a bound on the pass outputs one sequence keeps alive
+        if len(self._pass_rows) >= MAX_HELD_PASSES or features.shape[0] > MAX_HELD_PASS_ROWS:  # what it keeps alive
             self._copy_pass_rows()
 
     def _copy_pass_rows(self) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from shared.speculation import SpeculativeMethod
 from workers.spec.adaptive import AdaptiveConfig, SpecLengthController
-from workers.spec.state import MAX_HELD_PASSES, SpecState
+from workers.spec.state import MAX_HELD_PASS_ROWS, MAX_HELD_PASSES, SpecState
 
 
 def state() -> SpecState:
@@ -74,6 +74,17 @@ def test_a_sequence_that_never_drafts_holds_a_bounded_number_of_pass_outputs() -
             buffers.add(spec._feature_rows.data_ptr())
     assert len(buffers) <= 5  # 128, 384, ... rows
     assert torch.equal(spec.features, rows(0, 1000))
+
+
+def test_rows_of_a_large_pass_are_copied_at_once() -> None:
+    """A prefill chunk's pass output is not held alive for a few of its rows."""
+    spec = state()
+    spec.keep_features(0, rows(0, 2))
+    big = rows(2, MAX_HELD_PASS_ROWS + 1)
+    spec.keep_features(2, big, first_row=0, num_rows=3)
+    assert not spec._pass_rows and spec._feature_rows is not None and spec.features_end == 5
+    big.zero_()
+    assert torch.equal(spec.features, rows(0, 5))
 
 
 def test_consumed_rows_make_room_without_a_copy_a_step() -> None:
