@@ -31,7 +31,7 @@ from workers.spec.ngram import NgramIndex
 from workers.spec.pass_costs import AttentionWork, PassCostTable, PassTiming
 from workers.spec.proposal import Proposal, Verdict
 from workers.spec.proposal_timing import ProposalPasses
-from workers.spec.replan import Replan
+from workers.spec.replan import Replan, probe_picks
 from workers.spec.row_max import RowMax, torch_row_max
 from workers.spec.state import SpecState, SpecStats
 from workers.spec.step_overhead import StepOverhead
@@ -248,7 +248,8 @@ class Speculator:
             # not the policy's plan, so the guard does not judge it (a probe pays the proposer's backlog: the
             # prompts it did not take in while the key was quiet)
             self._guard_key = None
-            for seq, c in chosen:  # each its tree or its longest chain: the passes such a step would run
+            behind = [len(seq) - (seq.spec.draft_num_computed if seq.spec else 0) for seq, _ in chosen]
+            for seq, c in (chosen[i] for i in probe_picks(behind)):  # each its tree or its longest chain
                 k = c.tree_size if 0 < c.tree_size <= room else min(c.max_k, room)
                 if k <= 0:
                     break

@@ -20,6 +20,7 @@ from workers.engine.model_runner import ForwardItem
 from workers.engine.sampling_params import SamplingParams
 from workers.spec.goodput_guard import GoodputGuard, guard_key
 from workers.spec.pass_costs import PassTiming
+from workers.spec.replan import PROBE_MAX_SEQS
 
 NUM_PROMPTS = 52
 
@@ -303,6 +304,30 @@ def test_a_batch_whose_plans_stay_empty_drafts_a_probe_now_and_then_and_decodes_
     assert num_steps_drafted == 1  # one probe in 63 decode steps
     assert judged and not any(judged)  # the planned steps that drafted nothing, not the probe
     assert 0 < engine.speculator.stats.counts.num_drafted <= engine.cfg.num_speculative_tokens
+
+
+def test_a_probe_of_a_large_batch_drafts_for_a_few_sequences_and_decodes_the_same(spec_models) -> None:
+    """A batch of 6 whose plans stay empty: its probe drafts for PROBE_MAX_SEQS of them, not all (each drafting
+    sequence pays its proposer's backlog: at 16 demo sequences a probe of all of them took 8-17 plain steps);
+    the tokens are the plain ones."""
+    engine = spec_engine(spec_models, costs=(lambda n: 1e-3, lambda n: 1e-3))  # a draft pass costs a target pass
+    requests = {str(i): (make_prompts()[i], greedy(64)) for i in range(6)}
+    drafting_per_step: list[int] = []
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    outs = []
+    while engine.num_unfinished():
+        num_steps = engine.speculator.stats.counts.num_steps  # sequence-steps that verified drafts
+        outs.extend(engine.step())
+        drafting_per_step.append(engine.speculator.stats.counts.num_steps - num_steps)
+    by_request: dict[str, list] = {}
+    for out in outs:
+        by_request.setdefault(out.request_id, []).append(out)
+    reference = spec_engine(spec_models, draft=None, speculative_method="none")
+    plain = run_all(reference, requests)
+    assert {rid: tokens(o) for rid, o in by_request.items()} == {rid: tokens(o) for rid, o in plain.items()}
+    probes = [n for n in drafting_per_step if n]
+    assert probes and all(n == PROBE_MAX_SEQS for n in probes)  # each probe: 4 of the 6
 
 
 def test_a_quiet_batch_takes_prompts_in_only_once_speculation_pays_again(spec_models, plain_reference) -> None:

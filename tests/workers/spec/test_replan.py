@@ -2,7 +2,7 @@
 every PROBE_EVERY-th of its empty plans in a row is a probe."""
 
 from workers.spec.goodput_guard import guard_key
-from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, PROBE_EVERY, Replan
+from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, PROBE_EVERY, PROBE_MAX_SEQS, Replan, probe_picks
 
 KEY = guard_key(16, False, ("draft",))
 OTHER = guard_key(1, False, ("draft",))
@@ -67,3 +67,14 @@ def test_every_probe_every_th_empty_plan_in_a_row_is_a_probe() -> None:
     for _ in range(PROBE_EVERY):
         replan.record(KEY, is_empty=True)
     assert replan.is_probe_due(KEY)
+
+
+def test_a_probe_drafts_for_the_sequences_with_the_least_to_catch_up_on() -> None:
+    """At most PROBE_MAX_SEQS of a batch, those whose proposer is the fewest tokens behind (the earlier of a
+    tie), in batch order; a batch that small probes every sequence."""
+    behind = [90, 3, 40, 3, 7, 12, 500, 1]
+    assert PROBE_MAX_SEQS == 4
+    assert probe_picks(behind) == [1, 3, 4, 7]
+    assert probe_picks([5, 5, 5, 5, 5, 5]) == [0, 1, 2, 3]
+    assert probe_picks([8, 2]) == [0, 1]
+    assert probe_picks([]) == []
