@@ -2,7 +2,15 @@
 every PROBE_EVERY-th of its empty plans in a row is a probe."""
 
 from workers.spec.goodput_guard import guard_key
-from workers.spec.replan import EMPTY_STREAK, MAX_INTERVAL, PROBE_EVERY, PROBE_MAX_SEQS, Replan, probe_picks
+from workers.spec.replan import (
+    EMPTY_STREAK,
+    MAX_INTERVAL,
+    MAX_PROBE_GAP,
+    PROBE_EVERY,
+    PROBE_MAX_SEQS,
+    Replan,
+    probe_picks,
+)
 
 KEY = guard_key(16, False, ("draft",))
 OTHER = guard_key(1, False, ("draft",))
@@ -78,3 +86,19 @@ def test_a_probe_drafts_for_the_sequences_with_the_least_to_catch_up_on() -> Non
     assert probe_picks([5, 5, 5, 5, 5, 5]) == [0, 1, 2, 3]
     assert probe_picks([8, 2]) == [0, 1]
     assert probe_picks([]) == []
+
+
+def test_probes_that_change_nothing_come_twice_as_far_apart_up_to_a_bound() -> None:
+    """A probe after which the plans stay empty found the tables right: the next one comes twice as many empty
+    plans on, then every MAX_PROBE_GAP; a plan that drafts starts the count again."""
+    replan = Replan()
+    due = []
+    for num_empty in range(1, 300):
+        replan.record(KEY, is_empty=True)
+        if replan.is_probe_due(KEY):
+            due.append(num_empty)
+    assert MAX_PROBE_GAP == 64
+    assert due == [8, 16, 32, 64, 128, 192, 256]
+    replan.record(KEY, is_empty=False)
+    due = [n for n in range(1, 20) if (replan.record(KEY, is_empty=True), replan.is_probe_due(KEY))[1]]
+    assert due == [PROBE_EVERY, 2 * PROBE_EVERY]
