@@ -30,21 +30,27 @@ class StepApplier:
         is_adaptive: bool,  # speculation length follows acceptance (EngineConfig.is_adaptive)
         eos_token_ids: frozenset[int],
         max_model_len: int,
+        store_block_size: int = 0,  # with a FeatureStore (feature_store.py): its blocks' size; 0: none
     ) -> None:
         self.target = target
         self.stats = stats
         self.is_adaptive = is_adaptive
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.store_block_size = store_block_size
 
     # ---- after proposing ----------------------------------------------------------------------------
     def apply_proposals(self, proposed: ProposeOutput, sequences: dict[str, Sequence]) -> None:
         for request_id, proposal in proposed.proposals.items():
-            spec = sequences[request_id].spec
+            seq = sequences[request_id]
+            spec = seq.spec
             if spec is not None and proposal.draft_num_computed is not None:
                 spec.draft_num_computed = proposal.draft_num_computed
                 if spec.method is SpeculativeMethod.EAGLE:  # the head's cache holds those rows now
-                    spec.drop_features_before(spec.draft_num_computed)
+                    # with a FeatureStore, the features of a block not registered yet stay for its registration
+                    is_stored = self.store_block_size > 0
+                    registered = seq.num_registered_blocks * self.store_block_size if is_stored else spec.draft_num_computed
+                    spec.drop_features_before(min(spec.draft_num_computed, registered))
         for request_id, reason in proposed.fallbacks.items():
             self._fall_back(sequences[request_id], reason)
 

@@ -6,11 +6,14 @@ rollback of rejected speculative tokens) only moves its length back and returns 
 
 With prefix caching (prefix_cache.py) a block may sit in several sequences' tables: each block counts the tables
 that hold it and goes back to the free list when none does, keeping its key there until it is allocated anew
-(the least recently freed first), so a later sequence with the same first tokens may claim it back.
+(the least recently freed first), so a later sequence with the same first tokens may claim it back. With an
+EAGLE head the engine gives the manager a FeatureStore (feature_store.py): the target's features of the blocks
+it registers, which EAGLE sequences that claim those blocks take back.
 """
 
 from shared.speculation import SpeculativeMethod
-from workers.engine.prefix_cache import PrefixCache, block_keys
+from workers.engine.feature_store import FeatureStore
+from workers.engine.prefix_cache import FEATURES, PrefixCache, block_keys
 from workers.engine.sequence import Sequence
 
 PROPOSER_METHODS = (SpeculativeMethod.DRAFT, SpeculativeMethod.EAGLE)  # the methods with KV rows of their own
@@ -25,6 +28,7 @@ class BlockManager:
         self.free_block_ids: dict[int, None] = dict.fromkeys(range(num_blocks))  # in the order they were freed
         self.refcounts = [0] * num_blocks  # the block tables holding each block
         self.cache = PrefixCache() if prefix_caching else None
+        self.features: FeatureStore | None = None  # with the cache and an EAGLE head: set by the engine
 
     @property
     def num_free_blocks(self) -> int:
@@ -85,8 +89,8 @@ class BlockManager:
             most -= 1
         blocks = self.cache.match(keys[:max(0, most)])
         method = _proposer_method(seq)
-        if method is SpeculativeMethod.EAGLE:  # its head takes in no block the target does not compute for it
-            blocks = blocks[: self._num_proposer_blocks(seq, blocks, method)]
+        if method is SpeculativeMethod.EAGLE:  # its head rows there, then the blocks whose features are kept
+            blocks = blocks[: self._num_feature_blocks(seq, blocks, self._num_proposer_blocks(seq, blocks, method))]
         return blocks
 
     def num_taken_from_free(self, blocks: list[int]) -> int:
@@ -108,6 +112,9 @@ class BlockManager:
         if method is not None and seq.spec is not None:
             seq.num_proposer_blocks = self._num_proposer_blocks(seq, blocks, method)
             seq.spec.draft_num_computed = seq.num_proposer_blocks * self.block_size
+            if method is SpeculativeMethod.EAGLE and len(blocks) > seq.num_proposer_blocks:
+                assert self.features is not None  # claimable() went past the head rows over blocks it holds
+                seq.spec.keep_features(seq.spec.draft_num_computed, self.features.read(blocks[seq.num_proposer_blocks :]))
         if seq.num_preemptions == 0 and seq.num_cached_tokens == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
         self.cache.num_queried_tokens += len(seq)
@@ -127,9 +134,10 @@ class BlockManager:
         if num_full > seq.num_registered_blocks:
             keys = block_keys(seq.token_ids, self.block_size, seq.block_keys, num_full * self.block_size,
                               seq.params.cache_salt)
-            for index in range(seq.num_registered_blocks, num_full):
-                self.cache.register(seq.block_table[index], keys[index])
+            first = seq.num_registered_blocks
+            is_new = [self.cache.register(seq.block_table[i], keys[i]) for i in range(first, num_full)]
             seq.num_registered_blocks = num_full
+            self._keep_features(seq, first, is_new)
         method = _proposer_method(seq)
         if method is None or seq.spec is None or seq.num_proposer_blocks >= seq.num_registered_blocks:
             return
@@ -144,6 +152,39 @@ class BlockManager:
             if holds is not None:
                 holds[method.value] = seq.token_ids[after] if is_head else -1
         seq.num_proposer_blocks = max(seq.num_proposer_blocks, num_rows)
+
+    def _keep_features(self, seq: Sequence, first: int, is_new: list[bool]) -> None:
+        """Blocks first, first + 1, ... of `seq`, just registered where is_new: into the FeatureStore with their
+        features (an EAGLE sequence's, kept until its head reads them), marked with the token after each block
+        (a head row's mark: prefix_cache.py); those whose features it no longer keeps are left unmarked."""
+        spec = seq.spec
+        if self.features is None or _proposer_method(seq) is not SpeculativeMethod.EAGLE or not any(is_new):
+            return
+        assert self.cache is not None and spec is not None
+        size = self.block_size
+        start = max(first, -(-spec.features_start // size))  # the first block whose features are all kept
+        end = min(first + len(is_new), spec.features_end // size, (len(seq) - 1) // size)  # ... and a token after it
+        if start >= end:
+            return
+        rows = spec.feature_rows(start * size, end * size)  # [(end - start) * size, hidden]
+        assert rows is not None
+        blocks = [seq.block_table[i] for i in range(start, end)]
+        self.features.write(blocks, rows)
+        for index in range(start, end):
+            if is_new[index - first]:
+                self.cache.proposers_of[seq.block_table[index]][FEATURES] = seq.token_ids[(index + 1) * size]
+
+    def _num_feature_blocks(self, seq: Sequence, blocks: list[int], start: int) -> int:
+        """How many leading `blocks` an EAGLE sequence may claim: the `start` whose head rows it takes, then those
+        whose features the FeatureStore holds, the last one followed by seq's own next token (its head computes
+        that block's last row, which reads that token, into the shared block)."""
+        assert self.cache is not None
+        num = start
+        while num < len(blocks) and FEATURES in self.cache.proposers_of.get(blocks[num], {}):
+            num += 1
+        if num > start and self.cache.proposers_of[blocks[num - 1]][FEATURES] != seq.token_ids[num * self.block_size]:
+            num -= 1
+        return num
 
     def _proposer_marks(self, seq: Sequence, index: int, method: SpeculativeMethod) -> dict[str, int] | None:
         """The marks of `seq`'s block `index`; where the block is its own copy of one registered under the same key

@@ -29,6 +29,7 @@ from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
+from workers.engine.feature_store import FeatureStore
 from workers.engine.fusing import FusingStats, fuse_runner
 from workers.engine.grammar import GrammarCompiler, GrammarMatcher
 from workers.engine.head_runner import HeadRunner
@@ -100,12 +101,17 @@ class Engine:
         bytes_per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size)
         if draft is not None:
             bytes_per_block += ModelRunner.kv_bytes_per_block(draft, cfg.block_size)
+        is_feature_store = head is not None and cfg.prefix_caching  # the target's features of cached blocks
         if head is not None:
             bytes_per_block += HeadRunner.kv_bytes_per_block(head, cfg.block_size)
+        if is_feature_store:
+            bytes_per_block += FeatureStore.bytes_per_block(cfg.block_size, model.cfg.hidden_size, dtype)
         num_blocks = int(cfg.kv_cache_mb * 2**20 // bytes_per_block)
         if num_blocks < 2:
             raise ValueError(f"kv_cache_mb={cfg.kv_cache_mb} holds fewer than 2 blocks")
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching)
+        if is_feature_store:
+            self.block_manager.features = FeatureStore(num_blocks, cfg.block_size, model.cfg.hidden_size, dtype, self.device)
         # one cache block past the manager's, never handed out: where decode graphs' padding rows write
         num_cache_blocks = num_blocks + 1
         self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
@@ -134,8 +140,9 @@ class Engine:
             self.use_decode_graphs(capture=True)
         self._measure_costs(draft_proposer.runner if draft_proposer is not None else None)
         self.applier = StepApplier(
-            self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len
-        )
+            self.runner, self.speculator.stats, cfg.is_adaptive, frozenset(model.cfg.eos_token_ids), self.max_model_len,
+            cfg.block_size if is_feature_store else 0,
+        )  # fmt: skip
         policy = PriorityPolicy(
             cfg.max_num_seqs, num_blocks, cfg.priority_preemption_limit, cfg.priority_reserved_fraction
         )

@@ -16,10 +16,12 @@ The proposers' caches use the same block ids (block_manager.py): a registered bl
 whose proposer rows it holds for its tokens (draft model, EAGLE head), and a sequence claims, for its proposer,
 the leading blocks it could use. A draft model's row depends on the tokens up to its own, as the target's; an
 EAGLE head's row t reads token t + 1 too, so its mark keeps the token that followed the block, and a sequence
-whose next token is another does not count the block's head rows. An EAGLE sequence claims no further than its
-head's rows go (they need the target's features, which only a target pass over those positions gives), and
-where it then computes its own copy of a registered block whose copy has no head rows, the key moves to its
-copy; a draft-model sequence has its draft take in the rest (workers/engine/speculator.py).
+whose next token is another does not count the block's head rows. Head rows need the target's features, which
+only a target pass over those positions gives: an engine with an EAGLE head keeps the features of the blocks
+it registers (feature_store.py; the mark FEATURES, with the token after the block as a head row's), and an EAGLE
+sequence claims past its head rows as far as blocks hold them, its head computing those rows from the stored
+features. Where a registered block's copy holds neither and an EAGLE sequence computes its own, the key moves to
+its copy; a draft-model sequence has its draft take in the rest (workers/engine/speculator.py).
 """
 
 import hashlib
@@ -27,6 +29,7 @@ from array import array
 from collections.abc import Sequence as Tokens
 
 KEY_BYTES = 16
+FEATURES = "features"  # proposers_of's mark of a block whose target features the FeatureStore holds
 SALT_PERSON = b"specfleet-salt"  # the salt's digest is of its own kind: never equal to a block's key by design
 
 
@@ -51,7 +54,8 @@ class PrefixCache:
     def __init__(self) -> None:
         self.block_of: dict[bytes, int] = {}  # key -> block id
         self.key_of: dict[int, bytes] = {}  # block id -> key
-        # block id -> the methods whose proposer rows it holds -> the token after the block when they were computed
+        # block id -> the methods whose proposer rows it holds (and FEATURES: the target's features, kept) -> the
+        # token after the block when they were computed
         self.proposers_of: dict[int, dict[str, int]] = {}
         self.num_queried_tokens = 0  # prompt tokens looked up (admissions that could use the cache)
         self.num_hit_tokens = 0  # of those, tokens taken from registered blocks

@@ -114,6 +114,25 @@ class SpecState:
         """One past the last position with a kept feature."""
         return self.features_start + self._tail - self._head + self._num_pass_rows
 
+    def feature_rows(self, start: int, end: int) -> torch.Tensor | None:
+        """[end - start, hidden] the kept features of positions start .. end - 1 (None unless all are kept), read
+        where they are: nothing moves into the buffer. A view where they lie in one piece: copy it to keep it."""
+        if not self.features_start <= start < end <= self.features_end:
+            return None
+        pieces: list[tuple[torch.Tensor, int, int]] = []  # (tensor, its row of the piece's first position, rows)
+        if self._tail > self._head:
+            assert self._feature_rows is not None
+            pieces.append((self._feature_rows, self._head, self._tail - self._head))
+        pieces += self._pass_rows
+        parts = []
+        position = self.features_start  # of the piece's first row
+        for rows, first_row, n in pieces:
+            lo, hi = max(start, position), min(end, position + n)
+            if lo < hi:
+                parts.append(rows[first_row + lo - position : first_row + hi - position])
+            position += n
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     def keep_features(self, start: int, features: torch.Tensor, first_row: int = 0, num_rows: int | None = None) -> None:
         """Keep features[first_row : first_row + num_rows] ([n, hidden]; num_rows None: to the end), the features
         of committed positions start .. start + n - 1; a gap (never expected) restarts the kept run. `features` must

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.engine_runs import run_all, tokens
+from tests.workers.engine_runs import run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_grammar import METHODS, engine_for
 from workers.engine.engine import Engine
 from workers.engine.errors import InvalidRequestError
+from workers.engine.outputs import StepOutput
+from workers.engine.prefix_cache import FEATURES
 from workers.engine.sampling_params import SamplingParams
 
 SHARED = torch.randint(1, 512, (37,), generator=torch.Generator().manual_seed(11)).tolist()  # 9 full blocks + 1
@@ -130,12 +132,47 @@ def test_a_head_row_that_read_another_next_token_is_not_taken(eagle_models, meth
     assert out[-1].num_cached_tokens == num_cached and tokens(out) == tokens(plain)
 
 
+def test_an_eagle_sequence_claims_blocks_whose_features_are_kept_and_its_head_rows_are_as_without_the_cache(
+    eagle_models,
+) -> None:
+    """A prompt that ended in its prefill step (one token) registered its blocks without head rows, but with the
+    target's features (feature_store.py): the next EAGLE sequence claims them all, and its head computes their rows
+    from the stored features: after its first step the head's cache holds, for those 36 positions, what an engine
+    without the cache computed (a head whose rows read the features: random_head), and it answers the same."""
+
+    def engine(prefix_caching: bool) -> Engine:
+        return spec_engine(eagle_models, eagle="random_head", speculative_method="eagle", prefix_caching=prefix_caching)
+
+    def run_b(e: Engine) -> tuple[tuple[torch.Tensor, torch.Tensor], list[StepOutput]]:
+        """The head's K and V of b's first 9 blocks after its first step, and b's outputs."""
+        e.add_request("b", SHARED + [1], greedy())
+        outs = e.step()
+        blocks = torch.tensor(e.sequences["b"].block_table[:9])
+        k, v = e.speculator.eagle.runner.kv_cache
+        rows = k.index_select(0, blocks), v.index_select(0, blocks)
+        while e.num_unfinished():
+            outs += e.step()
+        return rows, outs
+
+    cached, uncached = engine(True), engine(False)
+    run_all(cached, {"warm": (SHARED, SamplingParams(max_tokens=1, temperature=0.0))})
+    cache = cached.block_manager.cache
+    assert cache is not None and len(cache.key_of) == 9
+    assert all(FEATURES in marks and "eagle" not in marks for marks in cache.proposers_of.values())
+    (rows, out), (expected_rows, plain) = run_b(cached), run_b(uncached)
+    for got, expected in zip(rows, expected_rows, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    assert out[-1].num_cached_tokens == 36 and plain[-1].num_cached_tokens == 0 and tokens(out) == tokens(plain)
+    drafted = ("num_draft_tokens", "num_accepted_tokens")  # the random head's drafts, rejected alike
+    assert [out[-1].metrics[k] for k in drafted] == [plain[-1].metrics[k] for k in drafted]
+
+
 def test_an_eagle_sequence_s_own_copy_with_head_rows_takes_over_the_key(eagle_models) -> None:
-    """A prompt that ended in its prefill step (one token) registered its blocks without head rows: the next EAGLE
-    sequence claims none of them and computes its own, with head rows, which then take over their keys, so the
-    one after claims them all."""
+    """A prompt decoded without speculation registered its blocks with neither head rows nor features: the next
+    EAGLE sequence claims none of them and computes its own, with head rows, which then take over their keys, so
+    the one after claims them all."""
     engine = engine_for(eagle_models, "eagle-chain")
-    run_all(engine, {"warm": (SHARED, SamplingParams(max_tokens=1, temperature=0.0))})
+    run_all(engine, {"warm": (SHARED, SamplingParams(max_tokens=1, temperature=0.0, speculative="none"))})
     second = run_all(engine, {"b": (SHARED + [1], greedy())})["b"]
     third = run_all(engine, {"c": (SHARED + [2], greedy())})["c"]
     assert (second[-1].num_cached_tokens, third[-1].num_cached_tokens) == (0, 36)

@@ -62,6 +62,22 @@ def test_rows_stay_in_the_pass_outputs_until_they_are_read() -> None:
     assert torch.equal(spec.features, rows(6, 2))
 
 
+def test_a_range_of_rows_reads_across_the_buffer_and_the_pass_outputs_and_moves_nothing() -> None:
+    """feature_rows (what a block's registration copies into the FeatureStore): any range of kept positions, in one
+    piece or across the buffer and several pass outputs; None for a range not all kept; the state unchanged."""
+    spec = state()
+    spec.keep_features(0, rows(0, 4))
+    assert spec.features is not None  # read: positions 0..3 now in the buffer
+    spec.keep_features(4, rows(4, 3))
+    spec.keep_features(7, torch.cat([rows(100, 1), rows(7, 2)]), first_row=1)
+    spec.drop_features_before(1)
+    held = list(spec._pass_rows)
+    for start, end in ((1, 9), (2, 4), (3, 8), (4, 7), (5, 6), (7, 9)):
+        assert torch.equal(spec.feature_rows(start, end), rows(start, end - start)), (start, end)
+    assert spec.feature_rows(0, 4) is None and spec.feature_rows(5, 10) is None and spec.feature_rows(3, 3) is None
+    assert spec._pass_rows == held and spec.features_start == 1 and spec.features_end == 9
+
+
 def test_a_sequence_that_never_drafts_holds_a_bounded_number_of_pass_outputs() -> None:
     """Every MAX_HELD_PASSES kept rows are copied into a buffer that grows by doubling: log2 buffers, not one copy
     a step, and never more than MAX_HELD_PASSES pass outputs held alive."""
