@@ -6,7 +6,10 @@ on both alike), greedy, the engine's default speculation:
 
 - `system_prompt`: one long shared system prompt (held-out code, ~1,200 tokens) before each request's own short
   prompt; one request after another (closed loop, concurrency 1), then all of them at once (concurrency 16).
-- `chat`: a conversation of turns, each prompt the previous prompt, its answer and a new user message.
+- `chat`: a conversation of turns, each prompt the previous prompt, its answer and a new user message; one
+  conversation (concurrency 1), then 16 at once, each with an opening of its own (concurrency 16: where
+  speculation does not pay, an EAGLE engine's head takes in no prompt, and its sequences claim cached blocks
+  through the target's features the engine keeps: workers/engine/feature_store.py).
 
 Figures: TTFT p50 (the engine's own: arrival -> first token), tokens/s, the share of prompt tokens taken from the
 cache, and whether each answer equals the uncached engine's (greedy: it must). Ratios: cached over uncached.
@@ -51,15 +54,40 @@ def _requests(engine: Any, prompts: list[str] | list[list[int]], concurrency: in
             "prompt_tokens": num_prompt, "cached_tokens": num_cached, "answers": [answers[i] for i in sorted(answers)]}  # fmt: skip
 
 
-def _chat(engine: Any, tokenizer: Any, opening: str, messages: list[str], tag: str) -> dict[str, Any]:
-    """A conversation: each turn's prompt is the last one, its answer and the next message (token ids)."""
-    prompt = list(tokenizer.encode(opening, add_special_tokens=False))
-    turns = []
-    for turn, message in enumerate(messages):
-        prompt = prompt + list(tokenizer.encode("\n" + message, add_special_tokens=False))
-        turns.append(_requests(engine, [prompt], 1, f"{tag}-t{turn}"))
-        prompt = prompt + turns[-1]["answers"][0]
-    return _merge(turns)
+def _chats(engine: Any, tokenizer: Any, openings: list[str], messages: list[str], tag: str) -> dict[str, Any]:
+    """Conversations, all in flight at once (one per opening): each turn's prompt is the conversation's last one,
+    its answer and the next message (token ids); a conversation's next turn starts the step after its answer."""
+    from workers.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    prompts = [list(tokenizer.encode(opening, add_special_tokens=False)) for opening in openings]
+    turn = [0] * len(openings)
+    answers: dict[int, list[int]] = {}  # conversation * len(messages) + turn -> its answer
+    ttft_ms, num_prompt, num_cached, num_tokens = [], 0, 0, 0
+
+    def start(c: int) -> None:
+        prompts[c] = prompts[c] + list(tokenizer.encode("\n" + messages[turn[c]], add_special_tokens=False))
+        answers[c * len(messages) + turn[c]] = []
+        engine.add_request(f"{tag}-{c}-{turn[c]}", prompts[c], params)
+
+    start_s = time.perf_counter()
+    for c in range(len(openings)):
+        start(c)
+    while engine.num_unfinished():
+        for out in engine.step():
+            c, t = (int(part) for part in out.request_id.rsplit("-", 2)[1:])
+            answers[c * len(messages) + t] += out.new_token_ids
+            num_tokens += len(out.new_token_ids)
+            if out.finished:
+                ttft_ms.append(out.metrics["ttft_ms"])
+                num_prompt += out.num_prompt_tokens
+                num_cached += out.num_cached_tokens
+                prompts[c] = prompts[c] + answers[c * len(messages) + t]
+                turn[c] += 1
+                if turn[c] < len(messages):
+                    start(c)
+    return {"ttft_ms": ttft_ms, "seconds": time.perf_counter() - start_s, "tokens": num_tokens,
+            "prompt_tokens": num_prompt, "cached_tokens": num_cached, "answers": [answers[i] for i in sorted(answers)]}  # fmt: skip
 
 
 def _row(workload: str, cache: str, concurrency: int, run: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
@@ -98,10 +126,13 @@ def bench_prefix_command(quick: bool, json_path: str | None) -> int:
                 while engine.num_unfinished():
                     engine.step()
                 runs.setdefault(("system_prompt", c, flag), []).append(_requests(engine, fresh, c, f"s{r}{c}{flag}"))
-            opening = f"# chat {r}\n{system[:1500]}"
-            runs.setdefault(("chat", 1, flag), []).append(_chat(engine, engine.tokenizer, opening, chat_messages, f"c{r}{flag}"))
+            for c in (1, 16):  # conversations in flight, each its own opening (no block shared across them)
+                openings = [f"# chat {r}-{c}-{i}\n{system[:1500]}" for i in range(c)]
+                runs.setdefault(("chat", c, flag), []).append(
+                    _chats(engine, engine.tokenizer, openings, chat_messages, f"c{r}{c}{flag}")
+                )
     rows, ratios = [], {}
-    for workload, c in (("system_prompt", 1), ("system_prompt", 16), ("chat", 1)):
+    for workload, c in (("system_prompt", 1), ("system_prompt", 16), ("chat", 1), ("chat", 16)):
         merged = {flag: _merge(runs[(workload, c, flag)]) for flag in (False, True)}
         rows += [_row(workload, "off", c, merged[False], None), _row(workload, "on", c, merged[True], merged[False])]
         on, off = rows[-1], rows[-2]

@@ -1,9 +1,10 @@
 """The prefix benchmark's measurement on a real engine (tiny pair, blocks of 16 tokens): requests after a shared
-system prompt and a chat's turns take cached blocks on the cached engine, none on the other, and answer alike."""
+system prompt and chats' turns (one conversation, and three at once) take cached blocks on the cached engine, none
+on the other, and answer alike."""
 
 from pathlib import Path
 
-from workers.bench.prefix_bench import _chat, _requests
+from workers.bench.prefix_bench import _chats, _requests
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 
@@ -18,8 +19,10 @@ def test_cached_and_uncached_runs_answer_alike_and_say_what_they_took(tiny_pair:
                                      speculative_method="none", prefix_caching=flag), target)  # fmt: skip
         prompts = [SYSTEM + p for p in ("def f(x):", "import os", "class A:", "for i in")]
         one_by_one = _requests(engine, prompts, 1, "a")
-        chat = _chat(engine, engine.tokenizer, SYSTEM, ["def g():", "print(1)", "x = 2"], "c")
-        runs[flag] = (one_by_one, chat)
+        chat = _chats(engine, engine.tokenizer, [SYSTEM], ["def g():", "print(1)", "x = 2"], "c")
+        chats = _chats(engine, engine.tokenizer, [f"# {i}\n{SYSTEM}" for i in range(3)], ["def g():", "x = 2"], "d")
+        assert len(chats["answers"]) == 6
+        runs[flag] = (one_by_one, chat, chats)
         assert engine.num_unfinished() == 0
     for off, on in zip(runs[False], runs[True], strict=True):
         assert on["answers"] == off["answers"] and off["cached_tokens"] == 0
