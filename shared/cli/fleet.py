@@ -105,6 +105,7 @@ def worker(
         str | None, typer.Option(help="Target model dir; default: engine config (demo pair)")
     ] = None,
     draft: Annotated[str | None, typer.Option(help="Draft model dir")] = None,
+    eagle: Annotated[str | None, typer.Option(help="EAGLE head dir (for the target)")] = None,
     engine_config: Annotated[
         str | None, typer.Option(help="Engine YAML (default: settings.engine_config)")
     ] = None,
@@ -156,6 +157,7 @@ def worker(
             engine_config or settings.engine_config,
             target_dir=target,
             draft_dir=draft,
+            eagle_dir=eagle,
             max_num_seqs=max_num_seqs,
             num_threads=num_threads,
             tensor_parallel_size=tensor_parallel_size,

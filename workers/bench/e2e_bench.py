@@ -219,8 +219,10 @@ def bench_e2e(
     work_dir: Path | None = None,
     only: str | None = None,
     settle_gc: bool = False,
+    eagle_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Every phase, or only the one named (`mixed`). settle_gc: this process settles its garbage collector once
+    """Every phase, or only the one named (`mixed`); eagle_dir: the target's EAGLE head, the fleet's worker and
+    the in-process engine alike (the demo target's: as `specfleet up` serves the demo pair). settle_gc: this process settles its garbage collector once
     its in-process engine is warm, as the fleet's processes do (the `specfleet bench` commands; not in tests,
     where a freeze would keep what later tests drop from ever being collected)."""
     from workers.engine.config import EngineConfig
@@ -236,7 +238,8 @@ def bench_e2e(
            "SPECFLEET_BATCH_MAX_INFLIGHT_LINES_PER_KEY": str(plan.mixed.fairness_inflight_lines_per_key)}
     with tempfile.TemporaryDirectory(prefix="specfleet-e2e-") as tmp:
         fleet = BenchFleet(Path(work_dir or tmp), target_dir, draft_dir, num_gateway_procs=1,
-                           num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs, env=env)
+                           num_engine_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs, env=env,
+                           eagle_dir=eagle_dir)  # fmt: skip
         io_cpus = fleet.placement.io_cpus if fleet.placement else None
         with fleet, cpu_placement.bound(io_cpus):  # this process is the fleet's clients: on the I/O cores
             cfg = EngineConfig.load(ROOT / settings.engine_config, num_threads=plan.num_engine_threads,
@@ -288,11 +291,13 @@ def _fleet_phases(
     # 3: latency, fleet vs engine
     fleet.start_worker()
     torch.set_num_threads(plan.num_engine_threads)
+    eagle_dir = fleet.eagle_dir
     cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
                             draft_dir=str(draft_dir) if draft_dir else None,
+                            eagle_dir=str(eagle_dir) if eagle_dir else None,
                             num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
     with _on_engine_cpus(fleet):
-        engine = Engine(cfg, target_dir, draft_dir)
+        engine = Engine(cfg, target_dir, draft_dir, eagle_dir)
         engine.warm_pass_shapes()  # as the fleet's worker did in its warm-up
     warm = request_mix(2, 4)
     asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides

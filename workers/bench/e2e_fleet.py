@@ -37,8 +37,9 @@ class BenchFleet(ProcessGroup):
         num_engine_threads: int = 1,
         max_num_seqs: int = 32,
         env: dict[str, str] | None = None,  # more environment for every process (settings of a phase)
+        eagle_dir: Path | None = None,  # the target's EAGLE head (the demo target's, as `specfleet up` runs it)
     ) -> None:
-        self.target_dir, self.draft_dir = target_dir, draft_dir
+        self.target_dir, self.draft_dir, self.eagle_dir = target_dir, draft_dir, eagle_dir
         self.num_engine_threads = num_engine_threads
         self.max_num_seqs = max_num_seqs
         self.initial_gateway_procs = num_gateway_procs
@@ -127,6 +128,8 @@ class BenchFleet(ProcessGroup):
                 "--max-num-seqs", str(max_num_seqs or self.max_num_seqs)]  # fmt: skip
         if self.draft_dir is not None:
             args += ["--draft", str(self.draft_dir)]
+        if self.eagle_dir is not None:
+            args += ["--eagle", str(self.eagle_dir)]
         self.fleet.start_worker(args, name=WORKER_NAME, timeout_s=READY_TIMEOUT_S)
 
     def stop_worker(self) -> None:

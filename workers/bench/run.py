@@ -92,6 +92,7 @@ def bench_e2e_command(
         typer.echo(f"error: --phase must be mixed (or left out: every phase), not {phase!r}", err=True)
         return 2
     with tempfile.TemporaryDirectory(prefix="specfleet-models-") as tmp:
+        eagle_dir = None  # the tiny pair has no head: its engines speculate with the draft model
         if model == "tiny":
             from workers.demo.tiny import make_tiny_pair
 
@@ -103,13 +104,15 @@ def bench_e2e_command(
                 typer.echo("error: the demo pair builder (workers.demo.build) is not available; use --model tiny",
                            err=True)
                 return 2
+            from workers.demo.eagle_build import ensure_demo_head
+
             pair = ensure_demo_pair()
-            target_dir, draft_dir = pair.target_dir, pair.draft_dir
+            target_dir, draft_dir, eagle_dir = pair.target_dir, pair.draft_dir, ensure_demo_head(pair)
         else:
             typer.echo(f"error: --model must be tiny or demo, not {model!r}", err=True)
             return 2
         result = bench_e2e(target_dir, draft_dir, plan, work_dir=Path(work_dir) if work_dir else None, only=phase,
-                           settle_gc=True)
+                           settle_gc=True, eagle_dir=eagle_dir)
     print_e2e(result)
     if json_path:
         machine = machine_info(model=model, quick=quick, **result["engine"])

@@ -1,6 +1,8 @@
 """The worker's /metrics over real HTTP: a real `specfleet worker` process (tiny pair, speculating with its
-draft) runs jobs from a real Redis; its engine and speculation figures are scraped and parsed."""
+draft; or a target with an EAGLE head, `--eagle`) runs jobs from a real Redis; its engine and speculation figures
+are scraped and parsed."""
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -27,8 +29,9 @@ from workers.worker.loop_time import LoopClock, LoopPart
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def _worker(redis_url: str, tmp_path: Path, *models: str) -> Iterator[str]:
+    """A real `specfleet worker` with `models` (its --target ... options), serving /metrics: its URL."""
     port = free_port()
     env = {
         **os.environ,
@@ -40,9 +43,7 @@ def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path)
         # nothing; a fixed k makes every step speculate, and the speculation metrics are what this checks
         "SPECFLEET_ENGINE_IS_ADAPTIVE": "false",
     }
-    target, draft = tiny_pair
-    args = [sys.executable, "-m", "shared.cli", "worker", "--target", str(target), "--draft", str(draft),
-            "--name", "metrics-worker", "--num-threads", "1"]
+    args = [sys.executable, "-m", "shared.cli", "worker", *models, "--name", "metrics-worker", "--num-threads", "1"]
     with open(tmp_path / "worker.log", "wb") as log:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = redis.Redis.from_url(redis_url)
@@ -55,6 +56,13 @@ def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path)
         client.close()
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture
+def metrics_worker(redis_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path) -> Iterator[str]:
+    target, draft = tiny_pair
+    with _worker(redis_url, tmp_path, "--target", str(target), "--draft", str(draft)) as url:
+        yield url
 
 
 def _scrape(url: str) -> dict[str, list]:
@@ -138,6 +146,23 @@ def test_worker_serves_engine_and_speculation_metrics(
     assert loop["pull"] >= 0  # the jobs may have come in one pull, or with an idle wait (charged to `idle`)
     assert loop["idle"] > 0  # before the jobs came, after they ended: counted as the wait goes
     assert 0 < _value(samples, "specfleet_worker_engine_steps_total") <= 3 * 24  # one token or more a job a step
+
+
+def test_a_worker_given_an_eagle_head_drafts_with_it(
+    redis_url: str, eagle_models: dict[str, Path], rclient: redis.Redis, settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """`specfleet worker --eagle DIR` (as `bench e2e --model demo` starts the demo target's head)."""
+    models = ("--target", str(eagle_models["target"]), "--eagle", str(eagle_models["copy_head"]))
+    with _worker(redis_url, tmp_path, *models) as url:
+        job_id = submit_job(rclient, settings, prompt="def f(x):", max_tokens=16, temperature=0, ignore_eos=True)
+        wait_until(lambda: rclient.hget(keys.job_hash(job_id), "status") == "succeeded", timeout_s=60,
+                   what=f"job {job_id} to succeed")  # fmt: skip
+        samples = wait_until(
+            lambda: (s := _scrape(url)) and _value(s, "specfleet_engine_ttft_seconds_count") >= 1 and s,
+            timeout_s=10, what="the finished job in the scrape",
+        )
+    by_method = {s.labels["method"]: s.value for s in samples["specfleet_spec_method_steps_total"]}
+    assert set(by_method) == {"eagle"} and by_method["eagle"] > 0
 
 
 def test_accepted_length_histogram_is_cumulative() -> None:
