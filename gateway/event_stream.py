@@ -11,6 +11,10 @@ wake-up, with no cancellation thrown into the writer.
 
     send(start) -> for each frame of frames(wake): send(frame) -> send(end) -> background, if any
     listener: receive() until http.disconnect -> wake.close()
+
+A frame is one socket write. A job's stream writes the events one wake-up brought together as one frame, and
+the response's end in the write of its last frame (`is_ending`): a job's last step (its last token and `done`)
+was three writes, and three wake-ups of its client, and is one.
 """
 
 import asyncio
@@ -36,6 +40,7 @@ class EventStreamResponse(Response):
     """An event stream; a subclass says what it writes (`frames`)."""
 
     media_type = "text/event-stream"
+    is_ending = False  # set by frames() before it yields the stream's last frame: the response ends in its write
 
     def __init__(self, headers: Mapping[str, str] | None = None, background: BackgroundTask | None = None) -> None:
         self.status_code = 200
@@ -53,8 +58,8 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async with aclosing(self.frames(wake)) as frames:
                 async for frame in frames:
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-            if not wake.is_closed:
+                    await send({"type": "http.response.body", "body": frame, "more_body": not self.is_ending})
+            if not (wake.is_closed or self.is_ending):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             listener.cancel()
@@ -72,11 +77,14 @@ class JobEventStream(EventStreamResponse):
     async def frames(self, wake: Wake) -> AsyncGenerator[bytes, None]:
         SSE_STREAMS.inc()
         try:
-            async with aclosing(self.hub.follow(self.job_id, self.after_id, wake)) as events:
-                async for event in events:
-                    if event is not None:
-                        SSE_EVENTS_BY_TYPE[event.type].inc()
-                    yield sse_frame(event)
+            async with aclosing(self.hub.follow_runs(self.job_id, self.after_id, wake)) as runs:
+                async for run in runs:
+                    for event in run:
+                        if event is not None:
+                            SSE_EVENTS_BY_TYPE[event.type].inc()
+                    last = run[-1]
+                    self.is_ending = last is not None and last.type.is_final
+                    yield b"".join(sse_frame(event) for event in run)
         finally:
             SSE_STREAMS.dec()
 

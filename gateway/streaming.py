@@ -308,6 +308,16 @@ class EventHub:
     ) -> AsyncGenerator[Event | None, None]:
         """The job's events after `after_id`, in order, ending with its final event; None is a keepalive tick.
         `wake`: the follower's wake-up, when its caller closes it (a client that left); the events end there."""
+        async with aclosing(self.follow_runs(job_id, after_id, wake)) as runs:
+            async for run in runs:
+                for event in run:
+                    yield event
+
+    async def follow_runs(
+        self, job_id: str, after_id: str = "0-0", wake: Wake | None = None
+    ) -> AsyncGenerator[list[Event | None], None]:
+        """follow()'s events, each run of those at hand together as one list (the last token and the final event
+        of a step's wake-up: a stream writes them, and its end, in one socket write); [None] is a keepalive."""
         after_key = entry_key(after_id)
         position = 0  # in feed.events, of the first event not yielded yet
         wake = wake if wake is not None else Wake()
@@ -318,7 +328,7 @@ class EventHub:
                 async with aclosing(self._read_range(job_id, after_id, feed.trimmed_id)) as dropped:
                     async for event in dropped:
                         after_key = wake.after_key = event.key
-                        yield event
+                        yield [event]
             # on the first pass and after each tick: read, and end a stream resumed after the job's final event;
             # not for a feed that has held the job's events from its start (`expect`: a job just submitted)
             check_finished = not (feed.is_from_start and not feed.is_stale)
@@ -340,11 +350,14 @@ class EventHub:
                 # past the job's events) has the next pass read the job's status; a feed held from the job's start
                 # will hold its final event
                 check_finished = not new and not feed.is_from_start
-                for event in new:
-                    after_key = wake.after_key = event.key
-                    position += 1
-                    yield event
-                    if event.type.is_final:
+                final = next((i for i, event in enumerate(new) if event.type.is_final), None)
+                if final is not None:
+                    new = new[: final + 1]  # nothing after a final event
+                if new:
+                    after_key = wake.after_key = new[-1].key
+                    position += len(new)
+                    yield list(new)
+                    if final is not None:
                         return
                 feed.trim(self.trim_events)
                 if feed.is_stale and new:  # a read that stopped at its batch: read on before waiting
@@ -353,7 +366,7 @@ class EventHub:
                 await wake.wait()
                 if wake.ticked and not wake.is_closed:
                     check_finished = True
-                    yield None
+                    yield [None]
 
     async def _read_range(self, job_id: str, after_id: str, last_id: str) -> AsyncGenerator[Event, None]:
         """The job's events after `after_id` up to `last_id`, read from its event stream in Redis."""

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import redis
 
+from gateway.event_stream import JobEventStream
 from gateway.streaming import FEED_TRIM_EVENTS, EventHub
 from shared import keys
 from shared.client import FleetClient, SseEvent, iter_sse
@@ -252,6 +253,38 @@ def test_a_client_that_leaves_a_quiet_stream_ends_its_follower(gateway: Threaded
 
 def _hub(gateway: ThreadedGateway) -> EventHub:
     return gateway.server.config.app.app.state.gateway.hub  # type: ignore[no-any-return]  # inside the key shim
+
+
+def test_a_job_s_last_step_and_the_stream_s_end_go_out_in_one_write(
+    gateway: ThreadedGateway, settings: ServiceSettings, rclient: redis.Redis
+) -> None:
+    """A job stream's frame is one socket write: the events at hand together (its last token and `done`, written
+    in one step) are one frame, and the response's end rides in it (gateway/event_stream.py): the ASGI messages
+    of a stream resumed before the last token."""
+    hub = _hub(gateway)
+    with FleetClient(gateway.url) as client:
+        job_id = client.submit({"prompt": "x", "max_tokens": 10})["id"]
+        worker = PlayedWorker(rclient, settings)
+        assert worker.take() == job_id
+        _produce(worker, job_id, 3)
+        events = list(client.stream(job_id))
+    assert [e.event for e in events[-2:]] == ["token", "done"]
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:  # the client stays
+        await asyncio.Event().wait()
+        return {}
+
+    stream = JobEventStream(hub, job_id, events[-3].id)
+    assert hub._task is not None
+    asyncio.run_coroutine_threadsafe(stream({"type": "http"}, receive, send), hub._task.get_loop()).result(10)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    body = sent[1]["body"]
+    assert sent[1]["more_body"] is False and body.count(b"\n\n") == 2
+    assert f"id: {events[-2].id}\nevent: token\n".encode() in body and b"event: done\n" in body
 
 
 def test_a_long_jobs_feed_holds_a_window_and_a_late_stream_still_gets_every_event(
