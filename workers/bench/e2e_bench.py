@@ -10,8 +10,9 @@
    streaming OpenAI call); one more round per N with POST then GET /stream (`system` fleet_two_requests,
    ratios `..._two_requests`).
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
-   The fleet's TTFT split by the times Redis recorded: `queued_ms_p50` (created -> started) and
-   `first_write_ms_p50` (started -> first token written) on its rows (workers/bench/e2e_ttft.py).
+   The fleet's TTFT split by the times Redis recorded: `submit_ms_p50` (request sent -> created),
+   `queued_ms_p50` (created -> started), `first_write_ms_p50` (started -> first token written) and
+   `delivery_ms_p50` (written -> read by the client) on its rows (workers/bench/e2e_ttft.py).
    A third system in the same interleaved rounds, `fleet_stream_interval`: the same requests with
    `stream_interval_ms` (`plan.stream_interval_ms`: a job's tokens in one event at most that often, the first
    token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
@@ -184,8 +185,9 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             two = pair["fleet_two_requests"]
             ratios[f"fleet_vs_engine_tokens_per_s_c{c}_two_requests"] = two["tokens_per_s"] / engine_tokens_per_s
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
-        for part in ("queued_ms_p50", "first_write_ms_p50"):  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
-            ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
+        for part in ("submit_ms_p50", "queued_ms_p50", "first_write_ms_p50", "delivery_ms_p50"):
+            if part in pair["fleet"]:  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
+                ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
         fleet_row, engine_row = pair["fleet"], pair["engine"]
         if "loop_engine_share" in fleet_row:  # the worker loop's time in the engine's step (e2e_loop.py)
             ratios[f"fleet_loop_engine_share_c{c}"] = fleet_row["loop_engine_share"]

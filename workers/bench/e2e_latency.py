@@ -39,6 +39,9 @@ class Timings:
     num_events: int = 0  # token events read (fleet) or step outputs with tokens (engine)
     elapsed_s: float = 0.0
     job_ids: list[str] = field(default_factory=list)  # fleet runs: the jobs, to read their records after
+    # fleet runs, per job of job_ids: (request sent, first token read), wall clock (time.time(): Redis's clock
+    # on this machine), to split the TTFT against the times Redis recorded (workers/bench/e2e_ttft.py)
+    job_walls_s: list[tuple[float, float]] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # fleet runs: CPU seconds by process while they ran
     loop_s: dict[str, float] = field(default_factory=dict)  # fleet runs: the worker loop's seconds by part
     num_engine_steps: int = 0  # engine steps that made the tokens (the fleet's worker's, or in-process)
@@ -51,6 +54,7 @@ class Timings:
         self.num_events += other.num_events
         self.elapsed_s += other.elapsed_s
         self.job_ids += other.job_ids
+        self.job_walls_s += other.job_walls_s
         for name, seconds in other.cpu_s.items():
             self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
         for part, seconds in other.loop_s.items():
@@ -106,7 +110,7 @@ async def _fleet_client(
     conn = await endpoint.connect()
     try:
         for body in bodies:
-            start = time.perf_counter()
+            start, start_wall = time.perf_counter(), time.time()
             job_id = ""  # one request: named in the answer's headers
             if one_request:
                 frames = conn.sse(endpoint.post("/v1/jobs", body, accept_events=True))
@@ -116,17 +120,19 @@ async def _fleet_client(
                     raise RuntimeError(f"submit answered {status}: {raw[:200]!r}")
                 job_id = json.loads(raw)["id"]
                 frames = conn.sse(endpoint.get(f"/v1/jobs/{job_id}/stream"))
-            first = last = 0.0
+            first = last = first_wall = 0.0
             num_tokens = num_events = 0
             async for frame in frames:
                 if frame.event == EventType.TOKEN.value:
                     last = time.perf_counter()
-                    first = first or last
+                    if not first:
+                        first, first_wall = last, time.time()
                     num_tokens += len(json.loads(frame.data)["token_ids"])
                     num_events += 1
                 elif frame.event == EventType.ERROR.value:
                     raise RuntimeError(f"job {job_id or conn.headers.get('x-specfleet-job-id')} failed: {frame.data}")
             timings.job_ids.append(job_id or conn.headers["x-specfleet-job-id"])
+            timings.job_walls_s.append((start_wall, first_wall))
             timings.add(start, first, last, num_tokens, num_events)
     finally:
         await conn.close()

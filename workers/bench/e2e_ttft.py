@@ -6,7 +6,10 @@
                   in whole milliseconds: started_at is cut to its millisecond too, so a write within the
                   millisecond of the start reads 0, not below): the engine step that prefilled it, then the
                   worker's writer process
-The rest of a TTFT (the POST until its script ran, the SSE wake-up and delivery) is gateway and client time.
+The rest, where the client's wall clock (the same machine's) is known (Timings.job_walls_s):
+    submit:       the request sent -> created_at: the client's write, the gateway's handling, the submit script
+    delivery:     the first token written -> the client read it: the publish, the gateway's wake-up and write, the
+                  client's read (from the write's millisecond: up to 1 ms more than it took)
 """
 
 import math
@@ -36,11 +39,19 @@ def ttft_parts(redis_url: str, timings: Timings) -> dict[str, float]:
         replies = pipe.execute()
     finally:
         client.close()
-    queued_s, first_write_s = [], []
-    for (created, started), events in zip(replies[::2], replies[1::2], strict=True):
+    walls = timings.job_walls_s if len(timings.job_walls_s) == len(timings.job_ids) else []
+    queued_s, first_write_s, submit_s, delivery_s = [], [], [], []
+    for i, ((created, started), events) in enumerate(zip(replies[::2], replies[1::2], strict=True)):
         first_ms = _first_token_ms(events)
         if created is None or started is None or first_ms is None:
             continue
         queued_s.append(float(started) - float(created))
         first_write_s.append((first_ms - math.floor(float(started) * 1000)) / 1000)
-    return {"queued_ms_p50": percentile_ms(queued_s, 50), "first_write_ms_p50": percentile_ms(first_write_s, 50)}
+        if walls:
+            sent_s, read_s = walls[i]
+            submit_s.append(float(created) - sent_s)
+            delivery_s.append(read_s - first_ms / 1000)
+    parts = {"queued_ms_p50": percentile_ms(queued_s, 50), "first_write_ms_p50": percentile_ms(first_write_s, 50)}
+    if walls:
+        parts |= {"submit_ms_p50": percentile_ms(submit_s, 50), "delivery_ms_p50": percentile_ms(delivery_s, 50)}
+    return parts

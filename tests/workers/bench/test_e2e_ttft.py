@@ -23,4 +23,10 @@ def test_queued_and_first_write_from_the_records(rclient: redis.Redis, redis_url
     assert round(parts["queued_ms_p50"], 3) == 2.9
     assert parts["first_write_ms_p50"] == 3.0
     single = ttft_parts(redis_url, Timings(job_ids=["t1"]))
-    assert single["first_write_ms_p50"] == 0.0
+    assert single["first_write_ms_p50"] == 0.0 and "submit_ms_p50" not in single  # no client clock: no split
+    # the client's clock: each request sent 0.5, 0.8 and 1.2 ms before its job was created, its first token read
+    # 0.9, 1.1 and 0.7 ms after the millisecond of its write
+    walls = [(999.9985, 1000.0009), (999.9972, 1000.0041), (999.9978, 1000.0077)]
+    split = ttft_parts(redis_url, Timings(job_ids=list(jobs), job_walls_s=walls))
+    assert round(split["submit_ms_p50"], 3) == 0.8 and round(split["delivery_ms_p50"], 3) == 0.9
+    assert split["queued_ms_p50"] == parts["queued_ms_p50"]
