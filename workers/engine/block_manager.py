@@ -154,9 +154,10 @@ class BlockManager:
         seq.num_proposer_blocks = max(seq.num_proposer_blocks, num_rows)
 
     def _keep_features(self, seq: Sequence, first: int, is_new: list[bool]) -> None:
-        """Blocks first, first + 1, ... of `seq`, just registered where is_new: into the FeatureStore with their
-        features (an EAGLE sequence's, kept until its head reads them), marked with the token after each block
-        (a head row's mark: prefix_cache.py); those whose features it no longer keeps are left unmarked."""
+        """Blocks first, first + 1, ... of `seq`, just computed in full (is_new: registered under its key, not a
+        copy of a block registered before): their features (an EAGLE sequence's, kept until its head reads them)
+        into the FeatureStore, in one write over the run whose features it still keeps, and each new one marked
+        with the token after it (a head row's mark: prefix_cache.py); the others are left unmarked."""
         spec = seq.spec
         if self.features is None or _proposer_method(seq) is not SpeculativeMethod.EAGLE or not any(is_new):
             return

@@ -32,7 +32,7 @@ class FeatureStore:
 
     @staticmethod
     def bytes_per_block(block_size: int, hidden_size: int, dtype: torch.dtype) -> int:
-        return block_size * hidden_size * torch.empty((), dtype=dtype).element_size()
+        return block_size * hidden_size * dtype.itemsize
 
     def write(self, blocks: list[int], features: torch.Tensor) -> None:
         """features: [len(blocks) * block_size, hidden], the positions of `blocks` in order."""
