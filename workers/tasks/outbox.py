@@ -188,6 +188,7 @@ class OutboxBridge:
             except redis.RedisError as exc:
                 log.warning("outbox bridge: %s; retrying", exc)
                 reread_own = True
+                rounds = 0  # the group again first: a Redis that came back empty (no persistence, a flush) lost it
                 self._stop.wait(ERROR_PAUSE_S)
 
     def _read(self, from_id: str) -> list[tuple[str, dict[str, str]]]:
