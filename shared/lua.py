@@ -95,7 +95,8 @@ end
 -- wake the streamers.
 local function finish(ctx, job_id, to, attempt, fields, ev_type, ev_data)
   local job = ctx.jprefix .. job_id
-  local st, at, entry, prio = unpack(redis.call('HMGET', job, 'status', 'attempt', 'entry', 'priority'))
+  local st, at, entry, prio, notice = unpack(redis.call('HMGET', job, 'status', 'attempt', 'entry', 'priority',
+    'completed_notice'))
   if not st then return 'missing' end
   if not FINISH_FROM[to][st] then return st end
   if attempt and at ~= attempt then return 'lost' end
@@ -104,9 +105,12 @@ local function finish(ctx, job_id, to, attempt, fields, ev_type, ev_data)
   if entry then drop_entry(ctx, ctx.qprefix .. prio, entry) end
   local events = job .. ctx.evsuffix
   event(ctx, events, job_id, ev_type, ev_data)
-  -- outbox notice for the Celery side (webhooks, batches), atomic with the transition
-  redis.call('XADD', ctx.outbox, 'MAXLEN', '~', ctx.outbox_maxlen, '*', 'kind', 'job', 'id', job_id,
-    'event', 'completed', 'status', to)
+  -- outbox notice for the Celery side (webhooks, batches), atomic with the transition; none for a job nothing
+  -- there acts on (submit()'s completed_notice '0')
+  if notice ~= '0' then
+    redis.call('XADD', ctx.outbox, 'MAXLEN', '~', ctx.outbox_maxlen, '*', 'kind', 'job', 'id', job_id,
+      'event', 'completed', 'status', to)
+  end
   redis.call('EXPIRE', job, ctx.ttl)
   redis.call('EXPIRE', events, ctx.ttl)
   return 'ok'
@@ -185,11 +189,12 @@ def contexts(maxlen: int, ttl_s: int, num_partitions: int, jobs_listed: int = ke
 
 # Queue a job (and tell the busy workers on ctx.queued_channel: they pull only when told or due).
 # submit(job hash, queue stream, idempotency key, job_id, priority, ttl_s, request_json, metadata_json, max_depth,
-#        idem_ttl_s, use_idem(0/1), owner(the API key id that owns the job; '': none), request_hash)
+#        idem_ttl_s, use_idem(0/1), owner(the API key id that owns the job; '': none), request_hash,
+#        completed_notice(1: finish() tells the Celery side through the outbox; 0: nothing there acts on its end))
 # -> {'dup', job_id, request_hash of the job's request ('' from older entries)} | {'full', depth} | {'ok', job_id, created_at}
 _SUBMIT_FN = """
 local function submit(job, queue, idem, job_id, priority, ttl_s, request, metadata, max_depth, idem_ttl, use_idem,
-                      owner, request_hash)
+                      owner, request_hash, completed_notice)
   if use_idem == '1' then
     local existing = redis.call('GET', idem)  -- '<job id>:<request hash>'
     if existing then
@@ -209,6 +214,8 @@ local function submit(job, queue, idem, job_id, priority, ttl_s, request, metada
   redis.call('HSET', job, 'id', job_id, 'status', S_QUEUED, 'priority', priority, 'created_at', created,
     'expires_at', string.format('%.6f', tonumber(created) + tonumber(ttl_s)), 'request', request,
     'metadata', metadata, 'entry', entry, 'attempt', '0', 'deliveries', '0', 'completion_tokens', '0')
+  -- only '0' is written: a job stored without the field (by an older gateway) gets its notice, as it did then
+  if completed_notice == '0' then redis.call('HSET', job, 'completed_notice', '0') end
   if owner and owner ~= '' then
     redis.call('HSET', job, 'owner', owner)
     local listed = tonumber(ctx.jobs_listed or '0')
@@ -226,13 +233,13 @@ end
 """
 
 # KEYS: job hash, queue stream, idempotency key.  ARGV: ctx job_id priority ttl_s request_json metadata_json
-# max_depth idem_ttl_s use_idem(0/1) owner request_hash -> submit()'s answer (above)
+# max_depth idem_ttl_s use_idem(0/1) owner request_hash completed_notice(1/0) -> submit()'s answer (above)
 SUBMIT = (
     PRELUDE
     + _SUBMIT_FN
     + """
 return submit(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9],
-  ARGV[10], ARGV[11])
+  ARGV[10], ARGV[11], ARGV[12])
 """
 )
 
@@ -584,8 +591,9 @@ end
 # the tenant's: the key record, its limit state and its jobs share that partition's hash tag, so they live in the
 # same slot as KEYS on Redis Cluster too.
 # KEYS: key record, job hash, queue stream.
-# ARGV: SUBMIT's 11 (ctx ... owner (ignored: the key's id) request_hash), then idempotency_key ('' = none),
-#       cost (tokens reserved), period_s, inflight_ttl_s, requests counted (1, or 0: another job of the same call)
+# ARGV: SUBMIT's 12 (ctx ... owner (ignored: the key's id) request_hash completed_notice), then idempotency_key
+#       ('' = none), cost (tokens reserved), period_s, inflight_ttl_s, requests counted (1, or 0: another job of the
+#       same call)
 # -> {verdict, the key record (HGETALL's flat list; {} when unknown), submit()'s answer ({} unless submitted),
 #     admit()'s answer ({} unless the limits were checked)}
 #    verdict: 'unknown' | 'revoked' | 'too_large' | 'refused' (the limits) | 'submitted' (submit()'s answer says how)
@@ -601,16 +609,16 @@ local key = {}
 for i = 1, #record, 2 do key[record[i]] = record[i + 1] end
 if key.revoked_at and key.revoked_at ~= '' then return {'revoked', record, {}, {}} end
 local tpm = tonumber(key.tokens_per_min or '0') or 0
-local cost = tonumber(ARGV[13])
+local cost = tonumber(ARGV[14])
 if tpm > 0 and cost > tpm then return {'too_large', record, {}, {}} end
 local state, inflight = ctx.rlprefix .. key.id, ctx.inflightprefix .. key.id
-local decision = admit(state, inflight, ctx.jprefix, tonumber(ARGV[14]), tonumber(key.requests_per_min or '0') or 0,
-  tpm, tonumber(key.max_concurrent_jobs or '0') or 0, ARGV[2], cost, ARGV[15], tonumber(ARGV[16]))
+local decision = admit(state, inflight, ctx.jprefix, tonumber(ARGV[15]), tonumber(key.requests_per_min or '0') or 0,
+  tpm, tonumber(key.max_concurrent_jobs or '0') or 0, ARGV[2], cost, ARGV[16], tonumber(ARGV[17]))
 if decision[1] ~= '1' then return {'refused', record, {}, decision} end
-local idem = ARGV[12] ~= '' and (ctx.idemprefix .. key.id .. ':' .. ARGV[12]) or ''
+local idem = ARGV[13] ~= '' and (ctx.idemprefix .. key.id .. ':' .. ARGV[13]) or ''
 local result = submit(KEYS[2], KEYS[3], idem, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
-  ARGV[9], key.id, ARGV[11])
-if result[1] ~= 'ok' then release(state, inflight, ARGV[2], ARGV[14], tostring(tpm)) end
+  ARGV[9], key.id, ARGV[11], ARGV[12])
+if result[1] ~= 'ok' then release(state, inflight, ARGV[2], ARGV[15], tostring(tpm)) end
 return {'submitted', record, result, decision}
 """
 )

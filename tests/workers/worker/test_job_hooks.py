@@ -1,9 +1,10 @@
 """The worker's webhook notices: start when wanted, output throttled per job, nothing for plain jobs;
-and the job protocol's finish() writing `completed` for every terminal transition."""
+and the job protocol's finish() writing `completed` for the jobs the Celery side acts on."""
 
 import redis
 
 from shared import keys
+from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY
 from shared.schemas import JobRequest
 from shared.settings import ServiceSettings
 from tests.helpers.played_worker import PlayedWorker, step_output
@@ -40,12 +41,27 @@ def test_start_and_throttled_output(rclient: redis.Redis, settings: ServiceSetti
     assert notices(rclient)[2:] == [("d", "start"), ("d", "output"), ("d", "output")]
 
 
-def test_every_terminal_transition_writes_a_completed_notice(
+def test_a_terminal_transition_writes_a_completed_notice_where_the_celery_side_acts_on_it(
     rclient: redis.Redis, settings: ServiceSettings
 ) -> None:
+    """A job whose webhook wants `completed`, a batch's line and a job stored without the field (by an older
+    gateway) get their notice at the end; a plain job and one whose webhook wants only `start` get none."""
     worker = PlayedWorker(rclient, settings)
-    done = submit_job(rclient, settings)
-    worker.take()
-    worker.emit(done, [5], "hi", finish_reason="stop")
+    hook = "https://example.com/h"
+    wants = submit_job(rclient, settings, webhook=hook, webhook_events_filter=["completed"])
+    line = submit_job(rclient, settings, metadata={BATCH_ID_KEY: "batch_x", BATCH_LINE_KEY: "0"})
+    older = submit_job(rclient, settings)
+    rclient.hdel(keys.job_hash(older), "completed_notice")  # as an older gateway stored it
+    plain = submit_job(rclient, settings)
+    start_only = submit_job(rclient, settings, webhook=hook, webhook_events_filter=["start"])
+    assert {rclient.hget(keys.job_hash(j), "completed_notice") for j in (plain, start_only)} == {"0"}
+    ended = []
+    for _ in range(5):
+        job_id = worker.take()
+        worker.emit(job_id, [5], "hi", finish_reason="stop")
+        ended.append(job_id)
+    assert sorted(ended) == sorted([wants, line, older, plain, start_only])
+    assert all(rclient.hget(keys.job_hash(j), "status") == "succeeded" for j in ended)
     completed = [f for _, f in rclient.xrange(keys.OUTBOX_STREAM) if f["event"] == "completed"]
-    assert completed == [{"kind": "job", "id": done, "event": "completed", "status": "succeeded"}]
+    assert sorted(f["id"] for f in completed) == sorted([wants, line, older])
+    assert {(f["kind"], f["status"]) for f in completed} == {("job", "succeeded")}
