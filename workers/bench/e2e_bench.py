@@ -1,5 +1,8 @@
 """`specfleet bench e2e`: what the fleet (gateway + Redis + worker) costs on top of the engine, one run.
 
+Every phase runs the fleet as `specfleet up` does: Redis, the gateway, the Celery worker, and the worker where a
+phase needs one (workers/bench/e2e_fleet.py).
+
 1. Redis ceilings: pipelined XADD, and the gateway's SUBMIT script (Redis's own cost of a job).
 2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
@@ -75,7 +78,7 @@ log = logging.getLogger(__name__)
 
 # the processes `specfleet up` places on the I/O cores (shared/cpu_placement.py), and this benchmark's clients:
 # their CPU per generated token is what one I/O core has to give (`fleet_io_cpu_us_per_token_c{N}`)
-IO_PROCESSES = ("gateway", "redis", "writer", "client")
+IO_PROCESSES = ("gateway", "redis", "writer", "celery", "client")
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,6 @@ def bench_e2e(
             fleet.start_worker(plan.mixed.max_num_seqs)
             mixed_rows, mixed_ratios = run_mixed(fleet.endpoint, plan.mixed)
             mixed_ratios["mixed_batch_preemptions"] = preemptions(metrics_port)
-            fleet.start_celery()
             fairness_rows, fairness_ratios = run_fairness(
                 [fleet.tenant_endpoint("first"), fleet.tenant_endpoint("second")], plan.mixed
             )

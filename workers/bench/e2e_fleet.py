@@ -108,9 +108,12 @@ class BenchFleet(ProcessGroup):
             self.fleet.start_celery()
 
     def start(self) -> "BenchFleet":
+        """Redis, the gateway and the Celery worker (the worker comes per phase): every phase measures the fleet
+        `specfleet up` runs, whose Celery worker shares the I/O cores."""
         self.fleet.start_redis()
         self.reset_data()
         self.start_gateway(self.initial_gateway_procs)
+        self.start_celery()
         return self
 
     def start_gateway(self, num_procs: int) -> None:
@@ -142,8 +145,9 @@ class BenchFleet(ProcessGroup):
         return [pid, *children_of(pid)]
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used so far by the gateway processes, Redis, the worker (its loop, engine and threads) and
-        the worker's child processes (`writer`: its writer process, and tensor-parallel ranks if any)."""
+        """CPU seconds used so far by the gateway processes, Redis, the worker (its loop, engine and threads), the
+        worker's child processes (`writer`: its writer process, and tensor-parallel ranks if any) and the Celery
+        worker (`celery`: its process and pool)."""
         out = {"gateway": sum(cpu_seconds(pid) for pid in self.gateway_pids())}
         server = self.fleet.redis_server
         if server is not None and server.process is not None:
@@ -152,10 +156,13 @@ class BenchFleet(ProcessGroup):
         if worker_pid is not None:
             out["worker"] = cpu_seconds(worker_pid)
             out["writer"] = sum(cpu_seconds(pid) for pid in children_of(worker_pid))
+        celery_pid = self.fleet.pid("celery")
+        if celery_pid is not None:
+            out["celery"] = sum(cpu_seconds(pid) for pid in (celery_pid, *children_of(celery_pid)))
         return out
 
     def stop(self) -> None:
-        """Gateway, then worker, then Redis."""
+        """Gateway, then worker, then the Celery worker, then Redis."""
         self.fleet.stop()
 
 

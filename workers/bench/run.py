@@ -139,7 +139,7 @@ def print_e2e(result: dict) -> None:
             typer.echo("")
     fleet_cpu = [r for r in rows if r["phase"] == "latency" and "worker_cpu_us_per_token" in r]
     if fleet_cpu:  # the fleet's CPU per generated token, by process (the I/O core's share: gateway to client)
-        names = ("gateway", "redis", "writer", "client", "worker")
+        names = ("gateway", "redis", "writer", "celery", "client", "worker")
         typer.echo(format_table(fleet_cpu, ["system", "concurrency", *(f"{n}_cpu_us_per_token" for n in names)]))
         typer.echo("")
     steps = [r for r in rows if r["phase"] == "latency" and "tokens_per_engine_step" in r]
