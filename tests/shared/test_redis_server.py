@@ -22,6 +22,28 @@ def test_aof_survives_a_restart(tmp_path: Path) -> None:
         client.close()
 
 
+def test_one_server_a_data_directory(tmp_path: Path) -> None:
+    """A second server on a directory in use refuses to start (both would append to one AOF); the directory is
+    free again once the first stopped, and a server started again by its own object keeps it."""
+    first = RedisServer(tmp_path, appendonly=False).start()
+    try:
+        with pytest.raises(RuntimeError, match="in use by another redis-server"):
+            RedisServer(tmp_path, appendonly=False).start()
+        assert first.process is not None
+        first.process.kill()
+        first.process.wait()
+        first.start()  # a restart (shared/fleet.py's _restart_redis): the same object, the same directory
+        client = redis.Redis.from_url(first.url)
+        assert client.ping()
+        client.close()
+    finally:
+        first.stop()
+    with RedisServer(tmp_path, appendonly=False) as again:
+        client = redis.Redis.from_url(again.url)
+        assert client.ping()
+        client.close()
+
+
 def test_unix_socket(tmp_path: Path) -> None:
     with RedisServer(tmp_path, unix_socket=True, appendonly=False) as server:
         assert server.url.startswith("unix://")
