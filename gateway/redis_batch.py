@@ -12,6 +12,14 @@ larger the burst, the larger each batch. The batches travel on the process's own
 (gateway/redis_wire.py: pipelined, replies parsed as they arrive) when it has one; on a Cluster, or without one,
 each on a connection of redis-py's pool.
 
+An `eager` batcher (the submits') writes each call at once on the command connection instead, while fewer than
+MAX_EAGER_IN_FLIGHT of its calls are out: requests that arrive together (the clients of the streams one engine
+step ended, sending their next) are handled one after the other in one loop turn, so a batch of their submits
+left only once the last of them was handled (~0.3 ms of Python each), and every job of the wave was created that
+much later; written at once, Redis creates each job while the gateway handles the next request. Beyond the bound
+(a flood) the calls go in the turn's batch again. On redis-py's pool (a Cluster; a Redis before 6.0) an eager
+batcher batches as the others do: a call at once there would hold a pooled connection each.
+
 Pipelining changes how the commands travel, not what each does: each script call stays one atomic run.
 """
 
@@ -24,11 +32,12 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redis_wire import WireConnection, WireUnsupported
+from gateway.redis_wire import Sent, WireConnection, WireUnsupported
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # batches sent and not yet answered: one being answered while the next is on its way
+MAX_EAGER_IN_FLIGHT = 16  # an eager batcher's calls written at once and not answered yet, at most
 # a batch unanswered this long fails (503, as the pool's wait for a connection does) and frees its slot: a Redis
 # that stopped answering must not hold every later call of the process behind it
 REPLY_TIMEOUT_S = 10.0
@@ -44,11 +53,18 @@ class CommandBatcher:
     """`await batcher.call("XRANGE", key, ...)` -> the command's reply, as `redis.execute_command` gives it."""
 
     def __init__(
-        self, redis: Redis, reply_timeout_s: float = REPLY_TIMEOUT_S, wire: WireConnection | None = None
+        self,
+        redis: Redis,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+        wire: WireConnection | None = None,
+        eager: bool = False,
     ) -> None:
         self.redis = redis
         self.reply_timeout_s = reply_timeout_s
         self.wire = wire  # the process's command connection (gateway/redis_wire.py); None: redis-py's client
+        self.eager = eager  # each call written at once on `wire` (the module's docstring)
+        self._num_eager_out = 0  # calls written at once and not answered yet
+        self._eager_out: set[asyncio.Task[None]] = set()  # their reply tasks (referenced: the loop keeps weak ones)
         self._waiting: list[_Call] = []  # commands not sent yet: they go in the next batch
         self._sending: set[asyncio.Task[None]] = set()  # batches out (referenced: the loop keeps weak references)
         self._is_flush_due = False  # a flush is scheduled for this loop turn
@@ -57,8 +73,29 @@ class CommandBatcher:
 
     async def call(self, *command: str | int) -> object:
         call = _Call(command)
-        self._enqueue([call])
+        if not self._write_now(call):
+            self._enqueue([call])
         return await call.reply
+
+    def _write_now(self, call: _Call) -> bool:
+        """An eager batcher's call, written on the wire now (its reply awaited by a task of its own, as a batch's:
+        a caller cancelled meanwhile leaves the connection alone) -> whether it was."""
+        if not self.eager or self.wire is None or not self.wire.is_usable:
+            return False
+        if self._num_eager_out >= MAX_EAGER_IN_FLIGHT:
+            return False
+        sent = self.wire.send_now([call.command])
+        if sent is None:  # not connected: the batch connects
+            return False
+        self._num_eager_out += 1
+        task = asyncio.get_running_loop().create_task(self._send([call], sent))
+        self._eager_out.add(task)
+        task.add_done_callback(self._eager_answered)
+        return True
+
+    def _eager_answered(self, task: "asyncio.Task[None]") -> None:
+        self._eager_out.discard(task)
+        self._num_eager_out -= 1
 
     async def calls(self, *commands: tuple[str | int, ...]) -> list[object]:
         """Several commands in this turn's batch -> their replies in order (the first error is raised)."""
@@ -88,13 +125,14 @@ class CommandBatcher:
         self._sending.discard(task)
         self._schedule_flush()
 
-    async def _send(self, batch: list[_Call]) -> None:
+    async def _send(self, batch: list[_Call], sent: Sent | None = None) -> None:
+        """The batch's replies to its callers; `sent`: its commands are on the wire already (an eager call)."""
         self.num_sends += 1
         self.num_calls += len(batch)
         try:
             try:
                 async with asyncio.timeout(self.reply_timeout_s):  # a cancelled command drops its connection
-                    replies = await self._run(batch)
+                    replies = await self._run(batch, sent)
             except TimeoutError as exc:
                 raise RedisTimeoutError(f"Redis did not answer within {self.reply_timeout_s:g} s") from exc
         except BaseException as exc:  # the connection failed: every call of the batch sees it
@@ -112,8 +150,11 @@ class CommandBatcher:
             else:
                 call.reply.set_result(reply)
 
-    async def _run(self, batch: list[_Call]) -> list[object]:
+    async def _run(self, batch: list[_Call], sent: Sent | None = None) -> list[object]:
         """Each call's reply, or its error."""
+        if sent is not None:
+            assert self.wire is not None
+            return await self.wire.replies([call.command for call in batch], sent)
         if self.wire is not None and self.wire.is_usable:
             try:
                 return await self.wire.execute([call.command for call in batch])
@@ -135,17 +176,22 @@ class ScriptBatcher(CommandBatcher):
     that lost its scripts (a restart) gets the script, then the calls it refused again."""
 
     def __init__(
-        self, redis: Redis, script: str, reply_timeout_s: float = REPLY_TIMEOUT_S, wire: WireConnection | None = None
+        self,
+        redis: Redis,
+        script: str,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+        wire: WireConnection | None = None,
+        eager: bool = False,
     ) -> None:
-        super().__init__(redis, reply_timeout_s, wire)
+        super().__init__(redis, reply_timeout_s, wire, eager)
         self.script = script
         self.sha = hashlib.sha1(script.encode()).hexdigest()
 
     async def run(self, keys: list[str], args: list[str | int]) -> object:
         return await self.call("EVALSHA", self.sha, len(keys), *keys, *args)
 
-    async def _run(self, batch: list[_Call]) -> list[object]:
-        replies = await super()._run(batch)
+    async def _run(self, batch: list[_Call], sent: Sent | None = None) -> list[object]:
+        replies = await super()._run(batch, sent)
         refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if refused:
             await self.redis.script_load(self.script)

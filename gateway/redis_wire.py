@@ -59,6 +59,9 @@ def pack(commands: Sequence[Command]) -> bytes:
     return b"".join(parts)
 
 
+Sent = tuple["_Protocol", list["asyncio.Future[Any]"]]  # commands written: their connection, their replies to come
+
+
 class WireUnsupported(RedisConnectionError):
     """The Redis refused HELLO 3 (a version before 6.0): the caller sends through redis-py's client instead."""
 
@@ -143,7 +146,19 @@ class WireConnection:
     async def execute(self, commands: Sequence[Command]) -> list[object]:
         data = pack(commands)
         protocol = await self._connected()
-        futures = protocol.send(data, len(commands))
+        return await self.replies(commands, (protocol, protocol.send(data, len(commands))))
+
+    def send_now(self, commands: Sequence[Command]) -> "Sent | None":
+        """Write `commands` now, before the caller's next wait, when the connection is open; their replies come
+        from `replies`. None while there is no open connection (execute() makes one)."""
+        protocol = self._protocol
+        if protocol is None or not protocol.is_open:
+            return None
+        return protocol, protocol.send(pack(commands), len(commands))
+
+    async def replies(self, commands: Sequence[Command], sent: "Sent") -> list[object]:
+        """Each command's reply (its error in its place) as execute() gives them, of commands written already."""
+        protocol, futures = sent
         replies = []
         try:
             for future in futures:

@@ -58,7 +58,8 @@ class JobStore:
             settings.events_maxlen, settings.result_ttl_s, settings.redis_partitions, settings.jobs_listed_per_key
         )
         # `wire`: the process's command connection (gateway/redis_wire.py), which the batchers send on
-        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT, wire=wire)  # concurrent submits: one write
+        # each submit written at once: its job is created while the gateway handles the requests that came with it
+        self.auth_submits = ScriptBatcher(redis, lua.AUTH_ADMIT_SUBMIT, wire=wire, eager=True)
         # concurrent requests' reads (keys, jobs, batches): one write a loop turn, not a pooled connection each
         self.reads = CommandBatcher(redis, wire=wire)
         self.read_jobs = ScriptBatcher(redis, lua.READ_JOB, wire=wire)  # a job with its output, at one instant

@@ -1,17 +1,19 @@
-"""CommandBatcher and ScriptBatcher against a real Redis: the calls of one loop turn go out as one write, each
-gets its own reply or its own error, and a Redis that lost its scripts gets the script again. Every test runs
-both ways a batch travels: on redis-py's pooled connections, and on the gateway's command connection
-(gateway/redis_wire.py)."""
+"""CommandBatcher and ScriptBatcher against a real Redis: the calls of one loop turn go out as one write (an eager
+batcher's at once, up to its bound), each gets its own reply or its own error, and a Redis that lost its scripts
+gets the script again. Every test runs both ways a batch travels: on redis-py's pooled connections, and on the
+gateway's command connection (gateway/redis_wire.py)."""
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redis_batch import MAX_IN_FLIGHT, CommandBatcher, ScriptBatcher
+from gateway.redis_batch import MAX_EAGER_IN_FLIGHT, MAX_IN_FLIGHT, CommandBatcher, ScriptBatcher
 from gateway.redis_wire import WireConnection
 
 # KEYS[1]: a counter. ARGV[1]: a step ('boom': the script fails) -> the counter after the step
@@ -52,9 +54,76 @@ def test_one_turns_calls_are_one_write_with_their_own_replies(redis_url: str, tr
     _run(redis_url, travel, body)
 
 
-def test_a_failing_call_fails_alone(redis_url: str, travel: str) -> None:
+# -> Redis's clock (TIME) as seconds, when the script ran
+TIME_SCRIPT = """
+local now = redis.call('TIME')
+return tostring(now[1]) .. '.' .. string.format('%06d', tonumber(now[2]))
+"""
+
+
+def test_an_eager_batchers_calls_are_written_at_once(redis_url: str, travel: str) -> None:
+    """Requests handled one after the other in one loop turn (~50 ms of work each, here a sleep that holds the
+    loop): an eager batcher's script runs in Redis while the next request is handled, not once the turn ended; on
+    redis-py's pool it batches all the same (a call at once would hold a pooled connection each)."""
+
     async def body(client: Redis, wire: WireConnection | None) -> None:
-        batcher = ScriptBatcher(client, SCRIPT, wire=wire)
+        batcher = ScriptBatcher(client, TIME_SCRIPT, wire=wire, eager=True)
+        assert await batcher.run([], []) is not None  # connected (and the script loaded)
+        sends_before = batcher.num_sends
+        handled_s: list[float] = []
+
+        async def request() -> float:
+            time.sleep(0.05)  # the request's handling before its submit (holds the loop, as Python does)
+            handled_s.append(time.time())
+            ran_at = await batcher.run([], [])
+            return float(cast(str, ran_at))
+
+        ran_s = await asyncio.gather(*(request() for _ in range(4)))
+        if travel == "wire":  # each ran before the next request's handling ended
+            assert all(ran < handled_s[i + 1] for i, ran in enumerate(ran_s[:-1])), (ran_s, handled_s)
+            assert batcher.num_sends - sends_before == 4
+        else:  # one batch, once the turn ended
+            assert all(ran > handled_s[-1] for ran in ran_s), (ran_s, handled_s)
+            assert batcher.num_sends - sends_before == 1
+
+    _run(redis_url, travel, body)
+
+
+def test_an_eager_batcher_batches_beyond_its_bound(redis_url: str) -> None:
+    """A flood: MAX_EAGER_IN_FLIGHT calls of one turn are written at once, the rest go as one batch."""
+
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire, eager=True)
+        assert await batcher.run(["n"], [1]) == 1  # the connection is made by a batch: eager calls need it open
+        num_calls = MAX_EAGER_IN_FLIGHT + 4
+        replies = await asyncio.gather(*(batcher.run(["n"], [1]) for _ in range(num_calls)))
+        assert sorted(replies) == list(range(2, num_calls + 2))  # type: ignore[type-var]
+        assert batcher.num_calls == num_calls + 1 and batcher.num_sends == 1 + MAX_EAGER_IN_FLIGHT + 1
+
+    _run(redis_url, "wire", body)
+
+
+def test_a_cancelled_eager_caller_leaves_the_connection_alone(redis_url: str) -> None:
+    """A request cancelled (its client left) after its submit was written: the command runs all the same, and the
+    connection that carries every other request's commands stays up."""
+
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        assert wire is not None
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire, eager=True)
+        assert await batcher.run(["k"], [1]) == 1  # connected
+        first = asyncio.ensure_future(batcher.run(["k"], [1]))
+        await asyncio.sleep(0)  # written
+        first.cancel()
+        assert await batcher.run(["k"], [1]) == 3
+        assert wire.num_connects == 1
+
+    _run(redis_url, "wire", body)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_failing_call_fails_alone(redis_url: str, travel: str, eager: bool) -> None:
+    async def body(client: Redis, wire: WireConnection | None) -> None:
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire, eager=eager)
         replies = await asyncio.gather(
             batcher.run(["k"], [1]), batcher.run(["k"], ["boom"]), batcher.run(["k"], [2]),
             return_exceptions=True,
@@ -65,10 +134,13 @@ def test_a_failing_call_fails_alone(redis_url: str, travel: str) -> None:
     _run(redis_url, travel, body)
 
 
+@pytest.mark.parametrize("eager", [False, True])
 @pytest.mark.parametrize("num_calls", [1, 5])
-def test_a_redis_that_lost_its_scripts_gets_them_again(redis_url: str, travel: str, num_calls: int) -> None:
+def test_a_redis_that_lost_its_scripts_gets_them_again(
+    redis_url: str, travel: str, num_calls: int, eager: bool
+) -> None:
     async def body(client: Redis, wire: WireConnection | None) -> None:
-        batcher = ScriptBatcher(client, SCRIPT, wire=wire)
+        batcher = ScriptBatcher(client, SCRIPT, wire=wire, eager=eager)
         assert await batcher.run(["k"], [1]) == 1
         await client.script_flush()  # as after a restart of Redis
         replies = await asyncio.gather(*(batcher.run(["k"], [1]) for _ in range(num_calls)))
