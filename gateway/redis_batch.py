@@ -63,8 +63,8 @@ class CommandBatcher:
         self.reply_timeout_s = reply_timeout_s
         self.wire = wire  # the process's command connection (gateway/redis_wire.py); None: redis-py's client
         self.eager = eager  # each call written at once on `wire` (the module's docstring)
-        self._num_eager_out = 0  # calls written at once and not answered yet
-        self._eager_out: set[asyncio.Task[None]] = set()  # their reply tasks (referenced: the loop keeps weak ones)
+        # the reply tasks of calls written at once and not answered yet (referenced: the loop keeps weak ones)
+        self._eager_out: set[asyncio.Task[None]] = set()
         self._waiting: list[_Call] = []  # commands not sent yet: they go in the next batch
         self._sending: set[asyncio.Task[None]] = set()  # batches out (referenced: the loop keeps weak references)
         self._is_flush_due = False  # a flush is scheduled for this loop turn
@@ -82,20 +82,15 @@ class CommandBatcher:
         a caller cancelled meanwhile leaves the connection alone) -> whether it was."""
         if not self.eager or self.wire is None or not self.wire.is_usable:
             return False
-        if self._num_eager_out >= MAX_EAGER_IN_FLIGHT:
+        if len(self._eager_out) >= MAX_EAGER_IN_FLIGHT:
             return False
         sent = self.wire.send_now([call.command])
         if sent is None:  # not connected: the batch connects
             return False
-        self._num_eager_out += 1
         task = asyncio.get_running_loop().create_task(self._send([call], sent))
         self._eager_out.add(task)
-        task.add_done_callback(self._eager_answered)
+        task.add_done_callback(self._eager_out.discard)
         return True
-
-    def _eager_answered(self, task: "asyncio.Task[None]") -> None:
-        self._eager_out.discard(task)
-        self._num_eager_out -= 1
 
     async def calls(self, *commands: tuple[str | int, ...]) -> list[object]:
         """Several commands in this turn's batch -> their replies in order (the first error is raised)."""
