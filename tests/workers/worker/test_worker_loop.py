@@ -152,7 +152,7 @@ def test_an_idle_worker_starts_a_job_with_the_pull_its_blocking_read_carried(
 ) -> None:
     """Idle, the worker blocks on the queues with its PULL behind the XREAD in the same write
     (QueueReader.wait_and_pull): a job submitted meanwhile comes back with the wake-up, and the next step runs it
-    without pulling again."""
+    without pulling again, and without reading its control channel first (the step after does)."""
     settings.reclaim_interval_s = 3600.0
     settings.idle_block_ms = 5000  # the job comes while it blocks
     worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
@@ -162,16 +162,21 @@ def test_an_idle_worker_starts_a_job_with_the_pull_its_blocking_read_carried(
         worker.step()  # nothing queued: the worker is idle
         assert worker._is_idle()
         monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        control_reads: list[int] = []
+        take = worker._control.take
+        monkeypatch.setattr(worker._control, "take", lambda: control_reads.append(1) or take())
         submitter = threading.Timer(0.2, lambda: submit_job(rclient, settings, max_tokens=8, **JOB))
         submitter.start()
         worker._wait_and_pull()  # what the loop does when idle
         submitter.join()
         (job_id,) = worker.leases
         assert worker.num_pulled_last == 1 and job_record(rclient, job_id)["status"] == "running"
+        steps = worker.clock.num_engine_steps
         worker.step()
         assert job_id in worker.running and pulls == []  # started by the step, not pulled by it
+        assert worker.clock.num_engine_steps == steps + 1 and control_reads == []  # the engine's step came first
         worker.step()  # now with room, and its SUBMIT's announcement read: that entry was pulled, no PULL for it
-        assert pulls == [] and not worker._jobs_queued
+        assert pulls == [] and not worker._jobs_queued and control_reads == [1]
         worker.writer.drain(30)
         assert int(job_record(rclient, job_id)["completion_tokens"]) >= 1
 
@@ -181,6 +186,39 @@ def test_an_idle_worker_starts_a_job_with_the_pull_its_blocking_read_carried(
         assert second not in worker.leases and worker.num_pulled_last == 0
         job = job_record(rclient, second)
         assert job["status"] == "queued" and job["deliveries"] == "0"  # handed back, not counted as a delivery
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
+def test_a_job_cancelled_as_the_idle_wait_pulled_it_writes_nothing_and_is_dropped_a_step_later(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
+) -> None:
+    """The step after the idle wait's pull runs the engine before it reads the control channel: a cancel that
+    landed in between costs that step, but the STEP script refuses its write (the job is cancelled), and the next
+    step drops the job: no token of it is written, its record stays `cancelled`, its KV is free."""
+    settings.reclaim_interval_s = 3600.0
+    settings.idle_block_ms = 5000
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    try:
+        worker.step()
+        assert worker._is_idle()
+        submitter = threading.Timer(0.2, lambda: submit_job(rclient, settings, max_tokens=50, **JOB))
+        submitter.start()
+        worker._wait_and_pull()
+        submitter.join()
+        (job_id,) = worker.leases
+        _cancel(rclient, settings, job_id)
+        wait_until(partial(_peeked, worker._control._pubsub.connection._sock, job_id.encode()), interval_s=0.001,
+                   what="the cancel on the worker's control socket")  # fmt: skip
+        worker.step()  # the job's first step: before the cancel is read
+        worker.step()  # reads it: dropped
+        assert job_id not in worker.leases and job_id not in worker.running
+        assert worker.engine.free_capacity() == 2
+        worker.writer.drain(30)
+        job = job_record(rclient, job_id)
+        assert job["status"] == "cancelled" and int(job.get("completion_tokens") or 0) == 0
+        assert _token_events(rclient, job_id) == []
     finally:
         worker.request_stop(0.0)
         worker.shutdown()
