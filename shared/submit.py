@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from shared import keys, lua
-from shared.batch_format import BATCH_ID_KEY
+from shared.outbox import job_actions
 from shared.schemas import JobRequest, Priority, WebhookEvent
 from shared.settings import ServiceSettings
 
@@ -39,12 +39,9 @@ class StoredForm:
 
 
 def wants_completed_notice(request: JobRequest) -> bool:
-    """Whether anything on the Celery side acts on the job's end (workers/tasks/outbox.py): its webhook wants the
-    `completed` event, or it is a batch's line. Any other job ends without an outbox notice: the bridge would read
-    its whole record to find nothing to do (~1 ms of CPU on the I/O core a job, as its client's next request
-    arrives)."""
-    wants_webhook = request.webhook is not None and WebhookEvent.COMPLETED in request.webhook_events_filter
-    return wants_webhook or BATCH_ID_KEY in request.metadata
+    """Whether anything on the Celery side acts on the job's end (shared/outbox.py job_actions): its webhook
+    wants the `completed` event, or it is a batch's line. Any other job ends without an outbox notice."""
+    return job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, request.metadata).any
 
 
 def queue_ttl_s(ttl_s: float | None, settings: ServiceSettings) -> float:

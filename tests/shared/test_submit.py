@@ -4,7 +4,9 @@ import json
 
 from pydantic import ConfigDict, create_model
 
-from shared.schemas import JobRequest
+from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY
+from shared.outbox import job_actions
+from shared.schemas import JobRequest, WebhookEvent
 from shared.settings import ServiceSettings
 from shared.submit import NOT_STORED, submit_call
 
@@ -21,3 +23,29 @@ def test_a_request_is_stored_without_its_unset_fields_so_an_older_worker_reads_i
     older = create_model("OlderJobRequest", __config__=ConfigDict(extra="forbid"), **fields)  # type: ignore[call-overload]
     assert older.model_validate(stored).prompt == "def f(x):"
     assert JobRequest.model_validate(stored) == request.model_copy(update={"metadata": {}})
+
+
+COMPLETED_NOTICE_ARG = 11  # ARGV[12]: whether the job's end writes a `completed` outbox notice
+
+
+def test_a_job_ends_with_an_outbox_notice_exactly_when_the_bridge_would_act_on_it() -> None:
+    """The SUBMIT's `completed_notice` and the Celery bridge's actions come from one rule (job_actions): a webhook
+    that wants `completed`, or a batch's line (a batch id that names one)."""
+    hook = "https://hooks.example/done"
+    cases = [
+        ({}, False),
+        ({"webhook": hook}, True),
+        ({"webhook": hook, "webhook_events_filter": ["start", "output"]}, False),
+        ({"webhook": hook, "webhook_events_filter": ["completed"]}, True),
+        ({"metadata": {BATCH_ID_KEY: "batch_1", BATCH_LINE_KEY: "0"}}, True),
+        ({"metadata": {BATCH_ID_KEY: ""}}, False),
+        ({"metadata": {"run": "1"}}, False),
+    ]
+    for fields, acts in cases:
+        request = JobRequest(prompt="def f(x):", max_tokens=8, **fields)
+        args = submit_call(request, "job1", None, ServiceSettings())[1]
+        assert args[COMPLETED_NOTICE_ARG] == ("1" if acts else "0"), fields
+        bridge = job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, request.metadata)
+        assert bridge.any is acts, fields
+    start = job_actions(WebhookEvent.START, hook, [WebhookEvent.START], {BATCH_ID_KEY: "batch_1"})
+    assert start.webhook and not start.batch_line  # a batch line counts at its job's end only

@@ -29,7 +29,7 @@ from shared import batch_lua, keys, lua, openai_compat
 from shared.batch_format import BATCH_ID_KEY, BATCH_LINE_KEY, BatchLine, result_line
 from shared.job_record import job_from_fields
 from shared.job_state import JobStatus
-from shared.outbox import BatchEvent, Notice, NoticeKind
+from shared.outbox import BatchEvent, Notice, NoticeKind, job_actions
 from shared.reasoning import ReasoningParser
 from shared.schemas import Job, WebhookEvent, WebhookTarget
 from workers.tasks import registry
@@ -84,11 +84,11 @@ class OutboxHandler:
         event = WebhookEvent(notice.event)
         target = _webhook_target(notice.id, fields["request"])
         job = job_from_fields(fields, self.base_url)
-        if target.webhook and event in target.webhook_events_filter:
+        actions = job_actions(event, target.webhook, target.webhook_events_filter, job.metadata)
+        if actions.webhook and target.webhook:
             registry.send_job_webhook(notice.id, event, notice.entry_id, target.webhook, job.model_dump_json())
-        batch_id = job.metadata.get(BATCH_ID_KEY)
-        if event is WebhookEvent.COMPLETED and batch_id and job.status.is_terminal:
-            self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
+        if actions.batch_line and job.status.is_terminal:
+            self._batch_line_done(job.metadata[BATCH_ID_KEY], int(job.metadata[BATCH_LINE_KEY]), job)
 
     def settle_batch_line(self, batch_id: str, index: int, job_id: str) -> bool:
         """Count a batch line from its job if that has finished (reconcile) -> whether it had."""
