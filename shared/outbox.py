@@ -8,12 +8,11 @@
 workers/tasks/outbox.py reads them (consumer group keys.OUTBOX_GROUP) and acts on them.
 """
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
 from shared import keys
-from shared.batch_format import BATCH_ID_KEY
 from shared.schemas import WebhookEvent
 
 
@@ -53,14 +52,16 @@ class JobActions:
 
 
 def job_actions(
-    event: WebhookEvent, webhook: object | None, events_filter: Collection[WebhookEvent], metadata: Mapping[str, str]
+    event: WebhookEvent, webhook: object | None, events_filter: Collection[WebhookEvent], batch_id: str | None
 ) -> JobActions:
     """The one rule for both sides: the bridge (workers/tasks/outbox.py) acts on a notice by it, and a submit
     asks it of `completed` whether the job's end writes a notice at all (shared/submit.py): a job it gives nothing
-    to do ends without one (the bridge would read its whole record to find that: ~1 ms of CPU on the I/O core)."""
+    to do ends without one (the bridge would read its whole record to find that: ~1 ms of CPU on the I/O core).
+    `batch_id`: the job's metadata under shared.batch_format.BATCH_ID_KEY (the caller reads it: that module and
+    its OpenAI formats stay out of every process that writes notices, the worker's among them)."""
     return JobActions(
         webhook=webhook is not None and event in events_filter,
-        batch_line=event is WebhookEvent.COMPLETED and bool(metadata.get(BATCH_ID_KEY)),
+        batch_line=event is WebhookEvent.COMPLETED and bool(batch_id),
     )
 
 

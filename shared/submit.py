@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from shared import keys, lua
+from shared.batch_format import BATCH_ID_KEY
 from shared.outbox import job_actions
 from shared.schemas import JobRequest, Priority, WebhookEvent
 from shared.settings import ServiceSettings
@@ -41,7 +42,8 @@ class StoredForm:
 def wants_completed_notice(request: JobRequest) -> bool:
     """Whether anything on the Celery side acts on the job's end (shared/outbox.py job_actions): its webhook
     wants the `completed` event, or it is a batch's line. Any other job ends without an outbox notice."""
-    return job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, request.metadata).any
+    batch_id = request.metadata.get(BATCH_ID_KEY)
+    return job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, batch_id).any
 
 
 def queue_ttl_s(ttl_s: float | None, settings: ServiceSettings) -> float:

@@ -45,7 +45,8 @@ def test_a_job_ends_with_an_outbox_notice_exactly_when_the_bridge_would_act_on_i
         request = JobRequest(prompt="def f(x):", max_tokens=8, **fields)
         args = submit_call(request, "job1", None, ServiceSettings())[1]
         assert args[COMPLETED_NOTICE_ARG] == ("1" if acts else "0"), fields
-        bridge = job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, request.metadata)
+        batch_id = request.metadata.get(BATCH_ID_KEY)
+        bridge = job_actions(WebhookEvent.COMPLETED, request.webhook, request.webhook_events_filter, batch_id)
         assert bridge.any is acts, fields
-    start = job_actions(WebhookEvent.START, hook, [WebhookEvent.START], {BATCH_ID_KEY: "batch_1"})
+    start = job_actions(WebhookEvent.START, hook, [WebhookEvent.START], "batch_1")
     assert start.webhook and not start.batch_line  # a batch line counts at its job's end only

@@ -84,11 +84,12 @@ class OutboxHandler:
         event = WebhookEvent(notice.event)
         target = _webhook_target(notice.id, fields["request"])
         job = job_from_fields(fields, self.base_url)
-        actions = job_actions(event, target.webhook, target.webhook_events_filter, job.metadata)
+        batch_id = job.metadata.get(BATCH_ID_KEY)
+        actions = job_actions(event, target.webhook, target.webhook_events_filter, batch_id)
         if actions.webhook and target.webhook:
             registry.send_job_webhook(notice.id, event, notice.entry_id, target.webhook, job.model_dump_json())
-        if actions.batch_line and job.status.is_terminal:
-            self._batch_line_done(job.metadata[BATCH_ID_KEY], int(job.metadata[BATCH_LINE_KEY]), job)
+        if actions.batch_line and batch_id and job.status.is_terminal:
+            self._batch_line_done(batch_id, int(job.metadata[BATCH_LINE_KEY]), job)
 
     def settle_batch_line(self, batch_id: str, index: int, job_id: str) -> bool:
         """Count a batch line from its job if that has finished (reconcile) -> whether it had."""
