@@ -127,6 +127,10 @@ class ServiceSettings(BaseSettings):
     # long ago (or MAX_PENDING_STEPS are pending): a writer behind a fast engine then takes several steps in one
     # round trip, not one each while the engine waits (workers/worker/writer.py)
     writer_max_lag_ms: float = Field(default=20.0, gt=0)
+    # while steps come one after another the writer process sleeps until the next is due and looks for it, instead
+    # of waiting on the pipe, so the loop's send does not pay for waking it (workers/worker/writer_pacing.py);
+    # auto: where the worker's start measured a wake-up costing its loop WAKE_COST_MIN_US more than a plain send
+    writer_pacing: Literal["auto", "on", "off"] = "auto"
     shutdown_grace_s: float = Field(
         default=10.0, ge=0
     )  # on SIGTERM, finish held jobs within this, else hand back

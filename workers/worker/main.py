@@ -265,6 +265,7 @@ class Worker:
         for out in outputs:
             if out.finished:
                 self.running.pop(out.request_id, None)
+        step.engine_idle = not self.running
         self.writer.submit(step)
 
     def run(self) -> None:

@@ -11,6 +11,8 @@ written while step N+1 computes, with no Redis call and no other Python thread i
   much, and takes the steps that came meanwhile in one pipeline (their tokens of a job as one event); with a
   bound of 3 steps, the loop waited for it instead, at every step (`bench e2e --model tiny`, README). What a
   crash loses is the same either way: the jobs resume from the last token written.
+- Pacing: start() measures what waking the writer costs this loop's send (writer_pacing.choose) and tells it
+  whether to pace its waits; a step that leaves the engine empty says so (StepWrite.engine_idle).
 - Retiring: a job that ended is forgotten by the loop only when a Report says its final write landed
   (FINISH acks its queue entry atomically with that write).
 - Failure: a RedisError is raised in the loop by the next take_reports(), once. The loop then drops every
@@ -29,7 +31,8 @@ import redis
 from shared import cpu_placement
 from shared.settings import ServiceSettings
 from workers.child_process import Channel, spawn_connected
-from workers.worker.writer_process import READY, Discard, Report, Settled, StepWrite
+from workers.worker.writer_pacing import PacingChoice, choose
+from workers.worker.writer_process import PROBED, READY, Discard, Pace, Probe, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class StepWriter:
         self._handed_s: deque[float] = deque()  # when each unsettled step was handed over (monotonic), oldest first
         self.num_round_trips = 0  # pipelines executed (tests count them)
         self.num_token_events = 0  # token events written so far (the writer's reports; metrics read it)
+        self.pacing: PacingChoice | None = None  # how the writer waits for steps (measured at start)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,6 +81,22 @@ class StepWriter:
         if not is_ready:
             self.stop()
             raise RuntimeError("the worker's writer process did not start (its error is in this log)")
+        if self.pacing is None:  # measured once: a replaced writer process paces as its first did
+            self.pacing = choose(self.settings.writer_pacing, self._send_us)
+            log.info("writer %s", self.pacing.describe())
+        self._conn.send(Pace(self.pacing.is_on))
+
+    def _send_us(self, probe_sleep_s: float, wait_s: float) -> float:
+        """One probe: microseconds this process's send of it took, `wait_s` after the last answer (the writer then
+        blocked on the pipe, or asleep away from it for `probe_sleep_s`); its answer read before returning."""
+        assert self._conn is not None
+        time.sleep(wait_s)
+        start_s = time.perf_counter()
+        self._conn.send(Probe(probe_sleep_s))
+        send_us = (time.perf_counter() - start_s) * 1e6
+        if self._conn.read(START_TIMEOUT_S) != [PROBED]:
+            raise RuntimeError("the worker's writer process did not answer its probe")
+        return send_us
 
     def stop(self) -> None:
         """Let the process write what it holds and exit (kill it after STOP_TIMEOUT_S)."""

@@ -18,6 +18,9 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
 - Start: `main(FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with the
   loop (a child_process.Channel at both ends: pickled messages, each framed by its length, every message that
   arrived taken with one recv); it takes the settings from it, says READY.
+- Waits: blocked on the pipe, or, while steps come one after another and the loop said Pace(on), asleep until
+  the next is due and then a look each poll interval (writer_pacing.py): the loop's send then wakes nobody.
+  At start the loop's Probes time its sends to this process blocked and asleep (writer.py: the pacing choice).
 - Signals: SIGINT and SIGTERM are ignored; the process ends on the loop's `None` (a clean stop, after the last
   steps were written) or when its connection closes (the worker died: what was not written is resumed).
 - Logging: none here; warnings travel back in Settled and the loop logs them.
@@ -25,6 +28,7 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
 
 import pickle
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +43,10 @@ from workers.child_process import Channel
 from workers.worker.emitter import Emitter, JobWrite
 from workers.worker.job_hooks import JobHooks, Notice
 from workers.worker.stream_interval import coalesce
+from workers.worker.writer_pacing import Pacer
 
 READY = "ready"  # the first message: connected, scripts registered
+PROBED = "probed"  # the answer to a Probe
 
 
 @dataclass
@@ -51,6 +57,7 @@ class StepWrite:
     writes: list[JobWrite] = field(default_factory=list)  # in step order
     start_notices: list[Notice] = field(default_factory=list)  # webhook `start` (before the tokens)
     output_notices: list[Notice] = field(default_factory=list)  # webhook `output` (after the tokens)
+    engine_idle: bool = False  # the engine holds no job after this step: the writer stops pacing (writer_pacing.py)
 
     @property
     def is_empty(self) -> bool:
@@ -59,12 +66,27 @@ class StepWrite:
     def wire(self) -> tuple[Any, ...]:
         """Plain tuples for the pipe (JobWrite.wire says why)."""
         writes = tuple(write.wire() for write in self.writes)
-        return self.epoch, writes, tuple(self.start_notices), tuple(self.output_notices)
+        return self.epoch, writes, tuple(self.start_notices), tuple(self.output_notices), self.engine_idle
 
     @classmethod
     def of_wire(cls, wire: tuple[Any, ...]) -> "StepWrite":
-        epoch, writes, start_notices, output_notices = wire
-        return cls(epoch, [JobWrite.of_wire(w) for w in writes], list(start_notices), list(output_notices))
+        epoch, writes, start_notices, output_notices, engine_idle = wire
+        return cls(epoch, [JobWrite.of_wire(w) for w in writes], list(start_notices), list(output_notices),
+                   engine_idle)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Probe:
+    """At start (writer.py: the pacing choice): answer PROBED at once, then sleep `sleep_s` away from the pipe."""
+
+    sleep_s: float
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Pace the waits for steps (writer_pacing.py) or always block on the pipe."""
+
+    is_on: bool
 
 
 @dataclass(frozen=True)
@@ -120,13 +142,15 @@ def main(fd: int) -> None:
         return
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     writer = _Writer(client, Emitter(client, settings))
+    pacer = Pacer(is_on=False)  # until the loop says (Pace)
     gc_pauses.settle()  # start-up's objects stay out of every later collection (shared/gc_pauses.py)
     try:
         channel.send(READY)
         while True:
-            steps, is_last = _batch(pending or channel.read(None), writer)
+            steps, is_last = _batch(pending or _next_messages(channel, pacer), writer, channel, pacer)
             pending = []
             if steps:
+                pacer.read(time.monotonic(), len(steps), steps[-1].engine_idle)
                 channel.send(writer.write_batch(steps).wire())
             if is_last:
                 return
@@ -139,15 +163,34 @@ def main(fd: int) -> None:
         channel.close()
 
 
-def _batch(messages: list[Any], writer: "_Writer") -> tuple[list[StepWrite], bool]:
+def _next_messages(channel: Channel, pacer: Pacer) -> list[Any]:
+    """The loop's next messages: blocked on the pipe, or (pacing) asleep until a look finds some."""
+    while True:
+        messages = channel.read(0.0)
+        if messages:
+            return messages
+        wait_s = pacer.wait_s(time.monotonic())
+        if wait_s is None:
+            return channel.read(None)
+        time.sleep(wait_s)
+
+
+def _batch(
+    messages: list[Any], writer: "_Writer", channel: Channel, pacer: Pacer
+) -> tuple[list[StepWrite], bool]:
     """Every message the loop sent so far -> its steps (one pipeline for all of them), and whether the loop said
-    stop (None); a Discard among them applies to the steps before it too."""
+    stop (None); a Discard among them applies to the steps before it too. Probes (at start) are answered."""
     steps: list[StepWrite] = []
     for message in messages:
         if message is None:
             return steps, True
         if isinstance(message, Discard):
             writer.dead_epoch = max(writer.dead_epoch, message.epoch)
+        elif isinstance(message, Probe):
+            channel.send(PROBED)
+            time.sleep(message.sleep_s)
+        elif isinstance(message, Pace):
+            pacer.is_on = message.is_on
         else:
             steps.append(StepWrite.of_wire(message))
     return steps, False

@@ -169,7 +169,7 @@ def test_what_crosses_the_pipe_as_tuples_comes_back_whole() -> None:
     assert len(write.wire()) == len(dataclasses.fields(JobWrite))
     assert JobWrite.of_wire(pickle.loads(pickle.dumps(write.wire()))) == write
     step = StepWrite(3, [write, JobWrite("job-2", 1, 4, 1)], [("job-1", WebhookEvent.START)],
-                     [("job-2", WebhookEvent.OUTPUT)])  # fmt: skip
+                     [("job-2", WebhookEvent.OUTPUT)], engine_idle=True)  # fmt: skip
     assert StepWrite.of_wire(pickle.loads(pickle.dumps(step.wire()))) == step
     for settled in (Settled(2, Report(["job-1"], ["job-2"]), num_round_trips=1, warnings=["a notice"]),
                     Settled(1, error=redis.ConnectionError("gone"), error_epoch=3, num_round_trips=1)):  # fmt: skip
