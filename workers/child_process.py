@@ -27,11 +27,15 @@ _HEADER = struct.Struct("!i")  # a message's length, as multiprocessing Connecti
 _RECV_BYTES = 1 << 16  # read at most this much a call (more: the next call of the same read)
 
 
-def spawn_connected(args_of: Callable[[int], list[str]]) -> tuple[subprocess.Popen[bytes], Connection]:
-    """Start `python *args_of(fd)` where fd is the child's end of a new socket pair; (the child, our end)."""
+def spawn_connected(
+    args_of: Callable[[int], list[str]], extra_fds: tuple[int, ...] = ()
+) -> tuple[subprocess.Popen[bytes], Connection]:
+    """Start `python *args_of(fd)` where fd is the child's end of a new socket pair; (the child, our end).
+    `extra_fds`: more descriptors the child inherits (its arguments name them)."""
     ours, theirs = socket.socketpair()
     try:
-        child = subprocess.Popen([sys.executable, *args_of(theirs.fileno())], pass_fds=(theirs.fileno(),), cwd=ROOT)
+        child = subprocess.Popen([sys.executable, *args_of(theirs.fileno())], pass_fds=(theirs.fileno(), *extra_fds),
+                                 cwd=ROOT)  # fmt: skip
     except OSError:
         ours.close()
         raise

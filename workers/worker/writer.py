@@ -22,6 +22,7 @@ written while step N+1 computes, with no Redis call and no other Python thread i
 """
 
 import logging
+import socket
 import subprocess
 import time
 from collections import deque
@@ -31,7 +32,7 @@ import redis
 from shared import cpu_placement
 from shared.settings import ServiceSettings
 from workers.child_process import Channel, spawn_connected
-from workers.worker.writer_pacing import PacingChoice, choose
+from workers.worker.writer_pacing import PacingChoice, choose, is_urgent
 from workers.worker.writer_process import PROBED, READY, Discard, Pace, Probe, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class StepWriter:
         self.max_lag_s = settings.writer_max_lag_ms / 1e3
         self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
         self._conn: Channel | None = None
+        self._bell: socket.socket | None = None  # rung after a step that must not wait (writer_pacing.is_urgent)
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
         self._error: redis.RedisError | None = None
@@ -68,9 +70,19 @@ class StepWriter:
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the writer process and wait until it is connected (before the worker takes a job)."""
-        self._process, conn = spawn_connected(
-            lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd})"]
-        )
+        bell, their_bell = socket.socketpair()  # the doorbell: steps that must not wait for a pacing writer's look
+        try:
+            self._process, conn = spawn_connected(
+                lambda fd: ["-c", f"from workers.worker.writer_process import main; main({fd}, {their_bell.fileno()})"],
+                extra_fds=(their_bell.fileno(),),
+            )
+        except OSError:
+            bell.close()
+            raise
+        finally:
+            their_bell.close()  # the child holds its own copy
+        bell.setblocking(False)
+        self._bell = bell
         self._conn = Channel.of(conn)
         cpu_placement.bind(self.io_cpus, self._process.pid)  # one thread, all its life: binding it binds the process
         try:
@@ -114,6 +126,9 @@ class StepWriter:
             self._process.wait()
         self._conn.close()
         self._conn = self._process = None
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
 
     # -- loop side ----------------------------------------------------------------------------------------
     def submit(self, step: StepWrite) -> None:
@@ -131,6 +146,11 @@ class StepWriter:
         except OSError:
             self._on_dead()
             return
+        if self._bell is not None and self.pacing is not None and self.pacing.is_on and is_urgent(step):
+            try:
+                self._bell.send(b"\0")
+            except OSError:  # full (a ring is pending already), or the writer is gone: the next read finds out
+                pass
         self._handed_s.append(time.monotonic())
         self._last_epoch = max(self._last_epoch, step.epoch)
 

@@ -27,7 +27,9 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
 """
 
 import pickle
+import select
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,7 @@ from workers.worker.writer_pacing import Pacer
 
 READY = "ready"  # the first message: connected, scripts registered
 PROBED = "probed"  # the answer to a Probe
+BELL_READ_BYTES = 4096  # rings taken at once from the doorbell
 
 
 @dataclass
@@ -129,11 +132,13 @@ class Settled:
                    warnings, num_token_events)  # fmt: skip
 
 
-def main(fd: int) -> None:
-    """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF)."""
+def main(fd: int, bell_fd: int = -1) -> None:
+    """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF);
+    `bell_fd`: the doorbell a pacing writer sleeps on (writer_pacing.py), -1 for none."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's loop decides when the writer stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = Channel(fd)
+    bell = socket.socket(fileno=bell_fd) if bell_fd >= 0 else None
     try:
         settings: ServiceSettings
         settings, *pending = channel.read(None)
@@ -147,7 +152,7 @@ def main(fd: int) -> None:
     try:
         channel.send(READY)
         while True:
-            steps, is_last = _batch(pending or _next_messages(channel, pacer), writer, channel, pacer)
+            steps, is_last = _batch(pending or _next_messages(channel, pacer, bell), writer, channel, pacer)
             pending = []
             if steps:
                 pacer.read(time.monotonic(), len(steps), steps[-1].engine_idle)
@@ -161,10 +166,13 @@ def main(fd: int) -> None:
             writer.held.close()
         client.close()
         channel.close()
+        if bell is not None:
+            bell.close()
 
 
-def _next_messages(channel: Channel, pacer: Pacer) -> list[Any]:
-    """The loop's next messages: blocked on the pipe, or (pacing) asleep until a look finds some."""
+def _next_messages(channel: Channel, pacer: Pacer, bell: socket.socket | None) -> list[Any]:
+    """The loop's next messages: blocked on the pipe, or (pacing) asleep on the doorbell until it rings or a look
+    finds some."""
     while True:
         messages = channel.read(0.0)
         if messages:
@@ -172,7 +180,10 @@ def _next_messages(channel: Channel, pacer: Pacer) -> list[Any]:
         wait_s = pacer.wait_s(time.monotonic())
         if wait_s is None:
             return channel.read(None)
-        time.sleep(wait_s)
+        if bell is None:
+            time.sleep(wait_s)
+        elif select.select([bell], [], [], wait_s)[0]:
+            bell.recv(BELL_READ_BYTES)  # every ring so far: the step it announced is in the pipe already
 
 
 def _batch(

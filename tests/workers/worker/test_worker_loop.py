@@ -474,3 +474,31 @@ def test_a_prompt_of_token_ids_runs_and_one_past_the_vocabulary_fails_naming_its
     assert job_record(rclient, by_ids)["token_ids"] == job_record(rclient, by_text)["token_ids"]
     assert json.loads(job_record(rclient, past)["error"])["field"] == "prompt_token_ids"
     assert rclient.hget(keys.MODEL_INFO, "vocab_size") == str(vocab)
+
+
+def test_the_step_that_leaves_the_engine_empty_tells_the_writer(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StepWrite.engine_idle is set on the step whose outputs finished the engine's last job, not on the one that
+    finished a job while another ran (a pacing writer goes back to blocking on its pipe: writer_pacing.py)."""
+    settings.reclaim_interval_s = 3600.0
+    short = submit_job(rclient, settings, max_tokens=3, **JOB)
+    long = submit_job(rclient, settings, max_tokens=7, **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    handed: list[tuple[bool, list[str]]] = []  # per step handed over: engine_idle, the jobs it finished
+    submit = worker.writer.submit
+
+    def spy(step: Any) -> None:
+        handed.append((step.engine_idle, [write.job_id for write in step.writes if write.is_finished]))
+        submit(step)
+
+    monkeypatch.setattr(worker.writer, "submit", spy)
+    try:
+        wait_until(lambda: worker.step() or not worker.running and not worker.leases, 30, 0.0, "both jobs to end")
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    finishing = [(idle, ended) for idle, ended in handed if ended]
+    assert finishing == [(False, [short]), (True, [long])]
+    end = handed.index((True, [long]))
+    assert not any(idle for idle, _ in handed[:end])  # no step before the last job's end said idle

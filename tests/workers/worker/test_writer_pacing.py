@@ -2,12 +2,15 @@
 poll interval; a step that leaves the engine empty, or a long gap, sends it back to blocking on the pipe; `auto`
 paces where the start's probes measured a wake-up costing the loop's send more than WAKE_COST_MIN_US."""
 
+import time
+
 import pytest
 import redis
 
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import job_record
 from tests.workers.worker.test_writer import _take, _tokens
+from workers.worker.emitter import JobWrite
 from workers.worker.writer import StepWrite, StepWriter
 from workers.worker.writer_pacing import (
     IDLE_AFTER_STEPS,
@@ -18,6 +21,7 @@ from workers.worker.writer_pacing import (
     WAKE_COST_MIN_US,
     Pacer,
     choose,
+    is_urgent,
 )
 
 STEP_S = 2e-3
@@ -121,3 +125,40 @@ def test_a_pacing_writer_lands_every_step_in_order(rclient: redis.Redis, setting
     assert sorted(j for r in reports for j in r.ended) == sorted(running)
     for job_id in running:
         assert job_record(rclient, job_id)["token_ids"] == ",".join(map(str, range(num_steps)))
+
+
+def test_a_step_that_ends_a_job_rings_the_pacing_writer_awake(rclient: redis.Redis, settings: ServiceSettings) -> None:
+    """Steps 0.4 s apart: the pacing writer sleeps until the next is due. A job's last step handed over soon after
+    one rings its doorbell (is_urgent) and is written then, long before the step interval would have woken it."""
+    interval_s = 0.4
+    running = _take(rclient, settings, 1)
+    (job,) = running.values()
+    writer = StepWriter(settings.model_copy(update={"writer_pacing": "on"}))
+    writer.start()
+    try:
+        for step in range(3):
+            writer.submit(StepWrite(0, [_tokens(job, step)]))
+            time.sleep(interval_s)
+        writer.take_reports()
+        writer.submit(StepWrite(0, [_tokens(job, 3)]))  # the writer's next look is due interval_s after this
+        time.sleep(0.01)
+        handed_s = time.monotonic()
+        last = StepWrite(0, [_tokens(job, 4, is_finished=True)], engine_idle=True)
+        assert is_urgent(last)
+        writer.submit(last)
+        ended: list[str] = []
+        while not ended and time.monotonic() - handed_s < 5:
+            ended += [job_id for report in writer.take_reports(0.05) for job_id in report.ended]
+        answered_s = time.monotonic() - handed_s
+    finally:
+        writer.stop()
+    assert ended == [job.job_id] and answered_s < interval_s / 2
+    assert job_record(rclient, job.job_id)["token_ids"] == "0,1,2,3,4"
+
+
+def test_a_job_s_first_tokens_and_its_end_are_urgent_its_middle_is_not() -> None:
+    first = JobWrite("job-1", 1, 3, 1, new_text="a", new_token_ids=(7,))
+    middle = JobWrite("job-1", 1, 3, 2, new_text="b", new_token_ids=(8,))
+    last = JobWrite("job-1", 1, 3, 3, new_text="c", new_token_ids=(9,), finish_reason="length", is_finished=True)
+    assert is_urgent(StepWrite(0, [middle, first])) and is_urgent(StepWrite(0, [last]))
+    assert not is_urgent(StepWrite(0, [middle])) and is_urgent(StepWrite(0, [middle], engine_idle=True))
