@@ -18,8 +18,9 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
 - Start: `main(FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with the
   loop (a child_process.Channel at both ends: pickled messages, each framed by its length, every message that
   arrived taken with one recv); it takes the settings from it, says READY.
-- Waits: blocked on the pipe, or, while steps come one after another and the loop said Pace(on), asleep until
-  the next is due and then a look each poll interval (writer_pacing.py): the loop's send then wakes nobody.
+- Waits: blocked on the pipe, or, while steps come one after another and the loop said Pace(on), asleep on the
+  doorbell until the next step is due and then a look each poll interval (writer_pacing.py): the loop's send
+  then wakes nobody, and it rings the doorbell only after a step that must not wait (a job's first tokens or end).
   At start the loop's Probes time its sends to this process blocked and asleep (writer.py: the pacing choice).
 - Signals: SIGINT and SIGTERM are ignored; the process ends on the loop's `None` (a clean stop, after the last
   steps were written) or when its connection closes (the worker died: what was not written is resumed).
