@@ -12,7 +12,8 @@ written while step N+1 computes, with no Redis call and no other Python thread i
   bound of 3 steps, the loop waited for it instead, at every step (`bench e2e --model tiny`, README). What a
   crash loses is the same either way: the jobs resume from the last token written.
 - Pacing: start() measures what waking the writer costs this loop's send (writer_pacing.choose) and tells it
-  whether to pace its waits; a step that leaves the engine empty says so (StepWrite.engine_idle).
+  whether to pace its waits; a step that leaves the engine empty says so (StepWrite.engine_idle), and after a
+  step that must not wait for a pacing writer's next look (writer_pacing.is_urgent) submit() rings its doorbell.
 - Retiring: a job that ended is forgotten by the loop only when a Report says its final write landed
   (FINISH acks its queue entry atomically with that write).
 - Failure: a RedisError is raised in the loop by the next take_reports(), once. The loop then drops every
