@@ -13,7 +13,7 @@ written while step N+1 computes, with no Redis call and no other Python thread i
   crash loses is the same either way: the jobs resume from the last token written.
 - Pacing: start() measures what waking the writer costs this loop's send (writer_pacing.choose) and tells it
   whether to pace its waits; a step that leaves the engine empty says so (StepWrite.engine_idle), and after a
-  step that must not wait for a pacing writer's next look (writer_pacing.is_urgent) submit() rings its doorbell.
+  step that must not wait for a pacing writer's next look (StepWrite.is_urgent) submit() rings its doorbell.
 - Retiring: a job that ended is forgotten by the loop only when a Report says its final write landed
   (FINISH acks its queue entry atomically with that write).
 - Failure: a RedisError is raised in the loop by the next take_reports(), once. The loop then drops every
@@ -33,7 +33,7 @@ import redis
 from shared import cpu_placement
 from shared.settings import ServiceSettings
 from workers.child_process import Channel, spawn_connected
-from workers.worker.writer_pacing import PacingChoice, choose, is_urgent
+from workers.worker.writer_pacing import PacingChoice, choose
 from workers.worker.writer_process import PROBED, READY, Discard, Pace, Probe, Report, Settled, StepWrite
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class StepWriter:
         self.max_lag_s = settings.writer_max_lag_ms / 1e3
         self.io_cpus = io_cpus  # the process runs there (shared/cpu_placement.py); empty: anywhere
         self._conn: Channel | None = None
-        self._bell: socket.socket | None = None  # rung after a step that must not wait (writer_pacing.is_urgent)
+        self._bell: socket.socket | None = None  # rung after a step that must not wait (StepWrite.is_urgent)
         self._process: subprocess.Popen[bytes] | None = None
         self._reports: list[Report] = []
         self._error: redis.RedisError | None = None
@@ -147,7 +147,7 @@ class StepWriter:
         except OSError:
             self._on_dead()
             return
-        if self._bell is not None and self.pacing is not None and self.pacing.is_on and is_urgent(step):
+        if self._bell is not None and self.pacing is not None and self.pacing.is_on and step.is_urgent:
             try:
                 self._bell.send(b"\0")
             except OSError:  # full (a ring is pending already), or the writer is gone: the next read finds out

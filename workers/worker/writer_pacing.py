@@ -13,7 +13,7 @@ only while steps come one after another: a step that leaves the engine empty (`S
 step for `IDLE_AFTER_STEPS` step intervals, sends it back to blocking, so the first step of the next job wakes
 it at once (its first token is written without a poll's delay) and an idle fleet's writer sleeps for good. It
 sleeps on a doorbell (a second socket pair), not on the pipe: the loop rings it after a step that must not wait
-for the next look (`is_urgent`: a job's end, a job's first tokens), so pacing delays only the middle of a job.
+for the next look (`StepWrite.is_urgent`: a job's end, a job's first tokens), so pacing delays only the middle of a job.
 
 The step interval is measured here (an average of the gaps between steps read while pacing); the poll interval
 is a fraction of it, so a slow step (a GPU's large model, a full batch) is looked for about as often per step as
@@ -23,10 +23,6 @@ a fast one. Whether to pace at all is measured at start (writer.py: `StepWriter.
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the writer process's module imports this one
-    from workers.worker.writer_process import StepWrite
 
 POLLS_PER_STEP = 8  # poll interval = the step interval / this (within the two bounds below)
 MIN_POLL_S = 50e-6
@@ -34,15 +30,6 @@ MAX_POLL_S = 1e-3
 IDLE_AFTER_STEPS = 4  # no step for this many step intervals: block on the pipe again
 MIN_IDLE_AFTER_S = 2e-3
 AVERAGE_WEIGHT = 0.2  # of the newest gap in the step interval's moving average
-
-
-def is_urgent(step: "StepWrite") -> bool:
-    """A step a pacing writer must not leave for its next look: it ends a job (the client's next request waits for
-    that write, and the loop's retire for its answer), holds a job's first tokens (its TTFT), or leaves the engine
-    empty. The loop rings the writer's doorbell after handing it over: a wake-up, paid for once or twice a job."""
-    if step.engine_idle:
-        return True
-    return any(write.is_finished or write.completion_tokens == len(write.new_token_ids) for write in step.writes)
 
 
 class Pacer:

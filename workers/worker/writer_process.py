@@ -67,6 +67,16 @@ class StepWrite:
     def is_empty(self) -> bool:
         return not (self.writes or self.start_notices or self.output_notices)
 
+    @property
+    def is_urgent(self) -> bool:
+        """A step a pacing writer must not leave for its next look (writer_pacing.py): it ends a job (the client's
+        next request waits for that write, and the loop's retire for its answer), holds a job's first tokens (its
+        TTFT), or leaves the engine empty. The loop rings the writer's doorbell after handing it over: a wake-up,
+        paid for once or twice a job."""
+        if self.engine_idle:
+            return True
+        return any(write.is_finished or write.completion_tokens == len(write.new_token_ids) for write in self.writes)
+
     def wire(self) -> tuple[Any, ...]:
         """Plain tuples for the pipe (JobWrite.wire says why)."""
         writes = tuple(write.wire() for write in self.writes)

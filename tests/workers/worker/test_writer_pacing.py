@@ -21,7 +21,6 @@ from workers.worker.writer_pacing import (
     WAKE_COST_MIN_US,
     Pacer,
     choose,
-    is_urgent,
 )
 
 STEP_S = 2e-3
@@ -129,7 +128,7 @@ def test_a_pacing_writer_lands_every_step_in_order(rclient: redis.Redis, setting
 
 def test_a_step_that_ends_a_job_rings_the_pacing_writer_awake(rclient: redis.Redis, settings: ServiceSettings) -> None:
     """Steps 0.4 s apart: the pacing writer sleeps until the next is due. A job's last step handed over soon after
-    one rings its doorbell (is_urgent) and is written then, long before the step interval would have woken it."""
+    one rings its doorbell (StepWrite.is_urgent) and is written then, long before the step interval would have woken it."""
     interval_s = 0.4
     running = _take(rclient, settings, 1)
     (job,) = running.values()
@@ -144,7 +143,7 @@ def test_a_step_that_ends_a_job_rings_the_pacing_writer_awake(rclient: redis.Red
         time.sleep(0.01)
         handed_s = time.monotonic()
         last = StepWrite(0, [_tokens(job, 4, is_finished=True)], engine_idle=True)
-        assert is_urgent(last)
+        assert last.is_urgent
         writer.submit(last)
         ended: list[str] = []
         while not ended and time.monotonic() - handed_s < 5:
@@ -160,5 +159,5 @@ def test_a_job_s_first_tokens_and_its_end_are_urgent_its_middle_is_not() -> None
     first = JobWrite("job-1", 1, 3, 1, new_text="a", new_token_ids=(7,))
     middle = JobWrite("job-1", 1, 3, 2, new_text="b", new_token_ids=(8,))
     last = JobWrite("job-1", 1, 3, 3, new_text="c", new_token_ids=(9,), finish_reason="length", is_finished=True)
-    assert is_urgent(StepWrite(0, [middle, first])) and is_urgent(StepWrite(0, [last]))
-    assert not is_urgent(StepWrite(0, [middle])) and is_urgent(StepWrite(0, [middle], engine_idle=True))
+    assert StepWrite(0, [middle, first]).is_urgent and StepWrite(0, [last]).is_urgent
+    assert not StepWrite(0, [middle]).is_urgent and StepWrite(0, [middle], engine_idle=True).is_urgent
