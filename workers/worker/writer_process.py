@@ -15,9 +15,9 @@ the engine 0.82x its own tokens/s at 16 closed-loop clients and 0.92x at one; th
   epoch taken in the same batch as (or after) it are skipped, never written, as a thread writer skips the
   ones still queued. A batch that fails makes its own epoch dead here at once, so no later write of a job
   lands after an earlier one that failed.
-- Start: `main(FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with the
-  loop (a child_process.Channel at both ends: pickled messages, each framed by its length, every message that
-  arrived taken with one recv); it takes the settings from it, says READY.
+- Start: `main(FD, BELL_FD)` in a fresh interpreter (workers/worker/writer.py), FD its end of a socket pair with
+  the loop (a child_process.Channel at both ends: pickled messages, each framed by its length, every message
+  that arrived taken with one recv), BELL_FD its end of the doorbell; it takes the settings from FD, says READY.
 - Waits: blocked on the pipe, or, while steps come one after another and the loop said Pace(on), asleep on the
   doorbell until the next step is due and then a look each poll interval (writer_pacing.py): the loop's send
   then wakes nobody, and it rings the doorbell only after a step that must not wait (a job's first tokens or end).
@@ -143,18 +143,19 @@ class Settled:
                    warnings, num_token_events)  # fmt: skip
 
 
-def main(fd: int, bell_fd: int = -1) -> None:
+def main(fd: int, bell_fd: int) -> None:
     """The process's body: take the settings, then write the StepWrites the loop sends until None (or EOF);
-    `bell_fd`: the doorbell a pacing writer sleeps on (writer_pacing.py), -1 for none."""
+    `bell_fd`: the doorbell a pacing writer sleeps on (writer_pacing.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's loop decides when the writer stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = Channel(fd)
-    bell = socket.socket(fileno=bell_fd) if bell_fd >= 0 else None
+    bell = socket.socket(fileno=bell_fd)
     try:
         settings: ServiceSettings
         settings, *pending = channel.read(None)
     except EOFError:
         channel.close()
+        bell.close()
         return
     client = redis_urls.client(str(settings.redis_url), decode_responses=True, health_check_interval=30)
     writer = _Writer(client, Emitter(client, settings))
@@ -177,11 +178,10 @@ def main(fd: int, bell_fd: int = -1) -> None:
             writer.held.close()
         client.close()
         channel.close()
-        if bell is not None:
-            bell.close()
+        bell.close()
 
 
-def _next_messages(channel: Channel, pacer: Pacer, bell: socket.socket | None) -> list[Any]:
+def _next_messages(channel: Channel, pacer: Pacer, bell: socket.socket) -> list[Any]:
     """The loop's next messages: blocked on the pipe, or (pacing) asleep on the doorbell until it rings or a look
     finds some."""
     while True:
@@ -191,9 +191,7 @@ def _next_messages(channel: Channel, pacer: Pacer, bell: socket.socket | None) -
         wait_s = pacer.wait_s(time.monotonic())
         if wait_s is None:
             return channel.read(None)
-        if bell is None:
-            time.sleep(wait_s)
-        elif select.select([bell], [], [], wait_s)[0]:
+        if select.select([bell], [], [], wait_s)[0]:
             bell.recv(BELL_READ_BYTES)  # every ring so far: the step it announced is in the pipe already
 
 
