@@ -152,13 +152,14 @@ class Worker:
             outputs = self.engine.step()
             step_s = clock.charge(LoopPart.ENGINE)  # the step's own time: the clock was charged just before it
             clock.num_engine_steps += 1
-            self._account(step_s, outputs)
+            self._account(step_s, outputs)  # before the writes: a finished job's final write carries its cost
+            clock.charge(LoopPart.CONTROL)
+        self._emit(outputs)  # then the writes: a job's first tokens and its end wait for no metrics
+        clock.charge(LoopPart.HAND_OFF)
         if self.metrics is not None:
             self.metrics.update(self.engine, outputs)
             self.metrics.priorities.step(self.engine, outputs, self.leases)
         clock.charge(LoopPart.CONTROL)
-        self._emit(outputs)
-        clock.charge(LoopPart.HAND_OFF)
 
     def _before_engine(self) -> None:
         """What a step does before the engine's: the writer's reports, lost and cancelled jobs, deadlines, a pull."""

@@ -502,3 +502,46 @@ def test_the_step_that_leaves_the_engine_empty_tells_the_writer(
     assert finishing == [(False, [short]), (True, [long])]
     end = handed.index((True, [long]))
     assert not any(idle for idle, _ in handed[:end])  # no step before the last job's end said idle
+
+
+def test_a_step_hands_its_writes_over_before_the_metrics_see_it(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's last step reaches the writer before the metrics count the job finished: the refresh a finished job
+    brings (gauges, its TTFT and TPOT observed; ~0.1 ms a job, traced in a dev fleet) comes after the hand-over,
+    so the final write, and the client's next request behind it, waits for none of it."""
+    from prometheus_client import CollectorRegistry
+
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+    from workers.worker.engine_metrics import EngineMetrics, JobOutcome
+
+    settings.reclaim_interval_s = 3600.0
+    job = submit_job(rclient, settings, max_tokens=3, **JOB)
+    cfg = EngineConfig(target_dir=str(tiny_target), kv_cache_mb=16, max_num_seqs=2, num_threads=1,
+                       speculative_method="none")  # fmt: skip
+    metrics = EngineMetrics(CollectorRegistry())
+    worker = _started(Worker(Engine(cfg, tiny_target), rclient, settings, worker_id="loop-test", metrics=metrics))
+
+    def succeeded() -> float | None:
+        return metrics.registry.get_sample_value(
+            "specfleet_worker_jobs_finished_total", {"outcome": JobOutcome.SUCCEEDED.value}
+        )
+
+    counted_at_hand_over: list[float | None] = []  # the metrics' count of finished jobs as each final write was handed
+    submit = worker.writer.submit
+
+    def spy(step: Any) -> None:
+        if any(write.is_finished for write in step.writes):
+            counted_at_hand_over.append(succeeded())
+        submit(step)
+
+    monkeypatch.setattr(worker.writer, "submit", spy)
+    try:
+        wait_until(lambda: worker.step() or not worker.running and not worker.leases, 30, 0.0, "the job to end")
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    assert counted_at_hand_over == [0.0]
+    assert succeeded() == 1.0  # and counted right after
+    assert job_record(rclient, job)["status"] == JobStatus.SUCCEEDED.value
