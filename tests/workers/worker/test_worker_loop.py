@@ -476,6 +476,23 @@ def test_a_prompt_of_token_ids_runs_and_one_past_the_vocabulary_fails_naming_its
     assert rclient.hget(keys.MODEL_INFO, "vocab_size") == str(vocab)
 
 
+def _run_watching_hand_overs(worker: Worker, monkeypatch: pytest.MonkeyPatch, watch: Callable[[Any], None]) -> None:
+    """Step `worker` until it holds nothing, `watch` seeing each StepWrite as the loop hands it to the real writer;
+    then stop it."""
+    submit = worker.writer.submit
+
+    def spy(step: Any) -> None:
+        watch(step)
+        submit(step)
+
+    monkeypatch.setattr(worker.writer, "submit", spy)
+    try:
+        wait_until(lambda: worker.step() or not worker.running and not worker.leases, 30, 0.0, "its jobs to end")
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def test_the_step_that_leaves_the_engine_empty_tells_the_writer(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -486,18 +503,10 @@ def test_the_step_that_leaves_the_engine_empty_tells_the_writer(
     long = submit_job(rclient, settings, max_tokens=7, **JOB)
     worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
     handed: list[tuple[bool, list[str]]] = []  # per step handed over: engine_idle, the jobs it finished
-    submit = worker.writer.submit
-
-    def spy(step: Any) -> None:
-        handed.append((step.engine_idle, [write.job_id for write in step.writes if write.is_finished]))
-        submit(step)
-
-    monkeypatch.setattr(worker.writer, "submit", spy)
-    try:
-        wait_until(lambda: worker.step() or not worker.running and not worker.leases, 30, 0.0, "both jobs to end")
-    finally:
-        worker.request_stop(0.0)
-        worker.shutdown()
+    _run_watching_hand_overs(
+        worker, monkeypatch,
+        lambda step: handed.append((step.engine_idle, [write.job_id for write in step.writes if write.is_finished])),
+    )  # fmt: skip
     finishing = [(idle, ended) for idle, ended in handed if ended]
     assert finishing == [(False, [short]), (True, [long])]
     end = handed.index((True, [long]))
@@ -529,19 +538,12 @@ def test_a_step_hands_its_writes_over_before_the_metrics_see_it(
         )
 
     counted_at_hand_over: list[float | None] = []  # the metrics' count of finished jobs as each final write was handed
-    submit = worker.writer.submit
 
-    def spy(step: Any) -> None:
+    def watch(step: Any) -> None:
         if any(write.is_finished for write in step.writes):
             counted_at_hand_over.append(succeeded())
-        submit(step)
 
-    monkeypatch.setattr(worker.writer, "submit", spy)
-    try:
-        wait_until(lambda: worker.step() or not worker.running and not worker.leases, 30, 0.0, "the job to end")
-    finally:
-        worker.request_stop(0.0)
-        worker.shutdown()
+    _run_watching_hand_overs(worker, monkeypatch, watch)
     assert counted_at_hand_over == [0.0]
     assert succeeded() == 1.0  # and counted right after
     assert job_record(rclient, job)["status"] == JobStatus.SUCCEEDED.value
