@@ -29,13 +29,15 @@ from workers.worker.main import Worker
 JOB = {"prompt": "def f(x):", "temperature": 0, "ignore_eos": True}
 
 
-def _worker(client: redis.Redis, settings: ServiceSettings, target: Path, max_num_seqs: int) -> Worker:
+def _worker(
+    client: redis.Redis, settings: ServiceSettings, target: Path, max_num_seqs: int, metrics: Any = None
+) -> Worker:
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
 
     cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1,
                        speculative_method="none")  # fmt: skip
-    return Worker(Engine(cfg, target), client, settings, worker_id="loop-test")
+    return Worker(Engine(cfg, target), client, settings, worker_id="loop-test", metrics=metrics)
 
 
 def _started(worker: Worker) -> Worker:
@@ -521,16 +523,12 @@ def test_a_step_hands_its_writes_over_before_the_metrics_see_it(
     so the final write, and the client's next request behind it, waits for none of it."""
     from prometheus_client import CollectorRegistry
 
-    from workers.engine.config import EngineConfig
-    from workers.engine.engine import Engine
     from workers.worker.engine_metrics import EngineMetrics, JobOutcome
 
     settings.reclaim_interval_s = 3600.0
     job = submit_job(rclient, settings, max_tokens=3, **JOB)
-    cfg = EngineConfig(target_dir=str(tiny_target), kv_cache_mb=16, max_num_seqs=2, num_threads=1,
-                       speculative_method="none")  # fmt: skip
     metrics = EngineMetrics(CollectorRegistry())
-    worker = _started(Worker(Engine(cfg, tiny_target), rclient, settings, worker_id="loop-test", metrics=metrics))
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2, metrics=metrics))
 
     def succeeded() -> float | None:
         return metrics.registry.get_sample_value(
