@@ -23,6 +23,11 @@ phase needs one (workers/bench/e2e_fleet.py).
    workers/bench/e2e_loop.py), and fleet and engine rows the tokens an engine step made: ratios
    `fleet_loop_engine_share_c{N}` (the loop's time in the engine's step) and `fleet_vs_engine_tokens_per_step_c{N}`
    (the batch's fill against the in-process engine's).
+   At one client, after those rounds, the engine once more with each next request held back by the fleet's TTFT
+   overhead (`system` engine_gapped, `gap_ms`; workers/bench/e2e_latency.py `run_engine(gap_s=...)`): what the
+   pause between jobs alone costs the engine's passes on this host (`engine_gapped_ttft_extra_ms_p50_c1`), and the
+   fleet's TTFT overhead against that engine (`fleet_ttft_overhead_ms_p50_c1_vs_gapped_engine`). The headline
+   overhead stays against the engine without the pause.
 4. Many SSE streams (2,000) held at once by ONE gateway process, every token checked against the job's final
    output: in order, none missing, none repeated (`sse_lost_tokens`); the gateway's resident memory before and
    at its peak (sampled every 50 ms: `sse_gateway_peak_rss_mb`, `sse_gateway_kb_per_stream`).
@@ -115,7 +120,7 @@ class E2EBenchPlan:
 def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
     """Per concurrency: fleet and engine in interleaved rounds (the same minutes of machine noise), one fleet
     round with POST then GET /stream, then the fleet again with speculation off (the cost phase's baseline)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
         systems = _interleaved(fleet, engine, bodies, c, plan)
@@ -131,6 +136,14 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
                      **summary(two)})  # fmt: skip
         log.info("concurrency %d: fleet ttft p50 %.1f ms (POST then GET: %.1f ms), engine %.1f ms", c,
                  fleet_row["ttft_ms_p50"], rows[-1]["ttft_ms_p50"], engine_row["ttft_ms_p50"])
+        if c == 1:  # the engine with its jobs as far apart as the fleet's: what the pause alone costs its passes
+            gap_ms = max(0.0, fleet_row["ttft_ms_p50"] - engine_row["ttft_ms_p50"])
+            gapped = Timings()
+            with _on_engine_cpus(fleet):
+                for _ in range(plan.latency_rounds):
+                    gapped.merge(run_engine(engine, bodies, c, gap_ms / 1e3))
+            rows.append({"phase": "latency", "system": "engine_gapped", "concurrency": c,
+                         "rounds": plan.latency_rounds, "gap_ms": gap_ms, **summary(gapped)})  # fmt: skip
         rows.append(cost_row(fleet.redis_url, fleet_t, c, True, price))
         rows.append(cost_row(fleet.redis_url, plain_run(fleet.endpoint, bodies, c), c, False, price))
     return rows
@@ -192,6 +205,11 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             if part in pair["fleet"]:  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
                 ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
         fleet_row, engine_row = pair["fleet"], pair["engine"]
+        if "engine_gapped" in pair:  # the engine with the fleet's pause between jobs (one client)
+            gapped = pair["engine_gapped"]
+            ratios[f"engine_gap_ms_c{c}"] = gapped["gap_ms"]
+            ratios[f"engine_gapped_ttft_extra_ms_p50_c{c}"] = gapped["ttft_ms_p50"] - engine_row["ttft_ms_p50"]
+            ratios[f"fleet_ttft_overhead_ms_p50_c{c}_vs_gapped_engine"] = fleet_row["ttft_ms_p50"] - gapped["ttft_ms_p50"]
         if "loop_engine_share" in fleet_row:  # the worker loop's time in the engine's step (e2e_loop.py)
             ratios[f"fleet_loop_engine_share_c{c}"] = fleet_row["loop_engine_share"]
         if fleet_row.get("tokens_per_engine_step") and engine_row.get("tokens_per_engine_step"):

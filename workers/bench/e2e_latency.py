@@ -5,7 +5,9 @@
   - first token event) / (tokens - 1).
 - engine: the same N closed-loop "clients" straight into an in-process Engine (no Redis, no HTTP): a client's
   next request is added in the step its previous one finished. TTFT = add_request -> the step output carrying
-  its first token; TPOT likewise.
+  its first token; TPOT likewise. With a gap (`run_engine(gap_s=...)`), a client's next request comes that long
+  after its previous one finished, the engine asleep meanwhile when nothing else runs: on some hosts a pass right
+  behind another runs faster than one after a pause, which a fleet, its jobs a client round trip apart, never gets.
 """
 
 import asyncio
@@ -152,11 +154,14 @@ async def run_fleet(
 
 
 # -- engine in-process ----------------------------------------------------------------------------------------
-def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> Timings:
-    """The same closed loop against an in-process Engine (workers.engine.engine.Engine)."""
+def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int, gap_s: float = 0.0) -> Timings:
+    """The same closed loop against an in-process Engine (workers.engine.engine.Engine). `gap_s`: a client sends
+    its next request that long after its previous one finished, not in the same step (the engine sleeps when it
+    has nothing else to run), as a fleet's clients do a round trip apart."""
     queues = [bodies[i::num_clients] for i in range(num_clients)]
     live: dict[str, list[float]] = {}  # request id -> [start, first, last, num_tokens, num_events]
     client_of: dict[str, int] = {}  # request id -> its client
+    due: list[tuple[float, int]] = []  # (when, client): next requests held back by the gap
     timings = Timings()
     num_started = 0
 
@@ -175,7 +180,17 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
     start = time.perf_counter()
     for client in range(num_clients):
         add_next(client)
-    while engine.num_unfinished():
+    while engine.num_unfinished() or due:
+        if due:
+            now = time.perf_counter()
+            if not engine.num_unfinished():  # nothing to step until the first held request is due
+                time.sleep(max(0.0, min(when for when, _ in due) - now))
+                now = time.perf_counter()
+            for when, client in [d for d in due if d[0] <= now]:
+                due.remove((when, client))
+                add_next(client)
+            if not engine.num_unfinished():
+                continue
         outputs = engine.step()
         timings.num_engine_steps += 1
         now = time.perf_counter()
@@ -189,6 +204,10 @@ def run_engine(engine: Any, bodies: list[dict[str, Any]], num_clients: int) -> T
             if out.finished:
                 timings.add(entry[0], entry[1], entry[2], int(entry[3]), int(entry[4]))
                 del live[out.request_id]
-                add_next(client_of.pop(out.request_id))
+                client = client_of.pop(out.request_id)
+                if gap_s > 0 and queues[client]:
+                    due.append((now + gap_s, client))
+                else:
+                    add_next(client)
     timings.elapsed_s = time.perf_counter() - start
     return timings

@@ -14,6 +14,7 @@ import pytest
 from workers.bench.e2e_bench import E2EBenchPlan, bench_e2e
 from workers.bench.e2e_fleet import children_of
 from workers.bench.e2e_gc import GcSnapshot, during
+from workers.bench.e2e_latency import request_mix, run_engine
 from workers.bench.e2e_load import lost_tokens
 from workers.bench.http_client import cpu_seconds
 from workers.bench.report import machine_info, write_json
@@ -49,8 +50,12 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     latency = [r for r in doc["rows"] if r["phase"] == "latency"]
     assert {(r["system"], r["concurrency"]) for r in latency} == {
         (s, c) for s in ("fleet", "engine", "fleet_two_requests", "fleet_stream_interval") for c in plan.concurrencies
-    }  # fleet: submit and stream in one request; fleet_two_requests: POST, then GET /stream;
-    # fleet_stream_interval: as fleet, the requests with `stream_interval_ms`
+    } | {("engine_gapped", 1)}  # fleet: submit and stream in one request; fleet_two_requests: POST, then GET
+    # /stream; fleet_stream_interval: as fleet, the requests with `stream_interval_ms`; engine_gapped: the engine
+    # with the fleet's pause between jobs, at one client
+    (gapped,) = [r for r in latency if r["system"] == "engine_gapped"]
+    assert gapped["gap_ms"] >= 0 and doc["ratios"]["engine_gap_ms_c1"] == gapped["gap_ms"]
+    assert {"engine_gapped_ttft_extra_ms_p50_c1", "fleet_ttft_overhead_ms_p50_c1_vs_gapped_engine"} <= set(doc["ratios"])
     assert all(r["num_requests"] == r["rounds"] * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
                for r in latency)
     assert {r["rounds"] for r in latency if r["system"] != "fleet_two_requests"} == {plan.latency_rounds}
@@ -110,6 +115,26 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
             "fairness_second_vs_first_at_half", "fairness_min_ratio"} <= set(doc["ratios"])  # fmt: skip
     last = [r for r in doc["rows"] if r["phase"] == "fairness"][-1]
     assert last["first_completed"] == last["second_completed"] == plan.mixed.fairness_lines
+
+
+def test_an_engine_run_with_a_gap_sends_each_next_request_that_long_after_the_last_ended(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """run_engine(gap_s): every request still runs to its end, and one client's requests come at least the gap
+    apart (the engine sleeps in between), so its run lasts at least the gaps it held."""
+    from workers.engine.config import EngineConfig
+    from workers.engine.engine import Engine
+
+    target, _ = tiny_pair
+    engine = Engine(EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=2, num_threads=1,
+                                 speculative_method="none"), target)  # fmt: skip
+    bodies = request_mix(3, 4)
+    plain = run_engine(engine, bodies, 1)
+    gapped = run_engine(engine, bodies, 1, gap_s=0.05)
+    assert len(plain.ttft_s) == len(gapped.ttft_s) == 3 and plain.num_tokens == gapped.num_tokens == 12
+    assert gapped.elapsed_s >= 2 * 0.05  # two gaps between three requests: slept, not stepped
+    two_clients = run_engine(engine, request_mix(4, 4), 2, gap_s=0.05)  # each client's pause, the other runs on
+    assert len(two_clients.ttft_s) == 4 and two_clients.num_tokens == 16
 
 
 def test_gc_pauses_of_a_phase_are_the_difference_of_two_scrapes() -> None:
