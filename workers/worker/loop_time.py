@@ -62,6 +62,11 @@ class LoopClock(Collector):
         """Charge nothing for the time since the last charge (the loop starts, or comes back from elsewhere)."""
         self._last_s = time.perf_counter()
 
+    @property
+    def last_charge_s(self) -> float:
+        """When the last charge (or restart) was made (perf_counter): a step's clock reading at no cost."""
+        return self._last_s
+
     def charge(self, part: LoopPart) -> float:
         """-> the seconds charged to `part` now."""
         now_s = time.perf_counter()

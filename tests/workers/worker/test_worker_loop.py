@@ -545,3 +545,38 @@ def test_a_step_hands_its_writes_over_before_the_metrics_see_it(
     assert counted_at_hand_over == [0.0]
     assert succeeded() == 1.0  # and counted right after
     assert job_record(rclient, job)["status"] == JobStatus.SUCCEEDED.value
+
+
+def test_with_jobs_in_the_engine_the_loop_takes_the_writers_reports_every_quarter_lag(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of the writer's reports right after an engine step costs ~50 us of cold caches: while jobs run, the
+    loop reads them every writer_max_lag_ms / 4 only. A job that ended beside a running one stays held (its final
+    write landed, its KV free) until then; once the engine is empty every step reads them, and nothing is lost."""
+    settings.reclaim_interval_s = 3600.0
+    settings.writer_max_lag_ms = 3_600_000.0  # reports every 15 minutes while jobs run: only when the engine empties
+    short = submit_job(rclient, settings, max_tokens=3, **JOB)
+    long = submit_job(rclient, settings, max_tokens=60, **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    take_reports = worker.writer.take_reports
+    reads: list[list[str]] = []  # per read while the engine ran jobs: the jobs the loop held
+
+    def spy(wait_s: float = 0.0) -> Any:
+        if worker.running:
+            reads.append(sorted(worker.leases))
+        return take_reports(wait_s)
+
+    monkeypatch.setattr(worker.writer, "take_reports", spy)
+    held_after_its_end: list[bool] = []  # per step of the long job after the short one's final write landed: held?
+
+    def watch(step: Any) -> None:
+        if long in worker.running and job_record(rclient, short)["status"] == JobStatus.SUCCEEDED.value:
+            held_after_its_end.append(short in worker.leases)
+
+    _run_watching_hand_overs(worker, monkeypatch, watch)
+    assert reads == []  # the first step read them with the engine empty, then none for ~60 steps
+    assert len(held_after_its_end) > 10 and all(held_after_its_end)  # retired only once the engine emptied
+    assert not worker.leases
+    for job_id, num_tokens in ((short, 3), (long, 60)):
+        record = job_record(rclient, job_id)
+        assert record["status"] == JobStatus.SUCCEEDED.value and len(record["token_ids"].split(",")) == num_tokens
