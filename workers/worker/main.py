@@ -507,7 +507,9 @@ class Worker:
                 self.metrics.job_cost(compute_s, cost)
 
     def _lost_jobs(self) -> set[str]:
-        """Jobs cancelled (control channel) or found lost by the heartbeat; notes a newly queued job on the way."""
+        """Jobs in the engine cancelled (control channel) or found lost by the heartbeat; notes a newly queued job
+        on the way. A held job out of the engine has a write on its way (its end, a failure) whose report retires
+        or drops it: a job that just ended is `gone` to the heartbeat's script, and is no lost job."""
         lost = self.heartbeat.take_lost()
         try:
             messages = self._control.take()
@@ -516,7 +518,7 @@ class Worker:
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)
             self._jobs_queued = set(Priority)
-        return lost & self.leases.keys()
+        return lost & self.running.keys()
 
     def _drop(self, job_ids: list[str] | set[str]) -> None:
         """Stop jobs that are no longer ours (cancelled, reclaimed): free their KV now."""

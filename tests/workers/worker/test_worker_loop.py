@@ -580,3 +580,30 @@ def test_with_jobs_in_the_engine_the_loop_takes_the_writers_reports_every_quarte
     for job_id, num_tokens in ((short, 3), (long, 60)):
         record = job_record(rclient, job_id)
         assert record["status"] == JobStatus.SUCCEEDED.value and len(record["token_ids"].split(",")) == num_tokens
+
+
+def test_a_job_that_ended_beside_a_running_one_is_retired_not_dropped_when_a_heartbeat_finds_it_gone(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between its final write and the report that retires it, a job's record is final: the heartbeat's script
+    answers `gone` for it. The loop leaves it to the report (retired, not "dropped ... cancelled or taken over")."""
+    settings.reclaim_interval_s = 3600.0
+    settings.heartbeat_interval_s = 3600.0  # beats only when the test calls them
+    settings.writer_max_lag_ms = 3_600_000.0  # reports only once the engine empties
+    short = submit_job(rclient, settings, max_tokens=2, **JOB)
+    long = submit_job(rclient, settings, max_tokens=40, **JOB)
+    worker = _started(_worker(rclient, settings, tiny_target, max_num_seqs=2))
+    try:
+        wait_until(lambda: worker.step() or job_record(rclient, short)["status"] == JobStatus.SUCCEEDED.value,
+                   30, 0.0, "the short job's final write to land")  # fmt: skip
+        assert long in worker.running and short in worker.leases
+        with caplog.at_level(logging.INFO, logger="workers.worker.main"):
+            worker.heartbeat.beat()
+            assert worker.heartbeat._lost == {short}  # its script answered `gone`
+            worker.step()
+        assert short in worker.leases and not any(short in r.getMessage() for r in caplog.records)
+        wait_until(lambda: worker.step() or not worker.leases, 30, 0.0, "every job to be retired")
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+    assert job_record(rclient, long)["status"] == JobStatus.SUCCEEDED.value
