@@ -550,8 +550,8 @@ def test_a_step_hands_its_writes_over_before_the_metrics_see_it(
 def test_with_jobs_in_the_engine_the_loop_takes_the_writers_reports_every_quarter_lag(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A read of the writer's reports right after an engine step costs ~50 us of cold caches: while jobs run, the
-    loop reads them every writer_max_lag_ms / 4 only. A job that ended beside a running one stays held (its final
+    """A read of the writer's reports right after an engine step runs with cold caches: while jobs run, the loop
+    reads them every writer_max_lag_ms / 4 only. A job that ended beside a running one stays held (its final
     write landed, its KV free) until then; once the engine is empty every step reads them, and nothing is lost."""
     settings.reclaim_interval_s = 3600.0
     settings.writer_max_lag_ms = 3_600_000.0  # reports every 15 minutes while jobs run: only when the engine empties
