@@ -338,10 +338,12 @@ class Worker:
             self.warmup = warm_up(self.engine)  # before the first heartbeat: /readyz is ready only after it
         if self.on_started is not None:
             self.on_started()
+        # the writer process before the first heartbeat: /readyz turns ready once a job would start at once (its
+        # start and pacing probe took ~0.4 s, in which a job submitted to a worker marked ready waited queued)
+        self.writer.start()
         self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()
-        self.writer.start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)

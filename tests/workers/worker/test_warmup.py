@@ -1,6 +1,7 @@
 """Warm-up on a real engine (tiny pair, speculating with the draft) and a real worker loop: it runs every pass
 shape up to a step's tokens, prefill (chunked), greedy, sampled and plain decoding and every batch bucket,
-leaves the engine empty, and the worker heartbeats (so /readyz turns ready) only after it."""
+leaves the engine empty, and the worker heartbeats (so /readyz turns ready) only after it and once its writer
+process is connected."""
 
 from pathlib import Path
 
@@ -42,6 +43,28 @@ def test_worker_is_ready_only_after_warm_up(
         wait_until(lambda: rclient.zscore(keys.WORKERS_ZSET, "warm") is not None, what="the first heartbeat")
         report = worker.worker.warmup  # set in the worker's thread before its first heartbeat
         assert report is not None and report.num_requests > 0 and report.batch_sizes[-1] == 4
+    finally:
+        worker.stop()
+
+
+def test_worker_is_ready_only_once_its_writer_is_connected(
+    settings: ServiceSettings, rclient: redis.Redis, tiny_target: Path
+) -> None:
+    """A worker marked alive takes a job at once: its writer process started and paced before the first beat."""
+    worker = EngineThread(settings, tiny_target, worker_id="writer-first", model_name="tiny", max_num_seqs=4)
+    heartbeat = worker.worker.heartbeat
+    real_beat = heartbeat.beat
+    writer_ready_at_beats: list[bool] = []
+
+    def beat() -> None:
+        writer_ready_at_beats.append(worker.worker.writer.pacing is not None)
+        real_beat()
+
+    heartbeat.beat = beat  # type: ignore[method-assign]
+    worker.start()
+    try:
+        wait_until(lambda: rclient.zscore(keys.WORKERS_ZSET, "writer-first") is not None, what="the first heartbeat")
+        assert writer_ready_at_beats[0]
     finally:
         worker.stop()
 
