@@ -111,6 +111,9 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert set(mixed) == {"interactive_idle", "batch_alone", "interactive_under_batch", "batch_under_interactive"}
     assert mixed["interactive_idle"]["num_requests"] == plan.mixed.num_idle_interactive
     assert mixed["interactive_under_batch"]["num_requests"] >= 1
+    # both backlogs the size the first one's rate asked for
+    assert mixed["batch_alone"]["num_requests"] == mixed["batch_under_interactive"]["num_requests"]
+    assert mixed["batch_alone"]["num_requests"] >= plan.mixed.num_batch_jobs
     assert {"mixed_interactive_ttft_p99_vs_idle", "mixed_batch_throughput_vs_alone", "mixed_batch_preemptions",
             "fairness_second_vs_first_at_half", "fairness_min_ratio"} <= set(doc["ratios"])  # fmt: skip
     last = [r for r in doc["rows"] if r["phase"] == "fairness"][-1]
@@ -172,3 +175,19 @@ def test_the_worker_s_child_processes_are_found(tmp_path: Path) -> None:
         parent.wait()
         assert parent.stdout is not None
         parent.stdout.close()
+
+
+def test_the_mixed_backlog_lasts_the_interactive_arrivals_asked_for_at_the_measured_rate() -> None:
+    """sized_backlog: enough batch jobs to run through min_interactive_under_batch arrivals at a batch rate (the
+    quick plan at ~1,900 tokens/s: 6 arrivals 2 s apart, 22,800 tokens, 179 jobs of 128), never fewer than
+    the plan's."""
+    from workers.bench.e2e_mixed import MixedPlan, sized_backlog
+
+    plan = MixedPlan.quick()
+    assert sized_backlog(plan, 1_900.0) == 179
+    wanted_s = plan.interactive_interval_s * plan.min_interactive_under_batch
+    for tokens_per_s in (50.0, 1_900.0, 12_345.0):
+        num_jobs = sized_backlog(plan, tokens_per_s)
+        assert num_jobs * plan.batch_max_tokens / tokens_per_s >= wanted_s or num_jobs == plan.num_batch_jobs
+        assert (num_jobs - 1) * plan.batch_max_tokens / tokens_per_s < wanted_s or num_jobs == plan.num_batch_jobs
+    assert sized_backlog(plan, 1.0) == plan.num_batch_jobs
