@@ -114,7 +114,8 @@ async def _backlog(
 ) -> tuple[int, float]:
     """Submit a backlog of num_jobs batch jobs at once, poll until every job ended -> (tokens generated,
     seconds); `submitted` and `done` are set on the way. A poll reads the jobs in their order and stops at the
-    first one still running (4 slots run them about in order; the backlog's end is seen a poll late at most)."""
+    first one still running (the worker's max_num_seqs slots run them about in order; the backlog's end is seen
+    a poll late at most)."""
     conn = await endpoint.connect()
     try:
         start = time.perf_counter()
@@ -159,8 +160,9 @@ def run_mixed(endpoint: Endpoint, plan: MixedPlan) -> tuple[list[dict[str, Any]]
     asyncio.run(_interactive(endpoint, 0, plan))  # the worker's first job: not counted
     idle = asyncio.run(_trickle(endpoint, plan, None, plan.num_idle_interactive))
     sizing_tokens, sizing_s = asyncio.run(_backlog(endpoint, plan, plan.num_batch_jobs))
-    num_jobs = sized_backlog(plan, sizing_tokens / sizing_s)
-    log.info("mixed: a backlog of %d batch jobs (%.0f tokens/s over %d)", num_jobs, sizing_tokens / sizing_s,
+    sizing_tokens_per_s = sizing_tokens / sizing_s
+    num_jobs = sized_backlog(plan, sizing_tokens_per_s)
+    log.info("mixed: a backlog of %d batch jobs (%.0f tokens/s over %d)", num_jobs, sizing_tokens_per_s,
              plan.num_batch_jobs)
     alone_tokens, alone_s = asyncio.run(_backlog(endpoint, plan, num_jobs))
     (mixed_tokens, mixed_s), mixed_ttfts = asyncio.run(_mixed(endpoint, plan, num_jobs))
