@@ -14,10 +14,14 @@ percent on a shared host), the key is vetoed: its steps decode plainly without b
 *trial* in `interval` steps that the policy plans as before, so the comparison stays current when the host,
 the load or the acceptance changes: a trial's speculative step weighs `trial_weight` in its average, since
 the rest of that average is as old as the veto, and a veto on a slow minute must not outlive it. A trial
-costs at most (1 - r) of a step, so one in ceil((1 - r) / max_regret) steps bounds what trials cost to
-max_regret of the time: a near tie is retried almost every step, a clear loss seldom (never less than once
-in `max_interval` steps). Where speculation pays, nothing changes: the policy's own zero-length steps keep
-the plain side measured.
+takes q times a plain step (q: the two kinds' mean step times) and delivers r of the plain rate over it, so
+it loses q (1 - r) of a plain step; one trial in n steps costs max_regret of the time where
+    n = 1 + ceil(q ((1 - r) / max_regret - 1))
+a near tie is retried almost every step, a clear loss seldom (never less than once in `max_interval` steps).
+q matters: a trial carries every sequence's drafts, and at 4 sequences on a compute-bound CPU such a step
+took 3.7x a plain one (demo target + EAGLE head, 2-core AVX512-BF16 host, 2026-12-07), so trials spaced as if
+q were 1 cost ~4 % of the time where 1 % was meant. Where speculation pays, nothing changes: the policy's own
+zero-length steps keep the plain side measured.
 """
 
 import math
@@ -82,7 +86,7 @@ class GoodputGuard:
     min_samples: int = 8  # steps of each kind a key needs before it can be vetoed
     confidence_z: float = 2.0  # standard errors by which speculative steps must fall short before a veto
     max_regret: float = 0.01  # share of the time trials of a vetoed key may cost
-    max_interval: int = 64  # a vetoed key is tried at least once in this many steps
+    max_interval: int = 256  # a vetoed key is tried at least once in this many steps
     trial_weight: float = 0.2  # weight of a trial step in its key's speculative average
     _keys: dict[Key, _KeyState] = field(default_factory=dict)
 
@@ -107,9 +111,11 @@ class GoodputGuard:
         plain = state.plain.tokens_per_s
         return state.speculative.tokens_per_s / plain if plain > 0 else None
 
-    def interval(self, ratio: float) -> int:
-        """Steps between trials of a key whose speculative steps deliver `ratio` of its plain steps' goodput."""
-        return max(1, min(self.max_interval, math.ceil((1.0 - ratio) / self.max_regret)))
+    def interval(self, ratio: float, step_time_ratio: float = 1.0) -> int:
+        """Steps between trials of a key whose speculative steps deliver `ratio` of its plain steps' goodput
+        and take `step_time_ratio` times as long: the fewest that keep trials to max_regret of the time."""
+        extra = max(0.0, step_time_ratio * ((1.0 - ratio) / self.max_regret - 1.0))
+        return max(1, min(self.max_interval, 1 + math.ceil(extra - 1e-9)))
 
     def is_vetoed(self, key: Key) -> bool:
         """Speculative steps of `key` delivered fewer tokens per second than plain ones, and by more than the
@@ -133,7 +139,7 @@ class GoodputGuard:
             return True
         state = self._keys[key]
         state.steps_since_trial += 1
-        if state.steps_since_trial >= self.interval(ratio):
+        if state.steps_since_trial >= self.interval(ratio, state.speculative.seconds / state.plain.seconds):
             state.steps_since_trial = 0
             state.is_on_trial = True
             return True

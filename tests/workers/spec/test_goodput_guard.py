@@ -43,13 +43,43 @@ def test_speculation_that_pays_is_never_vetoed() -> None:
 
 
 def test_a_vetoed_key_is_tried_once_an_interval_that_bounds_what_trials_cost() -> None:
-    guard = GoodputGuard(max_regret=0.01, max_interval=64)
+    guard = GoodputGuard(max_regret=0.01, max_interval=256)
     feed(guard, speculative=(18, 0.0125), plain=(16, 0.01))  # 1,440 against 1,600 tokens/s: ratio 0.9
     assert guard.ratio(KEY) == pytest.approx(0.9)
-    assert guard.interval(0.9) == 10  # a trial costs 0.1 of a step: one in ten costs 1 %
-    assert [guard.allows(KEY) for _ in range(30)] == ([False] * 9 + [True]) * 3
+    # a trial takes 1.25 plain steps and loses 0.1 of that: one in 13 steps costs 0.94 % of the time, one in 12
+    # would cost 1.02 %
+    assert guard.interval(0.9, 1.25) == 13
+    assert [guard.allows(KEY) for _ in range(39)] == ([False] * 12 + [True]) * 3
+    assert guard.interval(0.9) == 10  # as long as a plain step: one in ten costs 1 %
     assert guard.interval(0.995) == 1  # a near tie is tried every step
-    assert guard.interval(0.2) == 64  # a clear loss still at least once in max_interval steps
+    assert guard.interval(0.2) == 80
+    assert guard.interval(0.2, 4.0) == 256  # a clear loss, four steps long: still at least once in max_interval
+
+
+@pytest.mark.parametrize("ratio, step_time_ratio", [(0.9, 1.0), (0.9, 1.25), (0.6, 2.0), (0.3, 3.7), (0.98, 5.0)])
+def test_trials_cost_at_most_max_regret_of_the_time(ratio: float, step_time_ratio: float) -> None:
+    """One trial (step_time_ratio plain steps long, delivering `ratio` of the plain rate) in every interval's
+    steps: the time it loses against plain decoding, over the interval's time, is at most max_regret, and one
+    step fewer would exceed it (unless the interval is 1)."""
+    guard = GoodputGuard(max_regret=0.01, max_interval=10_000)
+
+    def regret(n: int) -> float:
+        return step_time_ratio * (1.0 - ratio) / ((n - 1) + step_time_ratio)
+
+    n = guard.interval(ratio, step_time_ratio)
+    assert regret(n) <= 0.01 + 1e-12
+    assert n == 1 or regret(n - 1) > 0.01
+
+
+def test_the_interval_follows_how_long_the_keys_speculative_steps_take() -> None:
+    """Speculative steps 8x as long as plain ones for the same tokens (ratio 0.125): a trial loses 7 plain steps'
+    time, so trials come 693 steps apart (0.99 % of the time), not the 88 that equally long steps would need."""
+    guard = GoodputGuard(max_regret=0.01, max_interval=1000)
+    feed(guard, speculative=(16, 0.08), plain=(16, 0.01))  # ratio 0.125, speculative steps 8x as long
+    assert guard.ratio(KEY) == pytest.approx(0.125)
+    allowed = [guard.allows(KEY) for _ in range(2 * 693)]
+    assert guard.interval(0.125, 8.0) == 693 and guard.interval(0.125) == 88
+    assert allowed.index(True) + 1 == 693 and allowed.count(True) == 2
 
 
 def test_a_key_recovers_when_its_speculative_steps_deliver_again() -> None:
