@@ -115,6 +115,7 @@ class GoodputGuard:
         """Steps between trials of a key whose speculative steps deliver `ratio` of its plain steps' goodput
         and take `step_time_ratio` times as long: the fewest that keep trials to max_regret of the time."""
         extra = max(0.0, step_time_ratio * ((1.0 - ratio) / self.max_regret - 1.0))
+        # less a hair: a whole number of steps computed as 9.000000000000002 (float rounding) stays 9, not 10
         return max(1, min(self.max_interval, 1 + math.ceil(extra - 1e-9)))
 
     def is_vetoed(self, key: Key) -> bool:
