@@ -152,6 +152,7 @@ class Engine:
         self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         self.sequences: dict[str, Sequence] = {}
         self.last_plan: SchedulerOutput | None = None  # the last step's plan (the worker splits cost by it)
+        self._num_left_waiting = 0  # requests the last step's plan left waiting
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         log.info("engine ready: %d KV blocks of %d tokens, max_model_len %d", num_blocks, cfg.block_size,
                  self.max_model_len)
@@ -443,6 +444,14 @@ class Engine:
             return 0
         return max(0, self.cfg.max_num_seqs - len(self.scheduler.running))
 
+    def room_after_waiting(self) -> int:
+        """How many more requests could start at the next step once the ones waiting now start there: none while
+        the last step's plan left one waiting (slots or KV ran short), else the free slots less the waiting ones.
+        The worker's puller (workers/worker/puller.py) pulls up to this while that step runs."""
+        if self._num_left_waiting:
+            return 0
+        return max(0, self.cfg.max_num_seqs - len(self.scheduler.running) - len(self.scheduler.waiting))
+
     def free_capacity_for(self, priority: int) -> int:
         """How many more requests of `priority` could start now: free slots, or else the running requests
         less urgent than it that may still be preempted for it (none while one as urgent waits)."""
@@ -453,6 +462,7 @@ class Engine:
         step_start_s = time.perf_counter()
         self.speculator.begin_step()
         plan = self.last_plan = self.scheduler.schedule()
+        self._num_left_waiting = len(self.scheduler.waiting)  # room_after_waiting()
         if plan.is_empty:
             return []
         proposed = self.speculator.propose(plan.speculating)

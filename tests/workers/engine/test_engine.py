@@ -142,6 +142,24 @@ def test_free_capacity_counts_sequence_slots(tiny_models: dict[str, Path]) -> No
     assert engine.free_capacity() == 2
 
 
+def test_room_after_waiting_counts_new_requests_as_started_unless_a_step_left_one_waiting(
+    tiny_models: dict[str, Path],
+) -> None:
+    engine = make_engine(tiny_models["llama"], max_num_seqs=3)
+    engine.add_request("a", [1, 2], greedy(5))
+    assert engine.free_capacity() == 0 and engine.room_after_waiting() == 2  # "a" starts at the next step
+    engine.step()
+    assert engine.room_after_waiting() == engine.free_capacity() == 2
+
+    tight = make_engine(tiny_models["llama"], max_num_seqs=4, kv_cache_mb=8 / 1024)  # 8 blocks of 4 tokens
+    for name in "abc":
+        tight.add_request(name, list(range(1, 10)), greedy(3))  # 3 blocks each: one fits with room to grow
+    assert tight.room_after_waiting() == 1
+    tight.step()
+    assert len(tight.scheduler.waiting) == 2  # KV ran short: no room, though slots are free
+    assert tight.room_after_waiting() == 0 and tight.free_capacity() == 0
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "field", "error"),
     [
