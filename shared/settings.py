@@ -123,6 +123,9 @@ class ServiceSettings(BaseSettings):
         default=8, ge=1
     )  # a waiting priority is served after being passed over this often
     idle_block_ms: int = Field(default=500, ge=1)  # how long an idle worker blocks on the queues per read
+    # a thread pulls the jobs announced while the engine steps; the next step starts them (workers/worker/puller.py;
+    # one partition off a Cluster: elsewhere the loop pulls at its boundaries only)
+    pull_while_stepping: bool = True
     # the worker's loop waits for its writer process only once the oldest step not yet written was handed over this
     # long ago (or MAX_PENDING_STEPS are pending): a writer behind a fast engine then takes several steps in one
     # round trip, not one each while the engine waits (workers/worker/writer.py)

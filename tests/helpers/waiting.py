@@ -1,5 +1,6 @@
 """Waiting on a condition instead of sleeping and hoping."""
 
+import socket
 import time
 
 from shared.client import FleetClient
@@ -25,3 +26,11 @@ def job_finished(fleet: FleetClient, job_id: str, timeout_s: float = 60, interva
         interval_s=interval_s,
         what=f"job {job_id} to finish",
     )
+
+
+def peeked(sock: socket.socket, text: bytes) -> bool:
+    """Whether `text` waits in `sock`'s receive queue (nothing is read from it)."""
+    try:
+        return text in sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False

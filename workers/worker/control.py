@@ -44,7 +44,7 @@ class ControlMessages:
             self.queued[priority] = None if entry is None or held is None else max(entry, held, key=entry_key)
 
 
-def _queued(payload: object) -> dict[Priority, str | None]:
+def queued_of(payload: object) -> dict[Priority, str | None]:
     """The queue and stream entry a QUEUED_CHANNEL message names (the SUBMIT and REQUEUE scripts publish
     "<priority> <entry id>"); a priority alone has no entry, and a payload that names no queue names them all."""
     priority, _, entry = str(payload).partition(" ")
@@ -83,7 +83,7 @@ class ControlChannel:
                 if connection is None or not connection.can_read(timeout=0):
                     break
             elif message["channel"] == keys.QUEUED_CHANNEL:
-                taken.add_queued(_queued(message["data"]))
+                taken.add_queued(queued_of(message["data"]))
             else:
                 taken.cancelled.add(str(message["data"]))
         return taken

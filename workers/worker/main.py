@@ -1,6 +1,7 @@
 """The worker process: one loop whose step reads like the data flow.
 
-    step:  retire what was written -> drop lost/cancelled jobs -> pull what the engine can admit
+    step:  retire what was written -> admit what the puller started -> drop lost/cancelled jobs
+           -> arm the puller with the engine's room, or pull (when due) what the engine can admit
            -> engine.step() -> emit (hand the step's writes to the writer process)
            (a worker that holds no job pulls first and reads its control channel after: nothing to drop before;
            the step after the idle wait pulled jobs goes straight to the engine: the next step reads it)
@@ -10,9 +11,11 @@ Step N's writes (tokens, finishes, failures, webhook notices: ONE pipelined roun
 go to Redis from a process of their own while step N+1 computes (a thread would share the loop's GIL); a job is
 retired (its lease forgotten) only once its final write landed. The loop pulls only when the engine has room
 and jobs may be waiting (a pull left some, a job was queued since: keys.QUEUED_CHANNEL, or `reclaim_interval_s`
-passed), and only as many as the engine admits. Redis I/O stays here (queue_reader, emitter, writer, heartbeat);
-the engine never sees Redis. SIGTERM/SIGINT: stop pulling, keep stepping held jobs for up to `shutdown_grace_s`,
-hand the rest back to the queue.
+passed), and only as many as the engine admits. While the engine runs jobs and has room, those pulls are a
+thread's (workers/worker/puller.py: setting `pull_while_stepping`), made while the engine steps, their jobs
+admitted at a later boundary: the loop then pulls itself only to reclaim or to preempt, or with the engine empty.
+Redis I/O stays here (queue_reader, puller, emitter, writer, heartbeat); the engine never sees Redis.
+SIGTERM/SIGINT: stop pulling, keep stepping held jobs for up to `shutdown_grace_s`, hand the rest back to the queue.
 
 Reports: the writer answers each round trip; while the engine runs jobs the loop takes those answers only every
 writer_max_lag_ms / REPORTS_PER_MAX_LAG (5 ms by default), not every step: a read right after an engine step
@@ -44,7 +47,7 @@ from shared.settings import ServiceSettings
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.outputs import StepOutput
 from workers.engine.sampling_params import SamplingParams
-from workers.worker.control import ControlChannel
+from workers.worker.control import ControlChannel, ControlMessages
 from workers.worker.cost import CostMeter, scheduled_tokens
 from workers.worker.deadlines import Deadlines
 from workers.worker.emitter import Emitter, JobFailure, JobWrite, Running
@@ -54,6 +57,7 @@ from workers.worker.job_hooks import JobHooks
 from workers.worker.logprobs import JobLogprobs, TokenTexts
 from workers.worker.loop_time import LoopClock, LoopPart
 from workers.worker.prompts import engine_priority, engine_prompt, sampling_params
+from workers.worker.puller import Puller
 from workers.worker.queue_reader import Lease, QueueReader
 from workers.worker.stream_interval import TokenHold
 from workers.worker.warmup import WarmupReport, warm_up
@@ -81,6 +85,7 @@ class EngineLike(Protocol):
     def abort(self, request_id: str) -> bool: ...
     def free_capacity(self) -> int: ...
     def free_capacity_for(self, priority: int) -> int: ...
+    def room_after_waiting(self) -> int: ...
 
 
 def new_worker_id() -> str:
@@ -115,6 +120,9 @@ class Worker:
         self.on_started = on_started
         self.reader = QueueReader(client, settings, self.worker_id)
         self.emitter = Emitter(client, settings)
+        # pulls while the engine steps, where one PULL covers every queue (puller.py); else the loop's pulls only
+        can_overlap = settings.pull_while_stepping and self.reader.pull_call() is not None
+        self.puller = Puller(client) if can_overlap else None  # beside the loop, on the engine's cores
         self.token_texts = TokenTexts(engine.tokenizer)  # names the tokens of logprobs
         model_info = {
             "max_model_len": str(engine.max_model_len),
@@ -138,6 +146,9 @@ class Worker:
         self.epoch = 0  # +1 after each Redis failure: the writer skips writes of a failed epoch
         self._pending = StepWrite(self.epoch)  # what admission wrote this step (failures, start notices)
         self._jobs_queued: set[Priority] = set(Priority)  # queues where a job may wait that no pull saw yet
+        self._pull_in_flight = False  # the puller's, at the last boundary: the loop neither pulls nor arms it
+        # announcements read meanwhile, weighed against the pulls' `last_ids` once that pull's reply is read
+        self._announced_in_flight: dict[Priority, str | None] = {}
         self._last_pull_s = -float("inf")
         self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
         self._woken_with_jobs = False  # the idle wait pulled jobs: the next step runs them first (_wait_and_pull)
@@ -179,17 +190,61 @@ class Worker:
         clock = self.clock
         self._retire()
         clock.charge(LoopPart.REPORTS)
+        self._take_pulled()
+        clock.charge(LoopPart.PULL)
         is_holding = bool(self.leases)
         if is_holding:
             self._drop(self._lost_jobs())
         self._time_out(self.deadlines.past())
-        if self._may_pull():
+        if not self._puller_pulls() and self._may_pull():
             clock.charge(LoopPart.CONTROL)
             self._pull()
             clock.charge(LoopPart.PULL)
+            self._puller_pulls()  # with the room that pull left
         if not is_holding:  # nothing to drop before the pull: it goes first (a new job's start waits less)
             self._drop(self._lost_jobs())  # a job cancelled as it was pulled is dropped before its first step
         clock.charge(LoopPart.CONTROL)
+
+    def _take_pulled(self, wait: bool = False) -> None:
+        """Admit the jobs the puller started since the last boundary; a stopping worker waits for a pull in
+        flight and hands them back. A pull Redis refused (its script or streams lost) makes the loop pull."""
+        if self.puller is None:
+            return
+        replies, self._pull_in_flight = self.puller.take(wait=wait or self.is_stopping)
+        for call, reply in replies:
+            leases = self.reader.read_pulled(call, reply)
+            if leases is None:
+                self._jobs_queued = set(Priority)
+            elif self.is_stopping:
+                self._hand_back(leases)
+            else:
+                for lease in leases:
+                    self._admit(lease)
+        if not self._pull_in_flight and self._announced_in_flight:  # read while a pull was in flight
+            self._jobs_queued |= self.reader.unseen(self._announced_in_flight)
+            self._announced_in_flight = {}
+
+    def _puller_pulls(self) -> bool:
+        """While the engine runs jobs and has room, the puller pulls, not the loop: armed with that room (at once
+        for the jobs the loop knows to wait) until a later boundary; one pull in flight, it stays as it was. The
+        loop's own pull goes when a reclaim is due, or to preempt (a full engine)."""
+        if self.puller is None or not self.running or self.is_stopping:
+            return False
+        if self._pull_in_flight:
+            return True
+        room = self.engine.room_after_waiting()  # the jobs admitted at this boundary count as started
+        call = self.reader.pull_call()
+        is_reclaim_due = time.monotonic() - self._last_pull_s >= self.settings.reclaim_interval_s
+        if room <= 0 or call is None or is_reclaim_due:
+            return False
+        pull_now = bool(self._jobs_queued) or any(self.reader.waiting.values())
+        self.puller.arm(call, room, pull_now)
+        self._jobs_queued = set()
+        return True
+
+    def _hand_back(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
 
     def _retire(self) -> None:
         """The writer's reports: forget jobs whose final write landed, drop jobs that are no longer ours. While
@@ -252,7 +307,12 @@ class Worker:
         control channel holds the announcement of the jobs it just pulled, which redis-py reads in ~0.1 ms (caches
         cold) on the way to each new job's first token. The next step reads it: a job cancelled as it was pulled
         runs that one step, whose write the STEP script refuses (the job is no longer this attempt's), and is
-        dropped then. A stop requested meanwhile hands them straight back."""
+        dropped then. A stop requested meanwhile hands them straight back. (The puller is disarmed here already:
+        it is armed only while the engine runs jobs; what it may still hold is taken first all the same.)"""
+        num_held = len(self.leases)
+        self._take_pulled(wait=True)
+        if len(self.leases) > num_held:  # not idle after all: the next step runs them
+            return
         leases = self.reader.wait_and_pull(self.settings.idle_block_ms, self.engine.free_capacity())
         if leases is None:  # it only waited: the next step pulls
             self._jobs_queued = set(Priority)
@@ -260,8 +320,7 @@ class Worker:
         self._last_pull_s = time.monotonic()
         self._jobs_queued = set()
         if self.is_stopping:
-            for lease in leases:
-                log.info("handing job %s back: %s", lease.job_id, self.reader.hand_back(lease))
+            self._hand_back(leases)
             leases = []
         self._admit_pulled(leases)
         self._woken_with_jobs = bool(self.running)
@@ -325,6 +384,8 @@ class Worker:
         if self.is_stopping:
             assert self.stop_deadline is not None
             return not self.leases or time.monotonic() >= self.stop_deadline
+        if self._pull_in_flight:  # the puller's jobs come first (the idle wait takes them)
+            return False
         return self.burst and not self.leases and self.num_pulled_last == 0 and self._nothing_waiting()
 
     def _nothing_waiting(self) -> bool:
@@ -341,6 +402,9 @@ class Worker:
         # the writer process before the first heartbeat: /readyz turns ready once a job would start at once (its
         # start and pacing probe took ~0.4 s, in which a job submitted to a worker marked ready waited queued)
         self.writer.start()
+        if self.puller is not None:
+            self.puller.subscribe()
+            self.puller.start()
         self.redis.hset(keys.WORKER_VERSIONS, self.worker_id, self.settings.model_version)  # GET /v1/models
         self.heartbeat.beat()
         self.heartbeat.start()
@@ -382,6 +446,14 @@ class Worker:
 
     def shutdown(self) -> None:
         """Land what the writer holds, hand every unfinished job back to its queue, then unregister."""
+        if self.puller is not None:  # what it started since the last boundary goes back with the rest
+            self.puller.stop()
+            try:
+                replies, _ = self.puller.take(wait=True)
+                self._hand_back([lease for call, reply in replies
+                                 for lease in self.reader.read_pulled(call, reply) or []])  # fmt: skip
+            except redis.RedisError as exc:  # its jobs are reclaimed after claim_timeout_s instead
+                log.warning("could not hand back what the puller started: %s", exc)
         try:
             self._pending.epoch = self.epoch
             self._pending.writes = self.hold.flush() + self._pending.writes  # held tokens land before a handback
@@ -516,7 +588,12 @@ class Worker:
         lost = self.heartbeat.take_lost()
         try:
             messages = self._control.take()
-            self._jobs_queued |= self.reader.unseen(messages.queued)  # not those the last pull saw
+            if self._pull_in_flight:  # its reply may start them: weighed once it is read (_take_pulled)
+                held = ControlMessages(queued=self._announced_in_flight)
+                held.add_queued(messages.queued)
+                self._announced_in_flight = held.queued
+            else:
+                self._jobs_queued |= self.reader.unseen(messages.queued)  # not those the last pull saw
             lost |= messages.cancelled
         except redis.RedisError as exc:  # the STEP script's status check still catches every cancel
             log.warning("control channel: %s", exc)

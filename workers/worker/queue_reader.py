@@ -79,6 +79,24 @@ def _error_json(status: JobStatus, code: ErrorCode, message: str) -> tuple[str, 
 
 
 Stream = tuple[int, Priority]  # (partition, priority) -> one queue stream
+MAX_JOBS_ARG = 2  # where a PULL call's arguments (QueueReader._args) put how many jobs it may start
+
+
+@dataclass(frozen=True)
+class PullCall:
+    """One PULL of every queue stream of the one partition, in priority order, as a command that another
+    connection sends (workers/worker/puller.py); its reply is read back by QueueReader.read_pulled."""
+
+    order: list[Priority]
+    sha: str
+    keys: list[str]
+    args: list[str | int]  # args[MAX_JOBS_ARG]: how many jobs it may start (command() sets it)
+    last_ids: dict[Priority, str]  # the newest entry per queue that the pulls so far saw
+
+    def command(self, max_jobs: int) -> tuple[object, ...]:
+        args = list(self.args)
+        args[MAX_JOBS_ARG] = max_jobs
+        return ("EVALSHA", self.sha, len(self.keys), *self.keys, *args)
 
 
 class QueueReader:
@@ -108,6 +126,7 @@ class QueueReader:
         # newest entry seen per stream by the last pulls
         self.last_ids: dict[Stream, str] = {(n, p): "0-0" for n in self.partitions for p in Priority}
         self.waiting = {p: False for p in Priority}  # entries left undelivered by the last pull, any partition
+        self._pull_call: PullCall | None = None  # pull_call()'s answer until a pull changes what it holds
 
     def ensure_groups(self) -> None:
         for partition in self.partitions:
@@ -168,7 +187,34 @@ class QueueReader:
         self._last_reclaim_s = time.monotonic()
         return str(int(self.settings.claim_timeout_s * 1000))
 
+    def pull_call(self) -> PullCall | None:
+        """The PULL that another connection may send for this reader (it reclaims nothing: the loop's own pulls
+        do), or None where one call cannot cover every queue (several partitions, a Cluster). Built again only
+        after a pull changed its order or the entries it names as seen."""
+        if self._held is None or len(self.partitions) != 1:
+            return None
+        if self._pull_call is None:
+            order = self.priority_order.order()
+            self._pull_call = PullCall(
+                order=order,
+                sha=self._pull.sha,
+                keys=[keys.queue_stream(p, 0) for p in order],
+                args=self._args(0, 0, "0"),
+                last_ids={p: self.last_ids[(0, p)] for p in Priority},
+            )
+        return self._pull_call
+
+    def read_pulled(self, call: PullCall, reply: Any) -> list[Lease] | None:
+        """The jobs a PullCall's reply started, read as this reader's own pull's -> None where Redis refused it
+        because it lost the script or the streams (the reader's next own pull loads or makes them again)."""
+        if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOGROUP" in str(reply)):
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return self._record(*self._read_reply(0, call.order, reply))
+
     def _record(self, leases: list[Lease], waiting: dict[Priority, bool]) -> list[Lease]:
+        self._pull_call = None
         self.waiting.update(waiting)
         self.priority_order.record([lease.priority for lease in leases], self.waiting)
         return leases
@@ -244,6 +290,7 @@ class QueueReader:
         self, partition: int, order: list[Priority], reply: Any
     ) -> tuple[list[Lease], dict[Priority, bool]]:
         started, waiting, last_ids = reply
+        self._pull_call = None
         self.last_ids.update(zip([(partition, p) for p in order], last_ids, strict=True))
         leases = [self._lease(order, row) for row in started]
         return leases, {p: bool(w) for p, w in zip(order, waiting, strict=True)}

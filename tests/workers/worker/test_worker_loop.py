@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from shared.job_state import JobStatus
 from shared.redis_server import RedisServer
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import FAST_TIMINGS, job_record, submit_job
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import peeked, wait_until
 from workers.worker.main import Worker
 
 JOB = {"prompt": "def f(x):", "temperature": 0, "ignore_eos": True}
@@ -107,14 +106,6 @@ def test_one_round_trip_per_step_and_cancel_within_two_steps(
         worker.shutdown()
 
 
-def _peeked(sock: socket.socket, text: bytes) -> bool:
-    """Whether `text` waits in `sock`'s receive queue (nothing is read from it)."""
-    try:
-        return text in sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return False
-
-
 def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,7 +121,7 @@ def test_an_idle_worker_pulls_first_and_drops_a_job_cancelled_as_it_was_pulled(
         for lease in leases:
             _cancel(rclient, settings, lease.job_id)
             # the cancel is on the worker's socket (peeked, not read: the step's own read takes it)
-            wait_until(partial(_peeked, control_socket, lease.job_id.encode()), interval_s=0.001,
+            wait_until(partial(peeked, control_socket, lease.job_id.encode()), interval_s=0.001,
                        what="the cancel on the worker's control socket")  # fmt: skip
         return leases
 
@@ -211,7 +202,7 @@ def test_a_job_cancelled_as_the_idle_wait_pulled_it_writes_nothing_and_is_droppe
         submitter.join()
         (job_id,) = worker.leases
         _cancel(rclient, settings, job_id)
-        wait_until(partial(_peeked, worker._control._pubsub.connection._sock, job_id.encode()), interval_s=0.001,
+        wait_until(partial(peeked, worker._control._pubsub.connection._sock, job_id.encode()), interval_s=0.001,
                    what="the cancel on the worker's control socket")  # fmt: skip
         worker.step()  # the job's first step: before the cancel is read
         worker.step()  # reads it: dropped
