@@ -319,6 +319,12 @@ class EngineMetrics:
                                     "Token events written to jobs' streams, one or more tokens each (a stream "
                                     "interval and the writer's merged batches make them fewer)", registry=r)
         self._num_token_events_seen = 0
+        self.pulled_jobs = Counter("specfleet_worker_pulled_jobs",
+                                   "Jobs this worker took off the queues, by what pulled them: the loop at a "
+                                   "boundary or its idle wait (loop), or the thread that pulls while the engine "
+                                   "steps (puller: workers/worker/puller.py)", ["by"], registry=r)  # fmt: skip
+        for by in ("loop", "puller"):
+            self.pulled_jobs.labels(by)  # both exported from the start (0)
         self.spec = SpecCollector()
         r.register(self.spec)
         self.compile = CompileCollector()
@@ -383,6 +389,11 @@ class EngineMetrics:
             self.deadline_streak.inc()
         else:
             self.deadline_streak.set(0)
+
+    def jobs_pulled(self, by: str, num_jobs: int) -> None:
+        """`num_jobs` jobs started by a pull of the loop's (`loop`) or of its puller thread (`puller`)."""
+        if num_jobs:
+            self.pulled_jobs.labels(by).inc(num_jobs)
 
     def token_events_written(self, total: int) -> None:
         """The writer's count of token events so far (StepWriter.num_token_events)."""

@@ -218,6 +218,8 @@ class Worker:
             elif self.is_stopping:
                 self._hand_back(leases)
             else:
+                if self.metrics is not None:
+                    self.metrics.jobs_pulled("puller", len(leases))
                 for lease in leases:
                     self._admit(lease)
         if not self._pull_in_flight and self._announced_in_flight:  # read while a pull was in flight
@@ -328,6 +330,8 @@ class Worker:
     def _admit_pulled(self, leases: list[Lease]) -> None:
         """A pull's jobs into the engine (`num_pulled_last` counts them)."""
         self.num_pulled_last = len(leases)
+        if self.metrics is not None:
+            self.metrics.jobs_pulled("loop", len(leases))
         for lease in leases:
             self._admit(lease)
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ from shared.schemas import Priority
 from shared.settings import ServiceSettings
 from tests.helpers.redis_fixtures import job_record, submit_job
 from tests.helpers.waiting import peeked, wait_until
+from workers.worker.engine_metrics import EngineMetrics
 from workers.worker.main import Worker
 from workers.worker.puller import Puller
 from workers.worker.queue_reader import QueueReader
@@ -139,13 +141,15 @@ def test_a_pull_refused_for_lost_streams_reads_as_none(
 
 
 # -- in the worker's loop ----------------------------------------------------------------------------------------
-def _worker(client: redis.Redis, settings: ServiceSettings, target: Path, max_num_seqs: int) -> Worker:
+def _worker(
+    client: redis.Redis, settings: ServiceSettings, target: Path, max_num_seqs: int, metrics: Any = None
+) -> Worker:
     from workers.engine.config import EngineConfig
     from workers.engine.engine import Engine
 
     cfg = EngineConfig(target_dir=str(target), kv_cache_mb=16, max_num_seqs=max_num_seqs, num_threads=1,
                        speculative_method="none")  # fmt: skip
-    worker = Worker(Engine(cfg, target), client, settings, worker_id="puller-test")
+    worker = Worker(Engine(cfg, target), client, settings, worker_id="puller-test", metrics=metrics)
     thread = threading.Thread(target=worker.start)  # off the main thread: the test's signal handlers stay
     thread.start()
     thread.join()
@@ -157,7 +161,8 @@ def test_a_job_announced_while_the_engine_steps_starts_at_the_next_boundary_with
 ) -> None:
     settings.reclaim_interval_s = 3600.0
     first = submit_job(rclient, settings, max_tokens=40, **JOB)
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    metrics = EngineMetrics()
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2, metrics=metrics)
     try:
         worker.step()  # pulls the first (the loop's own pull), arms the puller with the room left
         assert first in worker.running and worker.puller is not None
@@ -174,6 +179,9 @@ def test_a_job_announced_while_the_engine_steps_starts_at_the_next_boundary_with
         worker.writer.drain(30)
         assert job_record(rclient, second)["status"] == "succeeded" and pulls == []
         assert int(job_record(rclient, second)["completion_tokens"]) == 8
+        pulled = {by: metrics.registry.get_sample_value("specfleet_worker_pulled_jobs_total", {"by": by})
+                  for by in ("loop", "puller")}  # fmt: skip
+        assert pulled == {"loop": 1.0, "puller": 1.0}
     finally:
         worker.request_stop(0.0)
         worker.shutdown()
