@@ -179,6 +179,7 @@ def _fleet_round(fleet: BenchFleet, bodies: list[dict[str, Any]], concurrency: i
     if url and loop_before is not None:
         loop = e2e_loop.scrape(url).since(loop_before)
         timings.loop_s, timings.num_engine_steps = loop.seconds, int(loop.num_engine_steps)
+        timings.num_pulled = {by: int(num) for by, num in loop.num_pulled.items()}
     return timings
 
 
@@ -212,6 +213,8 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_vs_gapped_engine"] = fleet_row["ttft_ms_p50"] - gapped["ttft_ms_p50"]
         if "loop_engine_share" in fleet_row:  # the worker loop's time in the engine's step (e2e_loop.py)
             ratios[f"fleet_loop_engine_share_c{c}"] = fleet_row["loop_engine_share"]
+        if "pulled_by_puller_share" in fleet_row:  # jobs pulled while the engine stepped (workers/worker/puller.py)
+            ratios[f"fleet_pulled_by_puller_share_c{c}"] = fleet_row["pulled_by_puller_share"]
         if fleet_row.get("tokens_per_engine_step") and engine_row.get("tokens_per_engine_step"):
             ratios[f"fleet_vs_engine_tokens_per_step_c{c}"] = (  # the batch's fill against the in-process engine's
                 fleet_row["tokens_per_engine_step"] / engine_row["tokens_per_engine_step"]

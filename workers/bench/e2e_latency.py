@@ -47,6 +47,7 @@ class Timings:
     cpu_s: dict[str, float] = field(default_factory=dict)  # fleet runs: CPU seconds by process while they ran
     loop_s: dict[str, float] = field(default_factory=dict)  # fleet runs: the worker loop's seconds by part
     num_engine_steps: int = 0  # engine steps that made the tokens (the fleet's worker's, or in-process)
+    num_pulled: dict[str, int] = field(default_factory=dict)  # fleet runs: jobs pulled by the loop, by the puller
 
     def merge(self, other: "Timings") -> None:
         """Add another run of the same system (a latency round): tokens/s becomes all tokens over all time."""
@@ -62,6 +63,8 @@ class Timings:
         for part, seconds in other.loop_s.items():
             self.loop_s[part] = self.loop_s.get(part, 0.0) + seconds
         self.num_engine_steps += other.num_engine_steps
+        for by, num in other.num_pulled.items():
+            self.num_pulled[by] = self.num_pulled.get(by, 0) + num
 
     def add(self, start_s: float, first_s: float, last_s: float, num_tokens: int, num_events: int) -> None:
         self.ttft_s.append(first_s - start_s)
@@ -89,6 +92,8 @@ def summary(t: Timings) -> dict[str, float]:
     loop = {f"loop_{part}_share": seconds / loop_total_s for part, seconds in t.loop_s.items() if loop_total_s > 0}
     if t.num_engine_steps:
         loop["tokens_per_engine_step"] = t.num_tokens / t.num_engine_steps
+    if sum(t.num_pulled.values()):
+        loop["pulled_by_puller_share"] = t.num_pulled.get("puller", 0) / sum(t.num_pulled.values())
     return {
         "ttft_ms_p50": percentile_ms(t.ttft_s, 50),
         "ttft_ms_p99": percentile_ms(t.ttft_s, 99),

@@ -92,6 +92,7 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
             assert 1 <= r["tokens_per_engine_step"] <= r["concurrency"] * plan.max_tokens
     for c in plan.concurrencies:
         assert 0 < doc["ratios"][f"fleet_loop_engine_share_c{c}"] <= 1
+        assert 0 <= doc["ratios"][f"fleet_pulled_by_puller_share_c{c}"] <= 1  # its jobs, pulled by the worker
         assert doc["ratios"][f"fleet_vs_engine_tokens_per_step_c{c}"] > 0
     # the collections the latency and SSE phases caused, from the worker's and the gateway's /metrics
     for process in ("worker", "gateway"):
