@@ -215,6 +215,42 @@ def test_a_job_whose_announcement_the_loop_read_first_is_pulled_by_the_puller_a_
         worker.shutdown()
 
 
+def test_a_boundary_does_not_wait_for_the_pullers_pull_and_weighs_what_it_read_meanwhile_after_its_reply(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A boundary with the puller's pull in flight neither waits for it nor pulls: the announcement the loop
+    read meanwhile is weighed once that reply is read, and the job the reply started needs no pull of the
+    loop's."""
+    settings.reclaim_interval_s = 3600.0
+    first = submit_job(rclient, settings, max_tokens=40, **JOB)
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    release = threading.Event()
+    try:
+        worker.step()
+        assert worker.puller is not None
+        execute = worker.puller._held.execute
+        monkeypatch.setattr(worker.puller._held, "execute", lambda commands: release.wait(10) and execute(commands))
+        pulls: list[int] = []
+        pull = worker.reader.pull
+        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        second = submit_job(rclient, settings, max_tokens=8, **JOB)
+        wait_until(lambda: worker.puller._in_flight, what="the puller's pull in flight (held back)")
+        wait_until(partial(peeked, worker._control._pubsub.connection._sock, keys.QUEUED_CHANNEL.encode()),
+                   interval_s=0.001, what="the announcement on the loop's control socket")  # fmt: skip
+        worker.step()  # no wait, no pull: the announcement is kept for after the reply
+        assert worker._pull_in_flight and worker._announced_in_flight and not worker._jobs_queued
+        assert second not in worker.leases and pulls == [] and first in worker.running
+        release.set()
+        wait_until(lambda: worker.puller.num_pulls == 1, what="the puller's reply")
+        worker.step()  # admits it; the announcement it read is seen by that pull: nothing more to pull
+        assert second in worker.running and pulls == []
+        assert not worker._pull_in_flight and not worker._announced_in_flight and not worker._jobs_queued
+    finally:
+        release.set()
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def test_a_full_engine_arms_no_puller_and_a_stopping_worker_hands_its_jobs_back(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
 ) -> None:
