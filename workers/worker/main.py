@@ -149,6 +149,7 @@ class Worker:
         self._pull_in_flight = False  # the puller's, at the last boundary: the loop neither pulls nor arms it
         # announcements read meanwhile, weighed against the pulls' `last_ids` once that pull's reply is read
         self._announced_in_flight: dict[Priority, str | None] = {}
+        self._pull_refused = False  # Redis refused the puller's last pull (streams lost): the loop pulls next
         self._last_pull_s = -float("inf")
         self.warmup: WarmupReport | None = None  # what start() ran before the first heartbeat
         self._woken_with_jobs = False  # the idle wait pulled jobs: the next step runs them first (_wait_and_pull)
@@ -213,8 +214,9 @@ class Worker:
         replies, self._pull_in_flight = self.puller.take(wait=wait or self.is_stopping)
         for call, reply in replies:
             leases = self.reader.read_pulled(call, reply)
-            if leases is None:
+            if leases is None:  # the loop's own pull, at once, loads the script or makes the groups again
                 self._jobs_queued = set(Priority)
+                self._pull_refused = True
             elif self.is_stopping:
                 self._hand_back(leases)
             else:
@@ -230,7 +232,7 @@ class Worker:
         """While the engine runs jobs and has room, the puller pulls, not the loop: armed with that room (at once
         for the jobs the loop knows to wait) until a later boundary; one pull in flight, it stays as it was. The
         loop's own pull goes when a reclaim is due, or to preempt (a full engine)."""
-        if self.puller is None or not self.running or self.is_stopping:
+        if self.puller is None or not self.running or self.is_stopping or self._pull_refused:
             return False
         if self._pull_in_flight:
             return True
@@ -292,6 +294,7 @@ class Worker:
 
     def _pull(self) -> None:
         self._last_pull_s = time.monotonic()
+        self._pull_refused = False
         free = self.engine.free_capacity()
         if free > 0:
             self._jobs_queued = set()
@@ -309,8 +312,8 @@ class Worker:
         control channel holds the announcement of the jobs it just pulled, which redis-py reads in ~0.1 ms (caches
         cold) on the way to each new job's first token. The next step reads it: a job cancelled as it was pulled
         runs that one step, whose write the STEP script refuses (the job is no longer this attempt's), and is
-        dropped then. A stop requested meanwhile hands them straight back. (The puller is disarmed here already:
-        it is armed only while the engine runs jobs; what it may still hold is taken first all the same.)"""
+        dropped then. A stop requested meanwhile hands them straight back. (The puller is armed only while the
+        engine runs jobs: a pull of its still in flight at the last boundary is waited for and taken first.)"""
         num_held = len(self.leases)
         self._take_pulled(wait=True)
         if len(self.leases) > num_held:  # not idle after all: the next step runs them
@@ -388,7 +391,7 @@ class Worker:
         if self.is_stopping:
             assert self.stop_deadline is not None
             return not self.leases or time.monotonic() >= self.stop_deadline
-        if self._pull_in_flight:  # the puller's jobs come first (the idle wait takes them)
+        if self._pull_in_flight:  # the puller's jobs come first (the next steps take them)
             return False
         return self.burst and not self.leases and self.num_pulled_last == 0 and self._nothing_waiting()
 

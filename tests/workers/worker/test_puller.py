@@ -251,6 +251,34 @@ def test_a_boundary_does_not_wait_for_the_pullers_pull_and_weighs_what_it_read_m
         worker.shutdown()
 
 
+def test_a_pull_refused_for_lost_streams_makes_the_loop_pull_which_makes_them_again(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.reclaim_interval_s = 3600.0
+    first = submit_job(rclient, settings, max_tokens=40, **JOB)
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    try:
+        worker.step()
+        assert first in worker.running and worker.puller is not None
+        pulls: list[int] = []
+        pull = worker.reader.pull
+        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        for priority in Priority:
+            rclient.delete(keys.queue_stream(priority, 0))  # a flushed Redis: NOGROUP
+        rclient.publish(keys.QUEUED_CHANNEL, "default")
+        wait_until(lambda: worker.puller.num_pulls == 1, what="the refused pull")
+        worker.step()  # reads the refusal: the loop's own pull, which makes the groups again
+        assert pulls == [1] and not worker._pull_refused
+        assert all(rclient.xinfo_groups(keys.queue_stream(p, 0)) for p in Priority)
+        second = submit_job(rclient, settings, max_tokens=8, **JOB)
+        wait_until(lambda: worker.puller.num_pulls == 2, what="the puller's next pull")
+        worker.step()
+        assert second in worker.running and pulls == [1]  # the puller's again
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def test_a_full_engine_arms_no_puller_and_a_stopping_worker_hands_its_jobs_back(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
 ) -> None:
