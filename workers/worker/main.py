@@ -234,6 +234,8 @@ class Worker:
         loop's own pull goes when a reclaim is due, or to preempt (a full engine)."""
         if self.puller is None or not self.running or self.is_stopping or self._pull_refused:
             return False
+        if not self.puller.is_alive():  # it failed (logged): the loop's own pulls from now on
+            return False
         if self._pull_in_flight:
             return True
         room = self.engine.room_after_waiting()  # the jobs admitted at this boundary count as started

@@ -138,6 +138,17 @@ class Puller(threading.Thread):
 
     # -- the thread -----------------------------------------------------------------------------------------
     def run(self) -> None:
+        """The thread's loop; a bug in it ends the thread (logged), and the worker's loop pulls for itself."""
+        try:
+            self._run()
+        except Exception:
+            log.exception("puller: the thread failed; the loop pulls for itself from now on")
+        finally:
+            with self._lock:
+                self._call, self._in_flight = None, False
+                self._settled.notify_all()
+
+    def _run(self) -> None:
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
         fd = -1  # the subscription's socket registered in `poller` (redis-py opens another when it reconnects)
@@ -194,6 +205,11 @@ class Puller(threading.Thread):
                     reply = self._held.execute([call.command(room)])[0]
             except redis.RedisError as exc:
                 error = exc
+            except BaseException:  # a bug: run() logs it; no take() waits on this pull
+                with self._lock:
+                    self._in_flight = False
+                    self._settled.notify_all()
+                raise
             with self._lock:
                 self._in_flight = False
                 self.num_pulls += 1

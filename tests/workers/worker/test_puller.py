@@ -279,6 +279,32 @@ def test_a_pull_refused_for_lost_streams_makes_the_loop_pull_which_makes_them_ag
         worker.shutdown()
 
 
+def test_a_puller_thread_that_fails_leaves_the_pulls_to_the_loop(
+    rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings.reclaim_interval_s = 3600.0
+    first = submit_job(rclient, settings, max_tokens=40, **JOB)
+    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    try:
+        worker.step()
+        assert worker.puller is not None
+
+        def bug(commands: object) -> object:
+            raise RuntimeError("a bug in the thread")
+
+        monkeypatch.setattr(worker.puller._held, "execute", bug)
+        second = submit_job(rclient, settings, max_tokens=8, **JOB)
+        wait_until(lambda: not worker.puller.is_alive(), what="the puller thread's end")
+        assert "the thread failed" in caplog.text
+        worker.step()  # the loop reads the announcement and pulls for itself; the worker goes on
+        assert second in worker.running and first in worker.running
+        assert worker.puller.take() == ([], False)
+    finally:
+        worker.request_stop(0.0)
+        worker.shutdown()
+
+
 def test_a_full_engine_arms_no_puller_and_a_stopping_worker_hands_its_jobs_back(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path
 ) -> None:
