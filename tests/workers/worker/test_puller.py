@@ -156,19 +156,29 @@ def _worker(
     return worker
 
 
+def _stepping(
+    client: redis.Redis, settings: ServiceSettings, target: Path, monkeypatch: pytest.MonkeyPatch, metrics: Any = None
+) -> tuple[Worker, str, list[int]]:
+    """A worker (2 slots) whose first step pulled one job of 40 tokens and armed its puller -> it, that job, and
+    the loop's own pulls from then on (one item each). The caller stops it."""
+    settings.reclaim_interval_s = 3600.0  # no reclaim pull of the loop's
+    first = submit_job(client, settings, max_tokens=40, **JOB)
+    worker = _worker(client, settings, target, max_num_seqs=2, metrics=metrics)
+    worker.step()  # pulls the first (the loop's own pull), arms the puller with the room left
+    assert first in worker.running and worker.puller is not None
+    pulls: list[int] = []
+    pull = worker.reader.pull
+    monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+    return worker, first, pulls
+
+
 def test_a_job_announced_while_the_engine_steps_starts_at_the_next_boundary_without_a_loop_pull(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings.reclaim_interval_s = 3600.0
-    first = submit_job(rclient, settings, max_tokens=40, **JOB)
     metrics = EngineMetrics()
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2, metrics=metrics)
+    worker, first, pulls = _stepping(rclient, settings, tiny_target, monkeypatch, metrics)
     try:
-        worker.step()  # pulls the first (the loop's own pull), arms the puller with the room left
-        assert first in worker.running and worker.puller is not None
-        pulls: list[int] = []
-        pull = worker.reader.pull
-        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        assert worker.puller is not None
         second = submit_job(rclient, settings, max_tokens=8, **JOB)
         wait_until(lambda: worker.puller.num_pulls == 1, what="the puller's pull")  # while the loop is not looking
         assert second not in worker.leases
@@ -192,16 +202,10 @@ def test_a_job_whose_announcement_the_loop_read_first_is_pulled_by_the_puller_a_
 ) -> None:
     """The loop never waits on a PULL while the engine runs jobs: an announcement it read itself arms the
     puller with `pull_now`, and the job starts at the boundary after (here the puller hears no announcement)."""
-    settings.reclaim_interval_s = 3600.0
     monkeypatch.setattr(Puller, "subscribe", lambda self: None)  # deaf: only the loop reads announcements
-    first = submit_job(rclient, settings, max_tokens=40, **JOB)
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    worker, _, pulls = _stepping(rclient, settings, tiny_target, monkeypatch)
     try:
-        worker.step()
-        assert first in worker.running and worker.puller is not None
-        pulls: list[int] = []
-        pull = worker.reader.pull
-        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        assert worker.puller is not None
         second = submit_job(rclient, settings, max_tokens=8, **JOB)
         wait_until(partial(peeked, worker._control._pubsub.connection._sock, keys.QUEUED_CHANNEL.encode()),
                    interval_s=0.001, what="its announcement on the loop's control socket")  # fmt: skip
@@ -221,18 +225,12 @@ def test_a_boundary_does_not_wait_for_the_pullers_pull_and_weighs_what_it_read_m
     """A boundary with the puller's pull in flight neither waits for it nor pulls: the announcement the loop
     read meanwhile is weighed once that reply is read, and the job the reply started needs no pull of the
     loop's."""
-    settings.reclaim_interval_s = 3600.0
-    first = submit_job(rclient, settings, max_tokens=40, **JOB)
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    worker, first, pulls = _stepping(rclient, settings, tiny_target, monkeypatch)
     release = threading.Event()
     try:
-        worker.step()
         assert worker.puller is not None
         execute = worker.puller._held.execute
         monkeypatch.setattr(worker.puller._held, "execute", lambda commands: release.wait(10) and execute(commands))
-        pulls: list[int] = []
-        pull = worker.reader.pull
-        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
         second = submit_job(rclient, settings, max_tokens=8, **JOB)
         wait_until(lambda: worker.puller._in_flight, what="the puller's pull in flight (held back)")
         wait_until(partial(peeked, worker._control._pubsub.connection._sock, keys.QUEUED_CHANNEL.encode()),
@@ -254,15 +252,9 @@ def test_a_boundary_does_not_wait_for_the_pullers_pull_and_weighs_what_it_read_m
 def test_a_pull_refused_for_lost_streams_makes_the_loop_pull_which_makes_them_again(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings.reclaim_interval_s = 3600.0
-    first = submit_job(rclient, settings, max_tokens=40, **JOB)
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    worker, _, pulls = _stepping(rclient, settings, tiny_target, monkeypatch)
     try:
-        worker.step()
-        assert first in worker.running and worker.puller is not None
-        pulls: list[int] = []
-        pull = worker.reader.pull
-        monkeypatch.setattr(worker.reader, "pull", lambda *args: pulls.append(1) or pull(*args))
+        assert worker.puller is not None
         for priority in Priority:
             rclient.delete(keys.queue_stream(priority, 0))  # a flushed Redis: NOGROUP
         rclient.publish(keys.QUEUED_CHANNEL, "default")
@@ -283,11 +275,8 @@ def test_a_puller_thread_that_fails_leaves_the_pulls_to_the_loop(
     rclient: redis.Redis, settings: ServiceSettings, tiny_target: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings.reclaim_interval_s = 3600.0
-    first = submit_job(rclient, settings, max_tokens=40, **JOB)
-    worker = _worker(rclient, settings, tiny_target, max_num_seqs=2)
+    worker, first, _ = _stepping(rclient, settings, tiny_target, monkeypatch)
     try:
-        worker.step()
         assert worker.puller is not None
 
         def bug(commands: object) -> object:
