@@ -232,6 +232,8 @@ class Worker:
         """While the engine runs jobs and has room, the puller pulls, not the loop: armed with that room (at once
         for the jobs the loop knows to wait) until a later boundary; one pull in flight, it stays as it was. The
         loop's own pull goes when a reclaim is due, or to preempt (a full engine)."""
+        if self.puller is not None and not self.running:
+            self.puller.rest()  # nothing to step: the idle wait pulls (Puller.rest)
         if self.puller is None or not self.running or self.is_stopping or self._pull_refused:
             return False
         if not self.puller.is_alive():  # it failed (logged): the loop's own pulls from now on

@@ -110,6 +110,19 @@ def test_a_failed_pull_is_raised_once_by_take_and_the_next_pull_connects_again(
     assert _taken(puller, reader) == [second, third]  # the second's announcement waited, unseen
 
 
+def test_a_resting_puller_reads_nothing_until_armed_and_then_pulls_for_what_came(
+    rclient: redis.Redis, settings: ServiceSettings, reader: QueueReader, puller: Puller
+) -> None:
+    puller.rest()  # the engine is empty: the loop's idle wait pulls
+    job = submit_job(rclient, settings, **JOB)
+    wait_until(partial(peeked, puller._pubsub.connection._sock, keys.QUEUED_CHANNEL.encode()), interval_s=0.001,
+               what="the announcement left in the resting puller's socket")  # fmt: skip
+    assert not puller._announced.queued and puller.num_pulls == 0
+    puller.arm(_call(reader), room=1)  # watching again: it reads what waited, unseen by the pulls -> pulls
+    wait_until(lambda: puller.num_pulls == 1, what="the pull for what came while it rested")
+    assert _taken(puller, reader) == [job]
+
+
 def test_take_does_not_wait_for_a_pull_in_flight_and_pull_now_pulls_for_jobs_left_waiting(
     rclient: redis.Redis, settings: ServiceSettings, reader: QueueReader, puller: Puller
 ) -> None:
