@@ -50,23 +50,14 @@ from redis.exceptions import NoScriptError
 
 from shared import keys, lua
 from shared import redis_url as redis_urls
-from shared.lua import entry_key
 from shared.schemas import Priority
 from workers.worker.control import ControlMessages, queued_of
-from workers.worker.queue_reader import PullCall
+from workers.worker.queue_reader import PullCall, unseen_entries
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 1000  # the thread wakes at least this often (its stop; redis-py's reconnects and health checks)
 RETRY_S = 1.0  # after its subscription failed, the thread subscribes again this much later
-
-
-def _unseen(announced: dict[Priority, str | None], seen: dict[Priority, str]) -> dict[Priority, str | None]:
-    """The announcements of entries newer than the newest seen on their queue (or that name none)."""
-    return {
-        priority: entry for priority, entry in announced.items()
-        if entry is None or entry_key(entry) > entry_key(seen[priority])
-    }  # fmt: skip
 
 
 class Puller(threading.Thread):
@@ -98,7 +89,7 @@ class Puller(threading.Thread):
         jobs are known to wait (the loop read their announcements, or a pull left them): pull at once."""
         with self._lock:
             self._call, self._room, self._seen = call, room, dict(call.last_ids)
-            self._announced.queued = _unseen(self._announced.queued, self._seen)
+            self._announced.queued = unseen_entries(self._announced.queued, self._seen)
             if pull_now:
                 self._announced.add_queued(dict.fromkeys(call.order))  # entries unnamed: never seen
             wake = bool(self._announced.queued) or not self._watching
@@ -207,7 +198,7 @@ class Puller(threading.Thread):
                 call = self._call
                 if call is None or self._stopping:
                     return
-                self._announced.queued = _unseen(self._announced.queued, self._seen)
+                self._announced.queued = unseen_entries(self._announced.queued, self._seen)
                 if self._room <= 0 or not self._announced.queued:
                     return
                 self._announced.queued = {}

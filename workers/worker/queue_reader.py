@@ -79,6 +79,14 @@ def _error_json(status: JobStatus, code: ErrorCode, message: str) -> tuple[str, 
 
 
 Stream = tuple[int, Priority]  # (partition, priority) -> one queue stream
+
+
+def unseen_entries(announced: dict[Priority, str | None], seen: dict[Priority, str]) -> dict[Priority, str | None]:
+    """The announcements (control.py) of entries newer than the newest seen on their queue, or that name none."""
+    return {
+        priority: entry for priority, entry in announced.items()
+        if entry is None or lua.entry_key(entry) > lua.entry_key(seen[priority])
+    }  # fmt: skip
 MAX_JOBS_ARG = 2  # where a PULL call's arguments (QueueReader._args) put how many jobs it may start
 
 
@@ -174,10 +182,7 @@ class QueueReader:
         still pulled: `waiting` says so."""
         if len(self.partitions) != 1:
             return set(announced)
-        return {
-            priority for priority, entry in announced.items()
-            if entry is None or lua.entry_key(entry) > lua.entry_key(self.last_ids[(0, priority)])
-        }  # fmt: skip
+        return set(unseen_entries(announced, {p: self.last_ids[(0, p)] for p in announced}))
 
     def _reclaim_ms(self) -> str:
         """The PULL's reclaim argument: idle entries of other consumers older than claim_timeout_s are taken over
