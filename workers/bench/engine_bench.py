@@ -2,10 +2,10 @@
 
 Greedy, 128 new tokens (EOS ignored so every run emits the same count), held-out prompts, one run:
 batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and for transformers
-(one at a time, and one padded batch). Ours runs three times, interleaved run by run (VARIANTS): eager
-(`compile: off`), `compile: auto` (the dense path compiled where it measured faster at start-up) and
-`compile: auto` with `fused_layers: off`; the headline ratios are auto's, `compiled_vs_eager_*` and
-`fused_vs_unfused_*` compare it with the other two. Also, in the same run: the batch-1 decode rate against the
+(one at a time, and one padded batch). Ours runs three times, interleaved run by run, each variant first in
+turn (VARIANTS, `rotated`): eager (`compile: off`), `compile: auto` (the dense path compiled where it measured
+faster at start-up) and `compile: auto` with `fused_layers: off`; the headline ratios are auto's,
+`compiled_vs_eager_*` and `fused_vs_unfused_*` compare it with the other two. Also, in the same run: the batch-1 decode rate against the
 memory-bandwidth bound (the weight bytes a decode step reads / a single-thread read bandwidth measured by
 summing a tensor of that size: the median of samples taken before each batch-1 prompt's runs and once after
 them, so the bound is this host's at the hour the decode ran), and the draft model's cost per token, eager and compiled.
@@ -56,6 +56,15 @@ class EngineBenchPlan:
     def quick(cls) -> "EngineBenchPlan":
         # 16 only: the engine starts twice (eager, and compile: auto, which compiles at start-up)
         return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,))
+
+
+def rotated(names: list[str], turn: int) -> list[str]:
+    """`names` starting from the turn-th (modulo): the variants' order, rotated prompt by prompt. In a fixed order
+    the engine that ran first, right after the bandwidth sample's `sum`, read 1.03-1.19x the tokens/s of the one
+    right after it in `bench engine --quick` (eager against `auto`, 2026-12-07), and the same two engines
+    alternated in rotation read 0.97-1.03x."""
+    k = turn % len(names) if names else 0
+    return names[k:] + names[:k]
 
 
 def run_ours(engine: Engine, prompts: list[list[int]], num_new: int) -> tuple[float, list[list[int]]]:
@@ -188,10 +197,10 @@ def bench_engine(
     outs: dict[str, list[list[int]]] = {v: [] for v in engines}
     weight_bytes = decode_weight_bytes(engine.runner.model)
     bandwidths: list[float] = []  # sampled before each prompt's runs: the bound at the hour the decode ran
-    for p in bs1:  # interleaved prompt by prompt
+    for i, p in enumerate(bs1):  # interleaved prompt by prompt, each variant first in turn
         bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
-        for variant, e in engines.items():
-            s, o = run_ours(e, [p], n)
+        for variant in rotated(list(engines), i):
+            s, o = run_ours(engines[variant], [p], n)
             seconds[variant] += s
             outs[variant].extend(o)
     with hf_threads(engine):
@@ -205,12 +214,13 @@ def bench_engine(
     ratios: dict[str, float] = {"plain_vs_hf_bs1": ours_bs1["auto"] / hf_bs1,
                                 "compiled_vs_eager_bs1": ours_bs1["auto"] / ours_bs1["eager"],
                                 "fused_vs_unfused_bs1": ours_bs1["auto"] / ours_bs1["unfused"]}
-    for c in plan.concurrencies:
+    for j, c in enumerate(plan.concurrencies):
         batch = [prompts[i % len(prompts)] for i in range(c)]
         tps = {}
-        for variant, e in engines.items():
-            s, _ = run_ours(e, batch, n)
+        for variant in rotated(list(engines), j):
+            s, _ = run_ours(engines[variant], batch, n)
             tps[variant] = c * n / s
+        for variant in engines:
             rows.append({"system": f"specfleet_{variant}", "concurrency": c, "tokens_per_s": tps[variant]})
         with hf_threads(engine):
             s, _ = run_hf(hf, batch, n, pad_id)
