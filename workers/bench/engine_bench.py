@@ -2,13 +2,14 @@
 
 Greedy, 128 new tokens (EOS ignored so every run emits the same count), held-out prompts, one run:
 batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and for transformers
-(one at a time, and one padded batch). Ours runs three times, interleaved run by run, each variant first in
-turn (VARIANTS, `rotated`): eager (`compile: off`), `compile: auto` (the dense path compiled where it measured
-faster at start-up) and `compile: auto` with `fused_layers: off`; the headline ratios are auto's,
-`compiled_vs_eager_*` and `fused_vs_unfused_*` compare it with the other two. Also, in the same run: the batch-1 decode rate against the
-memory-bandwidth bound (the weight bytes a decode step reads / a single-thread read bandwidth measured by
-summing a tensor of that size: the median of samples taken before each batch-1 prompt's runs and once after
-them, so the bound is this host's at the hour the decode ran), and the draft model's cost per token, eager and compiled.
+(one at a time, and one padded batch). Ours runs three engines (VARIANTS), interleaved run by run, each first
+in turn (`rotated`), over `num_rounds` rounds: eager (`compile: off`), `compile: auto` (the dense path compiled
+where it measured faster at start-up) and `compile: auto` with `fused_layers: off`; the headline ratios are
+auto's, `compiled_vs_eager_*` and `fused_vs_unfused_*` compare it with the other two. Also, in the same run:
+the batch-1 decode rate against the memory-bandwidth bound (the weight bytes a decode step reads / a
+single-thread read bandwidth measured by summing a tensor of that size: the median of samples taken before
+each batch-1 prompt's runs and once after them, so the bound is this host's at the hour the decode ran), and
+the draft model's cost per token, eager and compiled.
 """
 
 import contextlib
@@ -51,11 +52,14 @@ class EngineBenchPlan:
     num_new_tokens: int = 128
     num_bs1_prompts: int = 8
     concurrencies: tuple[int, ...] = (4, 16, 32)
+    # our runs are repeated: batch-1 rates over three prompts moved by up to 1.17x between two engines that run
+    # the same code from one run to the next (`bench engine --quick`, 2026-12-07, one round)
+    num_rounds: int = 2
 
     @classmethod
     def quick(cls) -> "EngineBenchPlan":
         # 16 only: the engine starts twice (eager, and compile: auto, which compiles at start-up)
-        return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,))
+        return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,), num_rounds=3)
 
 
 def rotated(names: list[str], turn: int) -> list[str]:
@@ -197,15 +201,17 @@ def bench_engine(
     outs: dict[str, list[list[int]]] = {v: [] for v in engines}
     weight_bytes = decode_weight_bytes(engine.runner.model)
     bandwidths: list[float] = []  # sampled before each prompt's runs: the bound at the hour the decode ran
-    for i, p in enumerate(bs1):  # interleaved prompt by prompt, each variant first in turn
+    turns = [(r, i, p) for r in range(plan.num_rounds) for i, p in enumerate(bs1)]
+    for turn, (r, _, p) in enumerate(turns):  # interleaved prompt by prompt, each variant first in turn
         bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
-        for variant in rotated(list(engines), i):
+        for variant in rotated(list(engines), turn):
             s, o = run_ours(engines[variant], [p], n)
             seconds[variant] += s
-            outs[variant].extend(o)
+            if r == 0:  # greedy: every round's tokens are the first's
+                outs[variant].extend(o)
     with hf_threads(engine):
         hf_s, hf_out = run_hf_serial(hf, bs1, n, pad_id)
-    ours_bs1 = {v: len(bs1) * n / s for v, s in seconds.items()}
+    ours_bs1 = {v: len(turns) * n / s for v, s in seconds.items()}
     hf_bs1 = len(bs1) * n / hf_s
     for variant in engines:
         rows.append({"system": f"specfleet_{variant}", "concurrency": 1, "tokens_per_s": ours_bs1[variant],
@@ -216,10 +222,11 @@ def bench_engine(
                                 "fused_vs_unfused_bs1": ours_bs1["auto"] / ours_bs1["unfused"]}
     for j, c in enumerate(plan.concurrencies):
         batch = [prompts[i % len(prompts)] for i in range(c)]
-        tps = {}
-        for variant in rotated(list(engines), j):
-            s, _ = run_ours(engines[variant], batch, n)
-            tps[variant] = c * n / s
+        batch_s = {v: 0.0 for v in engines}
+        for r in range(plan.num_rounds):
+            for variant in rotated(list(engines), j + r):
+                batch_s[variant] += run_ours(engines[variant], batch, n)[0]
+        tps = {v: plan.num_rounds * c * n / s for v, s in batch_s.items()}
         for variant in engines:
             rows.append({"system": f"specfleet_{variant}", "concurrency": c, "tokens_per_s": tps[variant]})
         with hf_threads(engine):
