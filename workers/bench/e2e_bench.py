@@ -7,8 +7,9 @@ phase needs one (workers/bench/e2e_fleet.py).
 2. Submit rate with no worker running: many keep-alive clients POST /v1/jobs, a fixed count.
 3. TTFT / time per output token, N closed-loop clients through the fleet (client clock, over SSE) vs the same
    request mix straight into an in-process engine (same engine settings and torch thread count as the worker),
-   in `latency_rounds` interleaved rounds (fleet then engine, engine then fleet, ...): each system's figures
-   pool its rounds (tokens/s = all tokens over all seconds), so one noisy second moves neither side alone.
+   in `latency_rounds` interleaved rounds (fleet then engine, engine then fleet, ...), after `warmup_rounds`
+   untimed rounds of each at that concurrency: each system's figures pool its rounds (tokens/s = all tokens
+   over all seconds), so one noisy second moves neither side alone.
    A fleet client submits and streams in one request (POST /v1/jobs with `Accept: text/event-stream`, as a
    streaming OpenAI call); one more round per N with POST then GET /stream (`system` fleet_two_requests,
    ratios `..._two_requests`).
@@ -91,6 +92,10 @@ class E2EBenchPlan:
     concurrencies: tuple[int, ...] = (1, 4, 16)
     requests_per_client: int = 4
     latency_rounds: int = 3  # per concurrency, alternating which system runs first
+    # per concurrency, before those: one untimed round of the fleet and of the engine, so both are measured at
+    # the concurrency's steady state (a fresh batch size's first round ran slower on both sides: the
+    # speculation guard's and the length policy's learning, new pass shapes)
+    warmup_rounds: int = 1
     min_requests: int = 16  # per concurrency level (bs1 gets this many, one after another)
     max_tokens: int = 32
     num_submit_jobs: int = 10_000
@@ -114,7 +119,8 @@ class E2EBenchPlan:
         """For tests: every phase, a few requests each (no figure means anything at this size)."""
         return cls(concurrencies=(1, 2), requests_per_client=1, min_requests=2, max_tokens=4,
                    num_submit_jobs=40, num_submit_clients=4, num_ceiling_ops=64, num_sse_streams=8,
-                   sse_max_tokens=3, latency_rounds=1, num_gateway_procs=1, max_num_seqs=4, mixed=MixedPlan.tiny())
+                   sse_max_tokens=3, latency_rounds=1, warmup_rounds=1, num_gateway_procs=1, max_num_seqs=4,
+                   mixed=MixedPlan.tiny())
 
 
 def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: float) -> list[dict[str, Any]]:
@@ -123,10 +129,14 @@ def _latency_rows(fleet: BenchFleet, engine: Any, plan: E2EBenchPlan, price: flo
     rows: list[dict[str, Any]] = []
     for c in plan.concurrencies:
         bodies = request_mix(max(plan.min_requests, c * plan.requests_per_client), plan.max_tokens)
+        for _ in range(plan.warmup_rounds):  # untimed: the concurrency's steady state on both sides
+            asyncio.run(run_fleet(fleet.endpoint, bodies, c))
+            with _on_engine_cpus(fleet):
+                run_engine(engine, bodies, c)
         systems = _interleaved(fleet, engine, bodies, c, plan)
         for system, t in systems.items():
             rows.append({"phase": "latency", "system": system, "concurrency": c, "rounds": plan.latency_rounds,
-                         **summary(t)})  # fmt: skip
+                         "warmup_rounds": plan.warmup_rounds, **summary(t)})  # fmt: skip
             if system.startswith("fleet"):  # where the fleet's first tokens waited
                 rows[-1].update(ttft_parts(fleet.redis_url, t))
         fleet_t = systems["fleet"]

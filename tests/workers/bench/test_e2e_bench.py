@@ -57,7 +57,10 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert gapped["gap_ms"] >= 0 and doc["ratios"]["engine_gap_ms_c1"] == gapped["gap_ms"]
     assert {"engine_gapped_ttft_extra_ms_p50_c1", "fleet_ttft_overhead_ms_p50_c1_vs_gapped_engine"} <= set(doc["ratios"])
     assert all(r["num_requests"] == r["rounds"] * max(plan.min_requests, r["concurrency"] * plan.requests_per_client)
-               for r in latency)
+               for r in latency)  # the untimed warm-up rounds before them counted nowhere
+    assert plan.warmup_rounds >= 1 and {r["warmup_rounds"] for r in latency if r["system"] in ("fleet", "engine")} == {
+        plan.warmup_rounds
+    }
     assert {r["rounds"] for r in latency if r["system"] != "fleet_two_requests"} == {plan.latency_rounds}
     assert doc["ratios"]["sse_streams"] == plan.num_sse_streams
     assert doc["ratios"]["sse_lost_tokens"] == 0  # every stream carried its job's tokens, in order
