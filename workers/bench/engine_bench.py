@@ -52,21 +52,21 @@ class EngineBenchPlan:
     num_new_tokens: int = 128
     num_bs1_prompts: int = 8
     concurrencies: tuple[int, ...] = (4, 16, 32)
-    # our runs are repeated: batch-1 rates over three prompts moved by up to 1.17x between two engines that run
-    # the same code from one run to the next (`bench engine --quick`, 2026-12-07, one round)
+    # our runs are repeated: over one round of three prompts, eager and `auto` (the same code at batch 1: both
+    # run the native layers) read 1.19x apart one way and 1.17x the other in two runs (2026-12-07)
     num_rounds: int = 2
 
     @classmethod
     def quick(cls) -> "EngineBenchPlan":
-        # 16 only: the engine starts twice (eager, and compile: auto, which compiles at start-up)
+        # 16 only: the engines start three times (`auto` twice, compiling at start-up)
         return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,), num_rounds=3)
 
 
 def rotated(names: list[str], turn: int) -> list[str]:
-    """`names` starting from the turn-th (modulo): the variants' order, rotated prompt by prompt. In a fixed order
-    the engine that ran first, right after the bandwidth sample's `sum`, read 1.03-1.19x the tokens/s of the one
-    right after it in `bench engine --quick` (eager against `auto`, 2026-12-07), and the same two engines
-    alternated in rotation read 0.97-1.03x."""
+    """`names` starting from the turn-th (modulo): the variants' order, rotated run by run, so that none always
+    runs right after the bandwidth sample's `sum` or after the same engine (in a fixed order eager ran first and
+    read 1.03x and 1.19x `auto` in two runs, 2026-12-06 and -07; two such engines alternated in rotation over
+    eight rounds in one process read 0.97-1.03x)."""
     k = turn % len(names) if names else 0
     return names[k:] + names[:k]
 
