@@ -15,8 +15,10 @@ phase needs one (workers/bench/e2e_fleet.py).
    ratios `..._two_requests`).
    With it, the cost per 1,000 tokens from the jobs' records, speculation on and off (workers/bench/e2e_cost.py).
    The fleet's TTFT split by the times Redis recorded: `submit_ms_p50` (request sent -> created),
-   `queued_ms_p50` (created -> started), `first_write_ms_p50` (started -> first token written) and
-   `delivery_ms_p50` (written -> read by the client) on its rows (workers/bench/e2e_ttft.py).
+   `queued_ms_p50` (created -> started), `first_write_ms_p50` (started -> first token written; of it
+   `engine_ms_p50`, the worker's engine's own TTFT from the jobs' metrics, and ratio
+   `fleet_ttft_engine_extra_ms_p50_c{N}`: that against the in-process engine's TTFT) and `delivery_ms_p50`
+   (written -> read by the client) on its rows (workers/bench/e2e_ttft.py).
    A third system in the same interleaved rounds, `fleet_stream_interval`: the same requests with
    `stream_interval_ms` (`plan.stream_interval_ms`: a job's tokens in one event at most that often, the first
    token and the end at once), ratios `..._stream_interval`; every fleet row has `tokens_per_event`.
@@ -212,9 +214,11 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             two = pair["fleet_two_requests"]
             ratios[f"fleet_vs_engine_tokens_per_s_c{c}_two_requests"] = two["tokens_per_s"] / engine_tokens_per_s
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
-        for part in ("submit_ms_p50", "queued_ms_p50", "first_write_ms_p50", "delivery_ms_p50"):
+        for part in ("submit_ms_p50", "queued_ms_p50", "first_write_ms_p50", "engine_ms_p50", "delivery_ms_p50"):
             if part in pair["fleet"]:  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
                 ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
+        if "engine_ms_p50" in pair["fleet"]:  # the worker's engine's own TTFT against the in-process engine's
+            ratios[f"fleet_ttft_engine_extra_ms_p50_c{c}"] = pair["fleet"]["engine_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         fleet_row, engine_row = pair["fleet"], pair["engine"]
         if "engine_gapped" in pair:  # the engine with the fleet's pause between jobs (one client)
             gapped = pair["engine_gapped"]

@@ -72,6 +72,8 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     for r in latency:  # the fleet's TTFT split by the times Redis recorded (workers/bench/e2e_ttft.py)
         if r["system"] == "fleet":
             assert r["queued_ms_p50"] >= 0 and r["first_write_ms_p50"] >= 0
+            assert 0 < r["engine_ms_p50"] <= r["first_write_ms_p50"] + 1  # the worker's engine's own, within it
+            # (first_write is whole milliseconds, from the start's millisecond)
             assert r["submit_ms_p50"] > 0 and r["delivery_ms_p50"] >= 0  # the client's clock, Redis's
             # the CPU each process spent per generated token while the fleet rounds ran (/proc, 10 ms ticks)
             assert all(r[f"{name}_cpu_us_per_token"] >= 0 for name in ("gateway", "redis", "writer", "client",
@@ -83,7 +85,8 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
         if r["system"].startswith("fleet"):
             assert 1 <= r["tokens_per_event"] <= plan.max_tokens
     assert {f"fleet_ttft_{part}_ms_p50_c{c}" for c in plan.concurrencies
-            for part in ("submit", "queued", "first_write", "delivery")} <= set(doc["ratios"])  # fmt: skip
+            for part in ("submit", "queued", "first_write", "engine", "delivery")} <= set(doc["ratios"])  # fmt: skip
+    assert {f"fleet_ttft_engine_extra_ms_p50_c{c}" for c in plan.concurrencies} <= set(doc["ratios"])
     # the worker loop's wall time by part over the fleet rounds, from its /metrics (workers/bench/e2e_loop.py),
     # and the tokens an engine step made, the fleet's worker's and the in-process engine's
     for r in latency:

@@ -1,6 +1,8 @@
 """The fleet's TTFT split from the times Redis recorded (workers/bench/e2e_ttft.py): a first token written in the
 millisecond its job started reads 0 ms, never below (stream entry ids hold whole milliseconds)."""
 
+import json
+
 import redis
 
 from shared import keys
@@ -30,3 +32,16 @@ def test_queued_and_first_write_from_the_records(rclient: redis.Redis, redis_url
     split = ttft_parts(redis_url, Timings(job_ids=list(jobs), job_walls_s=walls))
     assert round(split["submit_ms_p50"], 3) == 0.8 and round(split["delivery_ms_p50"], 3) == 0.9
     assert split["queued_ms_p50"] == parts["queued_ms_p50"]
+    assert "engine_ms_p50" not in parts  # no job's metrics recorded: no engine share
+
+
+def test_the_worker_engine_s_own_ttft_from_the_jobs_metrics(rclient: redis.Redis, redis_url: str) -> None:
+    ttfts_ms = {"m1": 1.25, "m2": 0.75, "m3": 2.5}
+    for job_id, ttft_ms in ttfts_ms.items():
+        rclient.hset(keys.job_hash(job_id), mapping={"created_at": "999.999", "started_at": "1000.0",
+                                                     "metrics": json.dumps({"ttft_ms": ttft_ms, "compute_s": 0.01})})
+        rclient.xadd(keys.job_events(job_id), {"type": "token", "data": "{}"}, id="1000003-0")
+    rclient.hset(keys.job_hash("m4"), mapping={"created_at": "999.999", "started_at": "1000.0", "metrics": "{}"})
+    rclient.xadd(keys.job_events("m4"), {"type": "token", "data": "{}"}, id="1000003-0")  # no ttft in its metrics
+    parts = ttft_parts(redis_url, Timings(job_ids=[*ttfts_ms, "m4"]))
+    assert parts["engine_ms_p50"] == 1.25 and parts["first_write_ms_p50"] == 3.0
