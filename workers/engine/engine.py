@@ -28,6 +28,7 @@ from workers.engine.decode_graphs import GraphShape, graphs_for
 from workers.engine.detokenizer import Detokenizer, make_decode_fn
 from workers.engine.draft_proposer import DraftProposer
 from workers.engine.eagle_proposer import EagleProposer
+from workers.engine.encoding import make_encode_fn
 from workers.engine.errors import InvalidRequestError, PromptTooLongError
 from workers.engine.feature_store import FeatureStore
 from workers.engine.fusing import FusingStats, fuse_runner
@@ -82,6 +83,7 @@ class Engine:
         threads = ThreadPolicy(num_threads, cfg.single_thread_max_tokens)
         torch.set_num_threads(threads.num_threads)
         self.tokenizer = load_tokenizer(target_dir)
+        self._encode = make_encode_fn(self.tokenizer)  # a prompt's ids, as tokenizer.encode gives them
         self._decode = make_decode_fn(self.tokenizer)
         self._decode_special = make_decode_fn(self.tokenizer, skip_special_tokens=False)  # skip_special_tokens off
         dtype, self.device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
@@ -419,7 +421,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("prompt", "must not be empty")
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+            return self._encode(prompt)
         if not isinstance(prompt, list) or not prompt:
             raise InvalidRequestError("prompt", "must be a non-empty string or list of token ids")
         vocab = len(self.tokenizer)
