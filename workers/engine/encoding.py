@@ -4,13 +4,12 @@ transformers' `encode` on a fast tokenizer wraps one call of the Rust backend in
 handling, the truncation and padding set-up, a BatchEncoding built and unpacked): 19.6 µs for a short prompt
 against the backend's 7.3 back to back, and, on a worker whose caches went cold while it waited for the job,
 255 against 165 µs for the whole of `Engine.add_request` (the demo tokenizer, transformers 5.25, one core,
-requests 30 ms apart, 2026-12-07): a job's first token waits for its admission. So
-the engine encodes through the backend directly, where that is the same function: the tokenizer has a backend,
-and on PROBE_TEXTS (and the tokenizer's own special tokens, which the backend matches whole) both give the same
-ids. A tokenizer whose class adds Python of its own around the backend fails that check and keeps
-transformers' path (logged). Each call also falls back while the backend holds a truncation or padding
-setting, or splits special tokens: what a transformers call with those options leaves behind it, which
-transformers' next plain call would reset.
+requests 30 ms apart, 2026-12-07): a job's first token waits for its admission. So the engine encodes through
+the backend directly, where that is the same function: the tokenizer has a backend, and on PROBE_TEXTS (and the
+tokenizer's own special tokens, which the backend matches whole) both give the same ids. A tokenizer whose
+class adds Python of its own around the backend fails that check and keeps transformers' path (logged). Each
+call also falls back while the backend holds a truncation or padding setting, or splits special tokens: what a
+transformers call with those options leaves behind it, which transformers' next plain call would reset.
 """
 
 import logging
@@ -41,7 +40,8 @@ def make_encode_fn(tokenizer: Any) -> Callable[[str], list[int]]:
         return through_transformers
 
     def through_backend(text: str) -> list[int]:
-        if backend.truncation is not None or backend.padding is not None or backend.encode_special_tokens:
+        splits_specials = getattr(backend, "encode_special_tokens", False)  # tokenizers >= 0.15 has it
+        if backend.truncation is not None or backend.padding is not None or splits_specials:
             return through_transformers(text)  # transformers resets those settings first
         return list(backend.encode(text, add_special_tokens=False).ids)
 
