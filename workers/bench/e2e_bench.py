@@ -214,12 +214,12 @@ def _overheads(rows: list[dict[str, Any]]) -> dict[str, float]:
             two = pair["fleet_two_requests"]
             ratios[f"fleet_vs_engine_tokens_per_s_c{c}_two_requests"] = two["tokens_per_s"] / engine_tokens_per_s
             ratios[f"fleet_ttft_overhead_ms_p50_c{c}_two_requests"] = two["ttft_ms_p50"] - pair["engine"]["ttft_ms_p50"]
-        for part in ("submit_ms_p50", "queued_ms_p50", "first_write_ms_p50", "engine_ms_p50", "delivery_ms_p50"):
-            if part in pair["fleet"]:  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
-                ratios[f"fleet_ttft_{part}_c{c}"] = pair["fleet"][part]
-        if "engine_ms_p50" in pair["fleet"]:  # the worker's engine's own TTFT against the in-process engine's
-            ratios[f"fleet_ttft_engine_extra_ms_p50_c{c}"] = pair["fleet"]["engine_ms_p50"] - pair["engine"]["ttft_ms_p50"]
         fleet_row, engine_row = pair["fleet"], pair["engine"]
+        for part in ("submit_ms_p50", "queued_ms_p50", "first_write_ms_p50", "engine_ms_p50", "delivery_ms_p50"):
+            if part in fleet_row:  # the fleet's TTFT, split (workers/bench/e2e_ttft.py)
+                ratios[f"fleet_ttft_{part}_c{c}"] = fleet_row[part]
+        if "engine_ms_p50" in fleet_row:  # the worker's engine's own TTFT against the in-process engine's
+            ratios[f"fleet_ttft_engine_extra_ms_p50_c{c}"] = fleet_row["engine_ms_p50"] - engine_row["ttft_ms_p50"]
         if "engine_gapped" in pair:  # the engine with the fleet's pause between jobs (one client)
             gapped = pair["engine_gapped"]
             ratios[f"engine_gap_ms_c{c}"] = gapped["gap_ms"]

@@ -79,6 +79,7 @@ def _error_json(status: JobStatus, code: ErrorCode, message: str) -> tuple[str, 
 
 
 Stream = tuple[int, Priority]  # (partition, priority) -> one queue stream
+MAX_JOBS_ARG = 2  # where a PULL call's arguments (QueueReader._args) put how many jobs it may start
 
 
 def unseen_entries(announced: dict[Priority, str | None], seen: dict[Priority, str]) -> dict[Priority, str | None]:
@@ -87,7 +88,6 @@ def unseen_entries(announced: dict[Priority, str | None], seen: dict[Priority, s
         priority: entry for priority, entry in announced.items()
         if entry is None or lua.entry_key(entry) > lua.entry_key(seen[priority])
     }  # fmt: skip
-MAX_JOBS_ARG = 2  # where a PULL call's arguments (QueueReader._args) put how many jobs it may start
 
 
 @dataclass(frozen=True)
