@@ -175,6 +175,8 @@ class Puller(threading.Thread):
             except redis.RedisError as exc:
                 log.warning("puller: its subscription failed (%s); the loop's pulls go on", exc)
                 time.sleep(RETRY_S)
+                if fd >= 0:  # its socket is gone: left registered, poll() would answer at once (POLLNVAL) for good
+                    poller.unregister(fd)
                 fd = -1
                 continue
             self._pull_while_armed()

@@ -110,6 +110,25 @@ def test_a_failed_pull_is_raised_once_by_take_and_the_next_pull_connects_again(
     assert _taken(puller, reader) == [second, third]  # the second's announcement waited, unseen
 
 
+def test_a_puller_whose_subscription_was_cut_subscribes_again_and_pulls(
+    rclient: redis.Redis, settings: ServiceSettings, reader: QueueReader, puller: Puller,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def num_subscribers() -> int:
+        ((_, num),) = rclient.pubsub_numsub(keys.QUEUED_CHANNEL)
+        return int(num)
+
+    assert num_subscribers() == 1  # the puller's subscription, no other here
+    puller.arm(_call(reader), room=2)
+    rclient.client_kill_filter(_type="pubsub")
+    wait_until(lambda: num_subscribers() == 0, what="the subscription cut")
+    wait_until(lambda: num_subscribers() == 1, timeout_s=10, what="the puller subscribed again")
+    assert "its subscription failed" in caplog.text  # through the thread's failure path (its socket unregistered)
+    job = submit_job(rclient, settings, **JOB)  # announced on the new subscription
+    wait_until(lambda: puller.num_pulls == 1, what="the pull for it")
+    assert _taken(puller, reader) == [job]
+
+
 def test_a_resting_puller_reads_nothing_until_armed_and_then_pulls_for_what_came(
     rclient: redis.Redis, settings: ServiceSettings, reader: QueueReader, puller: Puller
 ) -> None:
