@@ -201,8 +201,8 @@ def bench_engine(
     outs: dict[str, list[list[int]]] = {v: [] for v in engines}
     weight_bytes = decode_weight_bytes(engine.runner.model)
     bandwidths: list[float] = []  # sampled before each prompt's runs: the bound at the hour the decode ran
-    turns = [(r, i, p) for r in range(plan.num_rounds) for i, p in enumerate(bs1)]
-    for turn, (r, _, p) in enumerate(turns):  # interleaved prompt by prompt, each variant first in turn
+    turns = [(r, p) for r in range(plan.num_rounds) for p in bs1]
+    for turn, (r, p) in enumerate(turns):  # interleaved prompt by prompt, each variant first in turn
         bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
         for variant in rotated(list(engines), turn):
             s, o = run_ours(engines[variant], [p], n)
