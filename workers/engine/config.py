@@ -27,6 +27,7 @@ from pydantic.dataclasses import dataclass
 from shared.speculation import SpeculativeMethod
 from workers.engine.compile_stats import CompileMode
 from workers.engine.fusing import FusingMode
+from workers.engine.native_build import NativeBuild
 from workers.engine.packing import PackingMode
 from workers.engine.small_pass_threads import SmallPassThreads
 from workers.models.device import DEVICE_PATTERN
@@ -99,6 +100,11 @@ class EngineConfig:
     # the single-thread limit, then doubling, were faster on this host and chose the same tokens
     # (workers/engine/fusing.py); `on` = every pass; `off`
     fused_layers: FusingMode = FusingMode.AUTO
+    # how the native kernels' linear layers sum bfloat16 weights on a CPU with AVX512-BF16 (workers/engine/
+    # native_build.py): `host` = the library built for this CPU (its bfloat16 dot instruction, AMX tiles);
+    # `portable` = built without them (weights widened to float32, FMA); `auto` = the build whose timed target
+    # passes of 1, 2, 4 .. max_num_seqs tokens were faster on this host and chose the same tokens
+    native_build: NativeBuild = NativeBuild.AUTO
     # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
     # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank
     tensor_parallel_size: PositiveInt = 1

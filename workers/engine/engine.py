@@ -38,6 +38,7 @@ from workers.engine.logit_bias import check_logit_bias
 from workers.engine.logprobs import StepLogits, verify_rows, widen
 from workers.engine.min_tokens import stop_token_set
 from workers.engine.model_runner import ForwardItem, ModelRunner, ThreadPolicy, warm_items
+from workers.engine.native_build import BuildChoice, choose_build
 from workers.engine.outputs import StepOutput, TokenLogprob
 from workers.engine.packing import PackingStats, pack_model
 from workers.engine.priority import PriorityPolicy
@@ -118,6 +119,11 @@ class Engine:
         num_cache_blocks = num_blocks + 1
         self.runner = make_runner(model, num_cache_blocks, cfg.block_size, threads, self.tp_group)
         native = native_attention.load(self.compile_cache_dir / "native") if cfg.attention_backend == "native" else None
+        self.native_build: BuildChoice | None = None  # none: no native kernels
+        if native is not None and self.tp_group is None and self.device.type == "cpu":  # the build its runners use
+            native, self.native_build = choose_build(
+                self.runner, native, cfg.native_build, dtype, self.compile_cache_dir / "native", cfg.max_num_seqs
+            )
         row_max = native.row_max if native is not None else torch_row_max  # greedy tokens: each row's max, argmax
         eos_ids = frozenset(model.cfg.eos_token_ids)  # min_tokens holds them back in drafts too
         draft_proposer = (

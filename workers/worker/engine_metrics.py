@@ -193,6 +193,7 @@ class CompileSnapshot:
     fused_max_tokens: dict[str, int] = field(default_factory=dict)  # model -> its native layers' largest pass
     small_pass_threads: dict[str, int] = field(default_factory=dict)  # model -> threads of its small passes
     graph_capture_s: dict[str, float] = field(default_factory=dict)  # model -> its decode graphs' capture seconds
+    native_build: str = ""  # the native kernels' build (workers/engine/native_build.py)
 
     @classmethod
     def of(
@@ -203,6 +204,7 @@ class CompileSnapshot:
         fusing: dict[str, Any],
         graph_capture_s: dict[str, float],
         small_pass_threads: dict[str, Any],
+        native_build: str = "",
     ) -> "CompileSnapshot":
         return cls(
             is_compiled={(m, b): on for m, st in compile_stats.items() for b, on in st.is_compiled.items()},
@@ -213,6 +215,7 @@ class CompileSnapshot:
             fused_max_tokens={m: st.max_tokens for m, st in fusing.items()},
             small_pass_threads={m: choice.num_threads for m, choice in small_pass_threads.items()},
             graph_capture_s=dict(graph_capture_s),
+            native_build=native_build,
         )
 
 
@@ -260,11 +263,24 @@ class CompileCollector(Collector):
             "1 where the model's linear weights are prepacked for oneDNN (EngineConfig.linear_packing)",
             s.is_packed,
         )
+        build = GaugeMetricFamily(
+            "specfleet_engine_native_build",
+            "1 for the build the native kernels come from (EngineConfig.native_build: host or portable)",
+            labels=["build"],
+        )
+        if s.native_build:
+            build.add_metric([s.native_build], 1.0)
+        yield build
         yield _gauge_per_model(
             "specfleet_engine_cuda_graph_capture_seconds",
             "Start-up capture time of the model's decode graphs (present where they serve its decode passes)",
             s.graph_capture_s,
         )
+
+
+def native_build_of(engine: Any) -> str:
+    """The build the engine's native kernels come from ('' where it has none)."""
+    return engine.native_build.build.value if engine.native_build is not None else ""
 
 
 def _gauge_per_model(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
@@ -376,7 +392,7 @@ class EngineMetrics:
             self.spec.snapshot = SpecSnapshot.of(stats)
         compile_now = CompileSnapshot.of(  # a few entries: cheap
             engine.compile_stats, engine.native_attention, engine.packing, engine.fusing, engine.graph_capture_s,
-            engine.small_pass_threads,
+            engine.small_pass_threads, native_build_of(engine),
         )
         if compile_now != self.compile.snapshot:
             self.compile.snapshot = compile_now
