@@ -2,10 +2,12 @@
 
 Greedy, 128 new tokens (EOS ignored so every run emits the same count), held-out prompts, one run:
 batch 1 for both; 4/16/32 concurrent requests for ours (continuous batching) and for transformers
-(one at a time, and one padded batch). Ours runs three engines (VARIANTS), interleaved run by run, each first
+(one at a time, and one padded batch). Ours runs four engines (VARIANTS), interleaved run by run, each first
 in turn (`rotated`), over `num_rounds` rounds: eager (`compile: off`), `compile: auto` (the dense path compiled
-where it measured faster at start-up) and `compile: auto` with `fused_layers: off`; the headline ratios are
-auto's, `compiled_vs_eager_*` and `fused_vs_unfused_*` compare it with the other two. Also, in the same run:
+where it measured faster at start-up), `compile: auto` with `fused_layers: off`, and eager with `native_build:
+host`; the headline ratios are auto's, `compiled_vs_eager_*` and `fused_vs_unfused_*` compare it with the next
+two, `native_build_vs_host_*` eager with the last (what the start-up choice of the kernels' build adds; 1.0
+where it chose the host build). Also, in the same run:
 the batch-1 decode rate against the memory-bandwidth bound (the weight bytes a decode step reads / a
 single-thread read bandwidth measured by summing a tensor of that size: the median of samples taken before
 each batch-1 prompt's runs and once after them, so the bound is this host's at the hour the decode ran), and
@@ -30,6 +32,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.fusing import FusingMode
 from workers.engine.model_runner import ForwardItem
+from workers.engine.native_build import NativeBuild
 from workers.engine.sampling_params import SamplingParams
 from workers.models.llama import LlamaModel
 from workers.models.threads import pinned_threads
@@ -38,12 +41,14 @@ log = logging.getLogger(__name__)
 
 
 # the engines, run in turn: eager (nothing compiled; the native layers for every pass where `fused_layers: auto`
-# measured them faster, as every engine by default), `compile: auto` (the headline), and `compile: auto` without
-# the native layers (what the layers add)
+# measured them faster, as every engine by default), `compile: auto` (the headline), `compile: auto` without the
+# native layers (what the layers add), and eager with the native kernels' host build (what `native_build: auto`'s
+# choice adds: eager against it)
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {"compile": CompileMode.OFF},
     "auto": {"compile": CompileMode.AUTO},
     "unfused": {"compile": CompileMode.AUTO, "fused_layers": FusingMode.OFF},
+    "host_build": {"compile": CompileMode.OFF, "native_build": NativeBuild.HOST},
 }
 
 
@@ -58,7 +63,7 @@ class EngineBenchPlan:
 
     @classmethod
     def quick(cls) -> "EngineBenchPlan":
-        # 16 only: the engines start three times (`auto` twice, compiling at start-up)
+        # 16 only: the engines start four times (`auto` twice, compiling at start-up)
         return cls(num_new_tokens=128, num_bs1_prompts=3, concurrencies=(16,), num_rounds=3)
 
 
@@ -219,7 +224,8 @@ def bench_engine(
     rows.append({"system": "hf_generate", "concurrency": 1, "tokens_per_s": hf_bs1})
     ratios: dict[str, float] = {"plain_vs_hf_bs1": ours_bs1["auto"] / hf_bs1,
                                 "compiled_vs_eager_bs1": ours_bs1["auto"] / ours_bs1["eager"],
-                                "fused_vs_unfused_bs1": ours_bs1["auto"] / ours_bs1["unfused"]}
+                                "fused_vs_unfused_bs1": ours_bs1["auto"] / ours_bs1["unfused"],
+                                "native_build_vs_host_bs1": ours_bs1["eager"] / ours_bs1["host_build"]}
     for j, c in enumerate(plan.concurrencies):
         batch = [prompts[i % len(prompts)] for i in range(c)]
         batch_s = {v: 0.0 for v in engines}
@@ -238,6 +244,7 @@ def bench_engine(
         ratios[f"concurrency{c}_vs_hf_padded"] = tps["auto"] / hf_padded
         ratios[f"compiled_vs_eager_c{c}"] = tps["auto"] / tps["eager"]
         ratios[f"fused_vs_unfused_c{c}"] = tps["auto"] / tps["unfused"]
+        ratios[f"native_build_vs_host_c{c}"] = tps["eager"] / tps["host_build"]
         log.info("concurrency %d done", c)
 
     bandwidths.append(read_bandwidth_bytes_per_s(weight_bytes))
@@ -252,6 +259,7 @@ def bench_engine(
         "stats": {m: dataclasses.asdict(st) for m, st in engine.compile_stats.items()},
         "fused_layers": {m: dataclasses.asdict(st) for m, st in engine.fusing.items()},
         "small_pass_threads": {m: dataclasses.asdict(c) for m, c in engine.small_pass_threads.items()},
+        "native_build": dataclasses.asdict(engine.native_build) if engine.native_build is not None else None,
     }
     for _ in range(2):  # the proposers' cost per draft token, eager and `auto`, interleaved; the second pair counts
         for variant, e in engines.items():

@@ -30,6 +30,8 @@ def bench_engine_command(quick: bool, json_path: str | None) -> int:
                    f"{st['eager_ms']}, compiled ms {st['compiled_ms']}, failures {st['num_failures']}")
     for model, st in compiled["fused_layers"].items():
         typer.echo(f"{model}: native layers for passes of up to {st['max_tokens']} tokens ({st['reason']})")
+    if compiled.get("native_build"):
+        typer.echo(f"native kernels: the {compiled['native_build']['build']} build ({compiled['native_build']['reason']})")
     for model, choice in compiled["small_pass_threads"].items():
         typer.echo(f"{model}: small passes on {choice['num_threads']} thread(s) ({choice['reason']})")
     for proposer in ("draft", "eagle"):
