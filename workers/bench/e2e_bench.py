@@ -80,7 +80,7 @@ from workers.bench.e2e_load import (
 )
 from workers.bench.e2e_mixed import MixedPlan, preemptions, run_fairness, run_mixed
 from workers.bench.e2e_ttft import ttft_parts
-from workers.bench.http_client import PeakResident, cpu_seconds, resident_mb
+from workers.bench.http_client import PeakResident, cpu_seconds, metric_samples, resident_mb
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,15 @@ def _fleet_round(fleet: BenchFleet, bodies: list[dict[str, Any]], concurrency: i
         timings.loop_s, timings.num_engine_steps = loop.seconds, int(loop.num_engine_steps)
         timings.num_pulled = {by: int(num) for by, num in loop.num_pulled.items()}
     return timings
+
+
+def worker_native_build(metrics_url: str) -> str | None:
+    """The build the worker's native kernels come from (`specfleet_engine_native_build` on its /metrics), or None
+    where it exports none (no native kernels)."""
+    for sample in metric_samples(metrics_url):
+        if sample.name == "specfleet_engine_native_build" and sample.value == 1.0:
+            return str(sample.labels["build"])
+    return None
 
 
 def _on_engine_cpus(fleet: BenchFleet) -> contextlib.AbstractContextManager[None]:
@@ -331,20 +340,22 @@ def _fleet_phases(
     fleet.start_worker()
     torch.set_num_threads(plan.num_engine_threads)
     eagle_dir = fleet.eagle_dir
+    warm = request_mix(2, 4)
+    asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
+    worker_metrics_url = f"http://127.0.0.1:{worker_metrics_port}/metrics"
+    # the worker's build of the native kernels: both engines run the same products (each would time its own)
     cfg = EngineConfig.load(ROOT / settings.engine_config, target_dir=str(target_dir),
                             draft_dir=str(draft_dir) if draft_dir else None,
                             eagle_dir=str(eagle_dir) if eagle_dir else None,
-                            num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs)
+                            num_threads=plan.num_engine_threads, max_num_seqs=plan.max_num_seqs,
+                            native_build=worker_native_build(worker_metrics_url))
     with _on_engine_cpus(fleet):
         engine = Engine(cfg, target_dir, draft_dir, eagle_dir)
         engine.warm_pass_shapes()  # as the fleet's worker did in its warm-up
-    warm = request_mix(2, 4)
-    asyncio.run(run_fleet(fleet.endpoint, warm, 1))  # first-call allocations on both sides
-    with _on_engine_cpus(fleet):
         run_engine(engine, warm, 1)
     if settle_gc:
         gc_pauses.settle()  # this process (the clients, the in-process engine) as the fleet's processes do
-    gc_sources = {"worker": (f"http://127.0.0.1:{worker_metrics_port}/metrics", ()),
+    gc_sources = {"worker": (worker_metrics_url, ()),
                   "gateway": (f"{fleet.url}/metrics", fleet.admin_headers())}
     gc_before = {process: e2e_gc.scrape(*source) for process, source in gc_sources.items()}
     latency = _latency_rows(fleet, engine, plan, settings.price_per_worker_hour or 1.0)
