@@ -103,7 +103,8 @@ class EngineConfig:
     # how the native kernels' linear layers sum bfloat16 weights on a CPU with AVX512-BF16 (workers/engine/
     # native_build.py): `host` = the library built for this CPU (its bfloat16 dot instruction, AMX tiles);
     # `portable` = built without them (weights widened to float32, FMA); `auto` = the build whose timed target
-    # passes of 1, 2, 4 .. max_num_seqs tokens were faster on this host and chose the same tokens
+    # passes of 1, 2, 4 .. max_num_seqs tokens were faster on this host and chose the same tokens (kept under
+    # compile_cache_dir: later engines of the model on this host take the same build)
     native_build: NativeBuild = NativeBuild.AUTO
     # the target sharded over this many ranks (processes) of the worker: rank 0 is the engine's own process
     # (scheduler, draft, sampler); ranks 1..N-1 are spawned (workers/engine/tp_runner.py). kv_cache_mb is per rank

@@ -122,7 +122,8 @@ class Engine:
         self.native_build: BuildChoice | None = None  # none: no native kernels
         if native is not None and self.tp_group is None and self.device.type == "cpu":  # the build its runners use
             native, self.native_build = choose_build(
-                self.runner, native, cfg.native_build, dtype, self.compile_cache_dir / "native", cfg.max_num_seqs
+                self.runner, native, cfg.native_build, dtype, self.compile_cache_dir / "native", cfg.max_num_seqs,
+                repr(model.cfg),
             )
         row_max = native.row_max if native is not None else torch_row_max  # greedy tokens: each row's max, argmax
         eos_ids = frozenset(model.cfg.eos_token_ids)  # min_tokens holds them back in drafts too

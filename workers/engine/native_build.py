@@ -8,7 +8,12 @@ bfloat16 weights on a CPU with AVX512-BF16 (workers/models/decode_layers.cpp):
 - `auto`: for a bfloat16 model whose host build sums in pairs, time the target's passes through both builds'
   native layers (interleaved.py: in pairs, on this host, now), one token and then doubling up to the engine's
   largest decode batch (max_num_seqs), and keep `portable` where it was not slower at one token and took less
-  in all, and chose the same tokens at every size; otherwise `host`.
+  in all, and chose the same tokens at every size; otherwise `host`. The decision is written beside the
+  libraries (`<cache_dir>/native-build/<key>.json`, the key: the host library's build, the model's shape and
+  dtype, max_num_seqs) and read back by every later engine of that model on this host: the two builds sum in
+  different orders, so engines that chose apart would decode apart (a bf16 token near a tie), and a job resumed
+  on another worker of the host, or an engine beside another in one process (a benchmark's), must not. Delete
+  the file to time again.
 
 Why both: the dot instruction's rate differs by CPU more than its name suggests. On a 2-core Xeon with
 AVX512-BF16 and no AMX (2026-12-07), `vdpbf16ps` retired 0.98 G instructions/s against 4.2 G for a float32 FMA
@@ -21,7 +26,12 @@ most of the work. Every row's sums run in the same order whatever the pass's siz
 gets the same bits alone, in a batch, or in a prefill.
 """
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
+import tempfile
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -78,6 +88,7 @@ def choose_build(
     dtype: torch.dtype,  # the target's
     cache_dir: Path,
     max_batch: int,
+    model_key: str,  # the target's shape (its ModelConfig's repr): part of the key of `auto`'s decision file
 ) -> tuple[NativeAttention, BuildChoice]:
     """The library the engine's runners use (`host`, or the portable build from `cache_dir`), per `mode`. Runs at
     start-up before the runners take a library (the timed passes write from position 0 into blocks 0.., which
@@ -92,13 +103,51 @@ def choose_build(
     elif mode is NativeBuild.PORTABLE:
         choice.build, choice.reason = NativeBuild.PORTABLE, "portable"
     else:
-        choice.build, choice.reason = _measure(runner, {NativeBuild.HOST: host, NativeBuild.PORTABLE: portable},
-                                               max_batch, choice)  # fmt: skip
+        path = decision_path(cache_dir, host, dtype, max_batch, model_key)
+        held = _read_decision(path)
+        if held is not None:
+            choice = dataclasses.replace(held, reason=f"as timed on this host before ({path.name}): {held.reason}")
+        else:
+            choice.build, choice.reason = _measure(runner, {NativeBuild.HOST: host, NativeBuild.PORTABLE: portable},
+                                                   max_batch, choice)  # fmt: skip
+            _write_decision(path, choice)
     log.info("native kernels: the %s build (%s)", choice.build.value, choice.reason)
     if choice.build is NativeBuild.PORTABLE:
         assert portable is not None
         return portable, choice
     return host, choice
+
+
+def decision_path(cache_dir: Path, host: NativeAttention, dtype: torch.dtype, max_batch: int, model_key: str) -> Path:
+    """Where `auto`'s decision for this model on this host's library is kept."""
+    key = f"{host.library_path.name}|{dtype}|{max_batch}|{model_key}"
+    return cache_dir / "native-build" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _read_decision(path: Path) -> BuildChoice | None:
+    """The decision kept at `path`; None where there is none, or it does not read back (timed again)."""
+    try:
+        held = json.loads(path.read_text())
+        timed = {int(n): {name: float(ms) for name, ms in per.items()} for n, per in held["timed_ms"].items()}
+        return BuildChoice(NativeBuild(held["build"]), str(held["reason"]), timed)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_decision(path: Path, choice: BuildChoice) -> None:
+    """Keep `choice` at `path` (written whole: a temporary file renamed into place); logged where it cannot be."""
+    record = {"build": choice.build.value, "reason": choice.reason, "timed_ms": choice.timed_ms}
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".json.tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp_name, path)
+    except OSError as exc:
+        log.warning("could not keep the native build's decision at %s (%s): the next engine times again", path, exc)
+        if tmp_name is not None and os.path.exists(tmp_name):
+            os.unlink(tmp_name)
 
 
 def batch_sizes(max_batch: int) -> list[int]:

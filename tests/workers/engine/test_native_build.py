@@ -4,6 +4,9 @@ engine's tokens, float32 models keep the host build (both sum their products ali
 and keeps the faster, the runners are left as fusing then chose, and the choice is exported. Where this CPU has
 no AVX512-BF16 the host build already sums in columns: every mode keeps it."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
@@ -12,7 +15,7 @@ from tests.helpers.models import cpu_flags
 from tests.workers.engine_runs import run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_eagle import requests
 from tests.workers.spec.test_engine_speculation import make_prompts
-from workers.engine.native_build import PORTABLE_FLAGS, NativeBuild, batch_sizes
+from workers.engine.native_build import PORTABLE_FLAGS, NativeBuild, batch_sizes, decision_path
 from workers.models import native_attention
 from workers.models.fused_decode import pair_rows
 from workers.worker.engine_metrics import EngineMetrics
@@ -77,7 +80,16 @@ def test_float32_models_keep_the_host_build(eagle_models) -> None:
     assert not engine.native_build.timed_ms
 
 
+def auto_decision_path(engine) -> Path:
+    cache_dir = engine.compile_cache_dir / "native"
+    host = native_attention.load(cache_dir)
+    assert host is not None
+    return decision_path(cache_dir, host, torch.bfloat16, engine.cfg.max_num_seqs, repr(engine.runner.model.cfg))
+
+
 def test_auto_times_both_builds_and_keeps_the_faster(eagle_models) -> None:
+    first = bf16_engine(eagle_models, speculative_method="none", native_build="host", max_num_seqs=8)
+    auto_decision_path(first).unlink(missing_ok=True)  # an earlier run's decision for this model: timed again
     engine = bf16_engine(eagle_models, speculative_method="none", native_build="auto", max_num_seqs=8)
     choice = engine.native_build
     if not HAS_BF16_DOT:
@@ -97,6 +109,22 @@ def test_auto_times_both_builds_and_keeps_the_faster(eagle_models) -> None:
         assert engine.runner.native is not portable_library(engine)
     # the measuring left the runner as it found it: fusing then bound its own layers and chose its passes
     assert engine.runner.fused_max_tokens == engine.fusing["target"].max_tokens
+    # kept beside the libraries: the next engine of this model on this host takes the same build, untimed
+    again = bf16_engine(eagle_models, speculative_method="none", native_build="auto", max_num_seqs=8)
+    assert again.native_build.build is choice.build and again.native_build.timed_ms == choice.timed_ms
+    assert again.native_build.reason == f"as timed on this host before ({auto_decision_path(engine).name}): {choice.reason}"
+    assert again.runner.native is engine.runner.native
+
+
+def test_a_decision_file_that_does_not_read_is_timed_again(eagle_models) -> None:
+    first = bf16_engine(eagle_models, speculative_method="none", native_build="host", max_num_seqs=4)
+    path = auto_decision_path(first)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"build": "fastest"}')
+    engine = bf16_engine(eagle_models, speculative_method="none", native_build="auto", max_num_seqs=4)
+    if HAS_BF16_DOT:
+        assert engine.native_build.timed_ms and not engine.native_build.reason.startswith("as timed")
+        assert json.loads(path.read_text())["build"] == engine.native_build.build.value  # written again
 
 
 def test_the_build_is_exported_and_sdpa_engines_have_none(eagle_models) -> None:
