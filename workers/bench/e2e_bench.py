@@ -449,6 +449,7 @@ def _engine_info(cfg: Any, plan: E2EBenchPlan) -> dict[str, Any]:
         "engine_torch_threads": plan.num_engine_threads,
         "speculative_method": cfg.speculative_method,
         "max_num_seqs": cfg.max_num_seqs,
+        "native_build": str(cfg.native_build),  # the worker's (its /metrics), which the in-process engine took
         "client": "raw asyncio HTTP/1.1 keep-alive connections, one per simulated client, in the bench process",
         "fleet": "private redis-server (AOF everysec), gateway (uvicorn subprocess, access log off), one worker "
                  "subprocess; all on this machine",

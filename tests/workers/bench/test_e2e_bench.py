@@ -43,6 +43,7 @@ def test_e2e_bench_json_shape(tiny_pair: tuple[Path, Path], tmp_path: Path) -> N
     assert set(doc) == {"bench", "machine", "rows", "ratios"} and doc["bench"] == "e2e"
     assert {"gateway.log", "worker.log"} <= {p.name for p in (tmp_path / "fleet").iterdir()}  # kept: read after a failure
     assert doc["machine"]["engine_torch_threads"] == plan.num_engine_threads
+    assert doc["machine"]["native_build"] in ("host", "portable")  # the worker's, read from its /metrics
     assert set(HEADLINES) <= set(doc["ratios"])
     assert all(isinstance(v, float) for v in doc["ratios"].values())
     phases = {(r["phase"], r["system"]) for r in doc["rows"]}
