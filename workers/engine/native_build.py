@@ -94,6 +94,7 @@ def choose_build(
     start-up before the runners take a library (the timed passes write from position 0 into blocks 0.., which
     no sequence holds yet); leaves `runner` without native layers, as it found it."""
     choice = BuildChoice()
+    portable: NativeAttention | None = None
     if mode is NativeBuild.HOST:
         choice.reason = "host"
     elif dtype != torch.bfloat16 or not fused_decode.pair_rows(host, torch.bfloat16):
