@@ -549,8 +549,37 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
       }
     }
   };
+  // Where each (token, head) pair reads its own columns of the rows (one token, a KV head for each query head: a
+  // decode step of such a model), the rows once each in key order as add_values, a few heads' sums held in
+  // registers over all the keys (kGroupHeads at a time): the same products in the same order as add_values,
+  // which loaded and stored every pair's sums at every key
+  auto add_values_by_pair = [&] {
+    constexpr int64_t kGroupHeads = kChunks <= 4 ? 16 / kChunks : 1;
+    int64_t h0 = 0;
+    for (; h0 + kGroupHeads <= num_heads; h0 += kGroupHeads) {
+      f32x16 sums[kGroupHeads][kChunks] = {};
+      for (int64_t j = 0; j < num_keys; ++j) {
+        if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys] + kv_offset[h0], kGroupHeads * dim * int64_t(sizeof(T)));
+        if (!seen[0].sees(lo + j)) continue;
+        const T* row = v_cache + key_rows[j];
+        for (int64_t g = 0; g < kGroupHeads; ++g) add_scaled<T, kChunks>(sums[g], scores[(h0 + g) * num_keys + j], row + kv_offset[h0 + g]);
+      }
+      for (int64_t g = 0; g < kGroupHeads; ++g) {
+        for (int c = 0; c < kChunks; ++c) acc[(h0 + g) * kChunks + c] = sums[g][c];
+      }
+    }
+    for (; h0 < num_heads; ++h0) {
+      f32x16 sums[kChunks] = {};
+      for (int64_t j = 0; j < num_keys; ++j) {
+        if (seen[0].sees(lo + j)) add_scaled<T, kChunks>(sums, scores[h0 * num_keys + j], v_cache + key_rows[j] + kv_offset[h0]);
+      }
+      for (int c = 0; c < kChunks; ++c) acc[h0 * kChunks + c] = sums[c];
+    }
+  };
   if (widens_once) {  // a tile of keys at a time: their rows widened once, each (token, head)'s sums in registers
     add_value_tiles();
+  } else if (run_len == 1 && group == 1) {
+    add_values_by_pair();
   } else {
     for_each_seen_row(v_cache, key_rows, lo, num_keys, seen, run_len, row_bytes, add_values);
   }

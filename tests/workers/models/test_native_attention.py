@@ -33,17 +33,23 @@ def ragged_items() -> list[ForwardItem]:
 
 
 def random_pass(
-    dtype: torch.dtype, num_kv_heads: int, num_tokens: int, seed: int = 0, num_blocks: int = NUM_BLOCKS
+    dtype: torch.dtype,
+    num_kv_heads: int,
+    num_tokens: int,
+    seed: int = 0,
+    num_blocks: int = NUM_BLOCKS,
+    num_heads: int = NUM_HEADS,
+    head_dim: int = HEAD_DIM,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache [num_blocks, BLOCK_SIZE, KV, D])."""
     gen = torch.Generator().manual_seed(seed)
-    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
-    qkv = randn(num_tokens, NUM_HEADS + 2 * num_kv_heads, HEAD_DIM)  # q, k, v as strided views, as the model has
-    q, k, v = qkv.split([NUM_HEADS, num_kv_heads, num_kv_heads], dim=1)
+    qkv = randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim)  # q, k, v as strided views, as the model has
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
     return q, k, v, randn(*cache_shape), randn(*cache_shape)
 
 
@@ -95,13 +101,16 @@ def test_runs_over_more_keys_than_a_value_tile_equal_the_sdpa_path(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "head_dim"), [(NUM_HEADS, HEAD_DIM), (6, 64), (3, 128)])
 def test_a_token_gets_the_same_bits_alone_or_inside_a_longer_pass(
-    native_kernel: NativeAttention, dtype: torch.dtype
+    native_kernel: NativeAttention, dtype: torch.dtype, num_heads: int, head_dim: int
 ) -> None:
     """Position 13 verified as the last of a 4-token chain, or decoded alone after the other three: equal
-    bits (what speculative decoding's greedy output relies on in attention)."""
+    bits (what speculative decoding's greedy output relies on in attention). Alone, a token's value sums go
+    a few heads at a time in registers (paged_attention.cpp, add_values_by_pair): 16 / (head_dim / 16) heads
+    to a group, so 64-element heads fill a group of 4 and leave 2, 128-element heads go one by one."""
     table = [7, 3, 11, 1]
-    q, k, v, k_cache, v_cache = random_pass(dtype, NUM_HEADS, num_tokens=4, seed=1)
+    q, k, v, k_cache, v_cache = random_pass(dtype, num_heads, 4, seed=1, num_heads=num_heads, head_dim=head_dim)
     chain_cache = (k_cache.clone(), v_cache.clone())
     chain = build_batch([ForwardItem([1] * 4, 10, table, 4)], BLOCK_SIZE, None, native_kernel).meta
     in_chain = attend_paged(q, k, v, *chain_cache, chain, 1.0)[3]  # [H * D]
