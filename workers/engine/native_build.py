@@ -95,23 +95,26 @@ def choose_build(
     no sequence holds yet); leaves `runner` without native layers, as it found it."""
     choice = BuildChoice()
     portable: NativeAttention | None = None
+    path = decision_path(cache_dir, host, dtype, max_batch, model_key)
+    held = _read_decision(path) if mode is NativeBuild.AUTO else None  # `auto`'s decision, timed before
+    if held is not None:
+        held = dataclasses.replace(held, reason=f"as timed on this host before ({path.name}): {held.reason}")
     if mode is NativeBuild.HOST:
         choice.reason = "host"
     elif dtype != torch.bfloat16 or not fused_decode.pair_rows(host, torch.bfloat16):
         choice.reason = "the host build sums this model's products as the portable one does"
+    elif held is not None and held.build is NativeBuild.HOST:
+        choice = held  # the portable library is neither built nor loaded
     elif (portable := native_attention.load(cache_dir, PORTABLE_FLAGS)) is None:
         choice.reason = "the portable build could not be built or loaded"
     elif mode is NativeBuild.PORTABLE:
         choice.build, choice.reason = NativeBuild.PORTABLE, "portable"
+    elif held is not None:
+        choice = held
     else:
-        path = decision_path(cache_dir, host, dtype, max_batch, model_key)
-        held = _read_decision(path)
-        if held is not None:
-            choice = dataclasses.replace(held, reason=f"as timed on this host before ({path.name}): {held.reason}")
-        else:
-            choice.build, choice.reason = _measure(runner, {NativeBuild.HOST: host, NativeBuild.PORTABLE: portable},
-                                                   max_batch, choice)  # fmt: skip
-            _write_decision(path, choice)
+        choice.build, choice.reason = _measure(runner, {NativeBuild.HOST: host, NativeBuild.PORTABLE: portable},
+                                               max_batch, choice)  # fmt: skip
+        _write_decision(path, choice)
     log.info("native kernels: the %s build (%s)", choice.build.value, choice.reason)
     if choice.build is NativeBuild.PORTABLE:
         assert portable is not None

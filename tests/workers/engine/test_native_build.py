@@ -15,7 +15,7 @@ from tests.helpers.models import cpu_flags
 from tests.workers.engine_runs import run_all, spec_engine, tokens
 from tests.workers.spec.test_engine_eagle import requests
 from tests.workers.spec.test_engine_speculation import make_prompts
-from workers.engine.native_build import PORTABLE_FLAGS, NativeBuild, batch_sizes, decision_path
+from workers.engine.native_build import PORTABLE_FLAGS, NativeBuild, batch_sizes, choose_build, decision_path
 from workers.models import native_attention
 from workers.models.fused_decode import pair_rows
 from workers.worker.engine_metrics import EngineMetrics
@@ -125,6 +125,27 @@ def test_a_decision_file_that_does_not_read_is_timed_again(eagle_models) -> None
     if HAS_BF16_DOT:
         assert engine.native_build.timed_ms and not engine.native_build.reason.startswith("as timed")
         assert json.loads(path.read_text())["build"] == engine.native_build.build.value  # written again
+
+
+def test_a_kept_host_decision_never_builds_the_portable_library(eagle_models, tmp_path: Path) -> None:
+    """`auto` reads its kept decision first: where it is `host`, the portable library is neither built (~20 s)
+    nor loaded; the runner is left as it was found."""
+    engine = bf16_engine(eagle_models, speculative_method="none", native_build="host", max_num_seqs=4)
+    host, runner = engine.runner.native, engine.runner
+    model_key = repr(runner.model.cfg)
+    path = decision_path(tmp_path, host, torch.bfloat16, 4, model_key)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"build": "host", "reason": "timed", "timed_ms": {"1": {"host": 1.0, "portable": 2.0}}}))
+    fused = runner.fused
+    library, choice = choose_build(runner, host, NativeBuild.AUTO, torch.bfloat16, tmp_path, 4, model_key)
+    assert library is host and choice.build is NativeBuild.HOST
+    assert not list(tmp_path.glob("*.so"))
+    assert runner.fused is fused and runner.native is host
+    if HAS_BF16_DOT:
+        assert choice.reason == f"as timed on this host before ({path.name}): timed"
+        assert choice.timed_ms == {1: {"host": 1.0, "portable": 2.0}}
+    else:
+        assert choice.reason == SUMS_ALIKE
 
 
 def test_the_build_is_exported_and_sdpa_engines_have_none(eagle_models) -> None:
