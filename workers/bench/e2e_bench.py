@@ -300,6 +300,9 @@ def bench_e2e(
             fleet.start_gateway(1)
             fleet.reset_data()
             fleet.start_worker(plan.mixed.max_num_seqs)
+            if only == "mixed":  # no in-process engine: the machine block names this worker's build
+                build = worker_native_build(f"http://127.0.0.1:{metrics_port}/metrics")
+                cfg = dataclasses.replace(cfg, native_build=build or cfg.native_build)
             mixed_rows, mixed_ratios = run_mixed(fleet.endpoint, plan.mixed)
             mixed_ratios["mixed_batch_preemptions"] = preemptions(metrics_port)
             fairness_rows, fairness_ratios = run_fairness(

@@ -199,3 +199,13 @@ def test_the_mixed_backlog_lasts_the_interactive_arrivals_asked_for_at_the_measu
         assert num_jobs * plan.batch_max_tokens / tokens_per_s >= wanted_s or num_jobs == plan.num_batch_jobs
         assert (num_jobs - 1) * plan.batch_max_tokens / tokens_per_s < wanted_s or num_jobs == plan.num_batch_jobs
     assert sized_backlog(plan, 1.0) == plan.num_batch_jobs
+
+
+def test_e2e_bench_mixed_alone_names_its_workers_build(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--only mixed` runs the mixed phase alone (no in-process engine): its rows, and the machine block names the
+    build of the native kernels the mixed phase's worker runs (read from its /metrics)."""
+    plan = E2EBenchPlan.tiny()
+    result = bench_e2e(*tiny_pair, plan, work_dir=tmp_path / "fleet", only="mixed")
+    assert {r["phase"] for r in result["rows"]} == {"mixed", "fairness"}
+    assert "fleet_vs_engine_tokens_per_s_c1" not in result["ratios"]
+    assert result["engine"]["native_build"] in ("host", "portable")
