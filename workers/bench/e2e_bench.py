@@ -301,8 +301,10 @@ def bench_e2e(
             fleet.reset_data()
             fleet.start_worker(plan.mixed.max_num_seqs)
             if only == "mixed":  # no in-process engine: the machine block names this worker's build
+                from workers.engine.native_build import NativeBuild
+
                 build = worker_native_build(f"http://127.0.0.1:{metrics_port}/metrics")
-                cfg = dataclasses.replace(cfg, native_build=build or cfg.native_build)
+                cfg = dataclasses.replace(cfg, native_build=NativeBuild(build) if build else cfg.native_build)
             mixed_rows, mixed_ratios = run_mixed(fleet.endpoint, plan.mixed)
             mixed_ratios["mixed_batch_preemptions"] = preemptions(metrics_port)
             fairness_rows, fairness_ratios = run_fairness(
