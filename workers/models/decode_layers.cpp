@@ -416,19 +416,12 @@ inline void rows_wide(int64_t rows, const float* x, int64_t x_stride, const T* w
   }
 }
 
-// out [M, N] = x [M, K] . W^T (+ bias), W in the columns layout (float32: M > 1): each tile's rows in blocks of
-// kWideRows
+// linear_wide's work, in the calling thread, or shared out among the threads of the region it runs in (a region
+// of one thread, where the runtime gave no more: each parallel_for then opens its own)
 template <typename T>
-void linear_wide(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias, int64_t n_size,
-                 int64_t k_size, T* out, int64_t num_threads) {
+void linear_wide_tiles(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias,
+                       int64_t n_size, int64_t k_size, T* out, int64_t num_threads) {
   const int64_t num_tiles = padded_outputs(n_size) / kTileOutputs;
-#ifdef _OPENMP
-  if (!std::is_same_v<T, float> && num_threads > 1 && num_tiles > 1 && !in_region()) {
-#pragma omp parallel num_threads(num_threads)
-    linear_wide(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads);  // in a region now
-    return;
-  }
-#endif
   const float* x_rows = nullptr;  // x as float32 [M, x_rows_stride] (bfloat16: widened once, exact)
   int64_t x_rows_stride = x_stride;
   if constexpr (std::is_same_v<T, float>) {
@@ -465,6 +458,22 @@ void linear_wide(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed
       }
     }
   });
+}
+
+// out [M, N] = x [M, K] . W^T (+ bias), W in the columns layout (float32: M > 1): each tile's rows in blocks of
+// kWideRows
+template <typename T>
+void linear_wide(const T* x, int64_t x_stride, int64_t m_size, const T* w_packed, const T* bias, int64_t n_size,
+                 int64_t k_size, T* out, int64_t num_threads) {
+#ifdef _OPENMP
+  // bfloat16 on several threads outside a region: one of its own, so that each thread widens x for itself
+  if (!std::is_same_v<T, float> && num_threads > 1 && padded_outputs(n_size) > kTileOutputs && !in_region()) {
+#pragma omp parallel num_threads(num_threads)
+    linear_wide_tiles(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads);
+    return;
+  }
+#endif
+  linear_wide_tiles(x, x_stride, m_size, w_packed, bias, n_size, k_size, out, num_threads);
 }
 #endif
 

@@ -2,13 +2,17 @@
 replace, for every layout and both dtypes, on decode tokens, chains, ragged batches and prefill chunks; and
 their product on its own against an exact reference."""
 
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import REPO_ROOT
 from tests.helpers.models import HAS_SEPARATE_AVX2_BUILD, cpu_flags
 from workers.engine.head_runner import HeadRunner
 from workers.engine.model_runner import ForwardItem, ModelRunner
@@ -84,6 +88,37 @@ def test_a_rows_product_does_not_depend_on_the_pass_size(kernel: NativeAttention
     whole = native_linear(kernel, x, weight, bias)  # [37, 80]
     for num_rows in (1, 2, 5, 16, 17):
         assert torch.equal(native_linear(kernel, x[:num_rows], weight, bias), whole[:num_rows])
+
+
+TEAM_OF_ONE_CHILD = """
+import sys
+from pathlib import Path
+
+import torch
+
+from workers.models.fused_decode import native_linear
+from workers.models.native_attention import NativeAttention
+
+kernel = NativeAttention(Path(sys.argv[1]), {}, None)
+gen = torch.Generator().manual_seed(5)
+x = torch.randn(16, 96, generator=gen).to(torch.bfloat16)
+weight, bias = torch.randn(200, 96, generator=gen).to(torch.bfloat16), torch.randn(200, generator=gen).to(torch.bfloat16)
+assert torch.equal(native_linear(kernel, x, weight, bias, num_threads=2), native_linear(kernel, x, weight, bias))
+print("same bits")
+"""
+
+
+@pytest.mark.parametrize("limit", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true", "OMP_THREAD_LIMIT": "1"}])
+def test_a_product_asked_for_two_threads_runs_where_the_runtime_gives_one(
+    kernel: NativeAttention, limit: dict[str, str]
+) -> None:
+    """A bf16 product on the columns path outside a parallel region opens one of its own (each thread widens x
+    for itself, linear_wide); where the OpenMP runtime gives that region a single thread, it must not take it
+    for no region at all and open another, and another (the stack ran out: a segfault). Same bits as one thread."""
+    env = {**os.environ, **limit, "PYTHONPATH": str(REPO_ROOT)}
+    child = subprocess.run([sys.executable, "-c", TEAM_OF_ONE_CHILD, str(kernel.library_path)], env=env,
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert child.returncode == 0 and "same bits" in child.stdout, child.stderr[-2000:]
 
 
 def runners(model_dir: Path, dtype: torch.dtype, native: NativeAttention) -> tuple[ModelRunner, ModelRunner]:
