@@ -554,15 +554,18 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   // registers over all the keys (kGroupHeads at a time): the same products in the same order as add_values,
   // which loaded and stored every pair's sums at every key
   auto add_values_by_pair = [&] {
-    constexpr int64_t kGroupHeads = kChunks <= 4 ? 16 / kChunks : 1;
+    constexpr int64_t kGroupHeads = kChunks <= 4 ? 16 / kChunks : 1;  // 16 vectors of sums (AVX2: they spill)
+    const int64_t group_bytes = kGroupHeads * dim * int64_t(sizeof(T));
     int64_t h0 = 0;
     for (; h0 + kGroupHeads <= num_heads; h0 += kGroupHeads) {
       f32x16 sums[kGroupHeads][kChunks] = {};
       for (int64_t j = 0; j < num_keys; ++j) {
-        if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys] + kv_offset[h0], kGroupHeads * dim * int64_t(sizeof(T)));
+        if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys] + kv_offset[h0], group_bytes);
         if (!seen[0].sees(lo + j)) continue;
         const T* row = v_cache + key_rows[j];
-        for (int64_t g = 0; g < kGroupHeads; ++g) add_scaled<T, kChunks>(sums[g], scores[(h0 + g) * num_keys + j], row + kv_offset[h0 + g]);
+        for (int64_t g = 0; g < kGroupHeads; ++g) {
+          add_scaled<T, kChunks>(sums[g], scores[(h0 + g) * num_keys + j], row + kv_offset[h0 + g]);
+        }
       }
       for (int64_t g = 0; g < kGroupHeads; ++g) {
         for (int c = 0; c < kChunks; ++c) acc[(h0 + g) * kChunks + c] = sums[g][c];
