@@ -554,30 +554,29 @@ void run_vector(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache
   // registers over all the keys (kGroupHeads at a time): the same products in the same order as add_values,
   // which loaded and stored every pair's sums at every key
   auto add_values_by_pair = [&] {
-    constexpr int64_t kGroupHeads = kChunks <= 4 ? 16 / kChunks : 1;  // 16 vectors of sums (AVX2: they spill)
-    const int64_t group_bytes = kGroupHeads * dim * int64_t(sizeof(T));
-    int64_t h0 = 0;
-    for (; h0 + kGroupHeads <= num_heads; h0 += kGroupHeads) {
-      f32x16 sums[kGroupHeads][kChunks] = {};
+    // heads h0 .. h0 + G - 1 (G: a compile-time count, so their G x kChunks sums stay in registers)
+    auto sum_heads = [&](auto num_group_heads, int64_t h0) {
+      constexpr int64_t G = decltype(num_group_heads)::value;
+      const int64_t group_bytes = G * dim * int64_t(sizeof(T));
+      f32x16 sums[G][kChunks] = {};
       for (int64_t j = 0; j < num_keys; ++j) {
         if (j + kPrefetchKeys < num_keys) prefetch_row(v_cache + key_rows[j + kPrefetchKeys] + kv_offset[h0], group_bytes);
         if (!seen[0].sees(lo + j)) continue;
         const T* row = v_cache + key_rows[j];
-        for (int64_t g = 0; g < kGroupHeads; ++g) {
+        for (int64_t g = 0; g < G; ++g) {
           add_scaled<T, kChunks>(sums[g], scores[(h0 + g) * num_keys + j], row + kv_offset[h0 + g]);
         }
       }
-      for (int64_t g = 0; g < kGroupHeads; ++g) {
+      for (int64_t g = 0; g < G; ++g) {
         for (int c = 0; c < kChunks; ++c) acc[(h0 + g) * kChunks + c] = sums[g][c];
       }
+    };
+    constexpr int64_t kGroupHeads = kChunks <= 4 ? 16 / kChunks : 1;  // 16 vectors of sums (AVX2: they spill)
+    int64_t h0 = 0;
+    for (; h0 + kGroupHeads <= num_heads; h0 += kGroupHeads) {
+      sum_heads(std::integral_constant<int64_t, kGroupHeads>{}, h0);
     }
-    for (; h0 < num_heads; ++h0) {
-      f32x16 sums[kChunks] = {};
-      for (int64_t j = 0; j < num_keys; ++j) {
-        if (seen[0].sees(lo + j)) add_scaled<T, kChunks>(sums, scores[h0 * num_keys + j], v_cache + key_rows[j] + kv_offset[h0]);
-      }
-      for (int c = 0; c < kChunks; ++c) acc[h0 * kChunks + c] = sums[c];
-    }
+    for (; h0 < num_heads; ++h0) sum_heads(std::integral_constant<int64_t, 1>{}, h0);
   };
   if (widens_once) {  // a tile of keys at a time: their rows widened once, each (token, head)'s sums in registers
     add_value_tiles();
