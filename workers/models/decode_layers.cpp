@@ -237,12 +237,14 @@ bool linear_amx(const uint16_t* x, int64_t x_stride, int64_t m_size, const uint1
 // (its own block); the same bits.
 constexpr int kAvx2Rows = 3;  // rows per block of a pass of several rows
 constexpr int kAvx2Vecs = 4;  // vectors of 8 outputs per block: a tile (64 outputs) in two column groups
-static_assert(kAvx2Rows * kAvx2Vecs + kAvx2Rows + 1 <= 16, "a block's sums, broadcasts and weight vector in registers");
+static_assert(kAvx2Rows * kAvx2Vecs + kAvx2Rows + 1 <= 16,
+              "a block's sums, its rows' broadcasts and one weight vector fit the 16 registers");
 
-// a pass of several rows reads a tile a 64-byte column at a time, which the hardware prefetchers follow poorly
-// from memory: the first block over a tile requests each whole weight row this many rows (k) ahead (16 rows of
-// a layer's products from memory: 25 % faster; 4, 8 and 16 ahead within 10 % of each other). One row's pass
-// reads the rows whole and in order, and requesting them ahead made it slower (by 15 %)
+// a pass of several rows reads a tile a column group at a time (then 64 bytes of each 256-byte row, now 128),
+// which the hardware prefetchers follow poorly from memory: the first block over a tile requests each whole
+// weight row this many rows (k) ahead (6 x 16 blocks, 16 rows of a layer's products from memory: 25 % faster; 4,
+// 8 and 16 ahead within 10 % of each other; 3 x 32 blocks on the AVX2 EPYC: 0, 4, 16 and 64 ahead the same). One
+// row's pass reads the rows whole and in order, and requesting them ahead made it slower (by 15 %)
 constexpr int64_t kAvx2PrefetchRows = 4;
 
 template <int kRows, int kVecs, bool kPrefetch = false>
